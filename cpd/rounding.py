@@ -1,0 +1,59 @@
+"""Rounding modes and their string names.
+
+The integer value of each member is what the numerics core (``cuda/include/cpd/numerics.h``)
+receives; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Rounding"]
+
+
+class Rounding(enum.Enum):
+    """How a value between two representable neighbours is resolved.
+
+    Members carry the strings users type: ``cpd.cast(x, fmt, "stochastic")``.
+    """
+
+    #: IEEE roundTiesToEven (ties go to the even *encoding*).
+    NEAREST = "nearest"
+    #: Round up with probability equal to the exact fractional distance to the lower neighbour.
+    STOCHASTIC = "stochastic"
+    #: IEEE roundTowardZero (truncation); never overflows to infinity.
+    TOWARD_ZERO = "toward_zero"
+    #: IEEE roundTowardPositive.
+    UP = "up"
+    #: IEEE roundTowardNegative.
+    DOWN = "down"
+
+    @property
+    def code(self) -> int:
+        """The integer the numerics core uses for this mode."""
+        return _CODES[self]
+
+    @classmethod
+    def parse(cls, value: "Rounding | str", name: str = "rounding") -> "Rounding":
+        """Accept a member or its string name; anything else is a clear error."""
+        if isinstance(value, Rounding):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls(value.lower())
+            except ValueError:
+                pass
+            raise ValueError(
+                f"{name}={value!r} is not a rounding mode; allowed: "
+                + ", ".join(repr(m.value) for m in cls)
+            )
+        raise TypeError(f"{name} must be a str or cpd.Rounding, got {type(value).__name__}")
+
+
+_CODES = {
+    Rounding.NEAREST: 0,
+    Rounding.STOCHASTIC: 1,
+    Rounding.TOWARD_ZERO: 2,
+    Rounding.UP: 3,
+    Rounding.DOWN: 4,
+}
