@@ -17,7 +17,7 @@ import threading
 import warnings
 from pathlib import Path
 
-__all__ = ["extension", "source_dir", "CFLAGS"]
+__all__ = ["extension", "forced_fallback", "source_dir", "CFLAGS"]
 
 _ROOT = Path(__file__).resolve().parent.parent
 _lock = threading.Lock()
@@ -59,12 +59,17 @@ def _module_name() -> str:
     return "cpd_cpu_" + h.hexdigest()[:16]
 
 
+def forced_fallback() -> bool:
+    """True when CPD_NO_EXTENSION=1 asks for the pure-torch path."""
+    return os.environ.get("CPD_NO_EXTENSION") == "1"
+
+
 def extension():
     """The compiled CPU extension module, building it on first use; None if it cannot be built.
 
     Set ``CPD_NO_EXTENSION=1`` to force the pure-torch path (used by the tests of that path).
     """
-    if os.environ.get("CPD_NO_EXTENSION") == "1":
+    if forced_fallback():
         return None
     if "module" in _state:
         return _state["module"]

@@ -1,0 +1,25 @@
+"""cpd: customized-precision floating-point emulation for PyTorch.
+
+Exact, fast casting of float32 tensors to any format of 1-8 exponent and 0-23 mantissa bits, on
+CPU (C++/OpenMP) and CUDA (NVRTC), from one numerics core.
+
+    >>> import torch, cpd
+    >>> cpd.cast(torch.tensor([0.3]), cpd.E5M2)
+    tensor([0.3125])
+"""
+
+from . import nn
+from .formats import (BF16, E2M1, E2M3, E3M2, E4M3, E4M3FN, E5M2, FP16, FP32, PRESETS, TF32, FloatFormat,
+                      Specials)
+from .nn import Quantizer, quantizer
+from .ops import bits, cast, code_dtype, decode, encode
+from .rounding import Rounding
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FloatFormat", "Specials", "Rounding", "PRESETS",
+    "FP32", "TF32", "FP16", "BF16", "E5M2", "E4M3", "E4M3FN", "E3M2", "E2M3", "E2M1",
+    "cast", "encode", "decode", "bits", "code_dtype",
+    "Quantizer", "quantizer", "nn",
+]

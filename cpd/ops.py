@@ -1,0 +1,353 @@
+"""The cast, encode and decode: public functions over ``torch.library`` custom ops.
+
+``cpd::cast`` (and ``cpd::cast_out``, ``cpd::encode``, ``cpd::decode``) are custom ops with fake
+impls, so they trace under ``torch.compile``; ``cpd::cast`` has a straight-through autograd.
+Each op runs the compiled CPU extension, the NVRTC-compiled CUDA kernels, or the pure-torch
+fallback, all three over the one numerics core (``cuda/include/cpd/numerics.h``).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+from . import _cpu, _fallback
+from .formats import FloatFormat
+from .rounding import Rounding
+
+__all__ = ["cast", "encode", "decode", "bits", "code_dtype", "draw_seed", "random_words"]
+
+_FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
+_CODE_INPUTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32)
+_warned_fallback = False
+
+
+# --------------------------------------------------------------------------------------- checks
+def _check_tensor(x, name: str = "x") -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOAT_INPUTS:
+        raise TypeError(
+            f"{name} has dtype {x.dtype}; cpd casts float32 tensors (float16 and bfloat16 are upcast "
+            "exactly); convert other dtypes to float32 yourself (float64 -> float32 is itself a rounding)"
+        )
+    return x
+
+
+def _check_sr_bits(sr_bits, rounding: Rounding) -> int:
+    if sr_bits is None:
+        return 32
+    if rounding is not Rounding.STOCHASTIC:
+        raise ValueError(f"sr_bits={sr_bits!r} only applies to rounding='stochastic', got rounding={rounding.value!r}")
+    if isinstance(sr_bits, bool) or not isinstance(sr_bits, int):
+        raise TypeError(f"sr_bits must be an int or None, got {type(sr_bits).__name__}")
+    if not 1 <= sr_bits <= 32:
+        raise ValueError(f"sr_bits={sr_bits} is out of range; allowed 1..32 (None means 32)")
+    return sr_bits
+
+
+def _fmt_args(fmt: FloatFormat) -> tuple[int, int, int, int, bool]:
+    return fmt.exp, fmt.man, fmt.bias, fmt.specials.code, fmt.subnormals
+
+
+def _fmt_of(exp: int, man: int, bias: int, specials: int, subnormals: bool) -> FloatFormat:
+    names = {0: "ieee", 1: "fn", 2: "finite"}
+    return FloatFormat(exp, man, bias=bias, specials=names[specials], subnormals=subnormals)
+
+
+def code_dtype(fmt: FloatFormat) -> torch.dtype:
+    """The integer dtype that holds ``fmt``'s codes: uint8 up to 8 bits, int16 up to 16, else int32."""
+    return torch.uint8 if fmt.bits <= 8 else torch.int16 if fmt.bits <= 16 else torch.int32
+
+
+# --------------------------------------------------------------------------------------- randomness
+def draw_seed(generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Draw the (seed, offset) pair of one stochastic launch from torch's generator.
+
+    Two int64 from ``torch.randint`` on ``generator`` (or the default generator of ``device``), so
+    ``torch.manual_seed`` and ``generator=`` make stochastic rounding reproducible, and each call
+    advances the generator like any other torch random op.
+    """
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    dev = generator.device if generator is not None else torch.device(device)
+    return torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, generator=generator, device=dev)
+
+
+def random_words(start: int, n: int, seed: int, offset: int) -> torch.Tensor:
+    """The 32-bit random words (as int64) that elements ``start..start+n-1`` of a stochastic cast
+    keyed by (seed, offset) use. Exposed so tests can check every stochastic decision exactly."""
+    ext = _cpu.extension()
+    if ext is None:
+        return _fallback.random_words(start, n, seed, offset)
+    out = torch.empty(n, dtype=torch.int32)
+    ext.random_words(out, start, seed, offset)
+    return out.to(torch.int64) & 0xFFFFFFFF
+
+
+_ZERO_SEED: dict = {}
+
+
+def _zero_seed(device: torch.device) -> torch.Tensor:
+    t = _ZERO_SEED.get(device)
+    if t is None:
+        t = _ZERO_SEED[device] = torch.zeros(2, dtype=torch.int64, device=device)
+    return t
+
+
+# --------------------------------------------------------------------------------------- back ends
+def _backend(x: torch.Tensor):
+    """'cuda', 'cpu' (compiled extension) or 'torch' (fallback)."""
+    global _warned_fallback
+    if x.is_cuda:
+        return "cuda"
+    if x.device.type != "cpu":
+        raise ValueError(f"x is on device {x.device}; cpd runs on cpu and cuda")
+    if _cpu.extension() is not None:
+        return "cpu"
+    if not _warned_fallback and not _cpu.forced_fallback():
+        warnings.warn("cpd: no compiled CPU extension; using the slow pure-torch path", RuntimeWarning, stacklevel=3)
+    _warned_fallback = True
+    return "torch"
+
+
+def _run_cast(x: torch.Tensor, seed: torch.Tensor, out: torch.Tensor, exp, man, bias, specials, subnormals,
+              rounding, saturate, sr_bits) -> None:
+    """Write cast(x) into out (both float32 contiguous, same shape)."""
+    backend = _backend(x)
+    s, o = (int(v) for v in seed.tolist()) if rounding == Rounding.STOCHASTIC.code and backend != "cuda" else (0, 0)
+    if backend == "cuda":
+        from . import _cuda
+
+        _cuda.cast_out(x, out, seed, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits)
+    elif backend == "cpu":
+        _cpu.extension().cast_out(x, out, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits, s, o)
+    else:
+        fmt = _fmt_of(exp, man, bias, specials, subnormals)
+        mode = [m for m in Rounding if m.code == rounding][0]
+        out.copy_(_fallback.cast(x, fmt, mode, saturate, sr_bits, s, o))
+
+
+@torch.library.custom_op("cpd::cast", mutates_args=())
+def _cast_op(x: torch.Tensor, seed: torch.Tensor, exp: int, man: int, bias: int, specials: int,
+             subnormals: bool, rounding: int, saturate: bool, sr_bits: int) -> torch.Tensor:
+    xc = x.contiguous()
+    out = torch.empty_like(xc)
+    _run_cast(xc, seed, out, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits)
+    return out
+
+
+@_cast_op.register_fake
+def _(x, seed, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _cast_backward(ctx, grad):
+    return grad, None, None, None, None, None, None, None, None, None  # straight-through
+
+
+_cast_op.register_autograd(_cast_backward)
+
+
+@torch.library.custom_op("cpd::cast_out", mutates_args=("out",))
+def _cast_out_op(x: torch.Tensor, seed: torch.Tensor, exp: int, man: int, bias: int, specials: int,
+                 subnormals: bool, rounding: int, saturate: bool, sr_bits: int, out: torch.Tensor) -> None:
+    xc = x.contiguous()
+    if out.is_contiguous():
+        _run_cast(xc, seed, out, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits)
+    else:
+        tmp = torch.empty_like(xc)
+        _run_cast(xc, seed, tmp, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits)
+        out.copy_(tmp)
+
+
+@_cast_out_op.register_fake
+def _(x, seed, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits, out):
+    return None
+
+
+@torch.library.custom_op("cpd::encode", mutates_args=())
+def _encode_op(x: torch.Tensor, exp: int, man: int, bias: int, specials: int, subnormals: bool,
+               rounding: int, saturate: bool) -> torch.Tensor:
+    """Round (a deterministic mode) and encode in one pass; returns codes of code_dtype(fmt)."""
+    fmt = _fmt_of(exp, man, bias, specials, subnormals)
+    xc = x.contiguous()
+    codes = torch.empty(xc.shape, dtype=code_dtype(fmt), device=xc.device)
+    backend = _backend(xc)
+    if backend == "cuda":
+        from . import _cuda
+
+        _cuda.encode_out(xc, codes, exp, man, bias, specials, subnormals, rounding, saturate)
+    elif backend == "cpu":
+        _cpu.extension().encode_out(xc, codes, exp, man, bias, specials, subnormals, rounding, saturate)
+    else:
+        mode = [m for m in Rounding if m.code == rounding][0]
+        v = _fallback.cast(xc, fmt, mode, saturate, 32, 0, 0)
+        codes.copy_(_to_code_dtype(_fallback.encode_values(v, fmt), codes.dtype))
+    return codes
+
+
+@_encode_op.register_fake
+def _(x, exp, man, bias, specials, subnormals, rounding, saturate):
+    fmt = _fmt_of(exp, man, bias, specials, subnormals)
+    return torch.empty(x.shape, dtype=code_dtype(fmt), device=x.device)
+
+
+@torch.library.custom_op("cpd::decode", mutates_args=())
+def _decode_op(codes: torch.Tensor, exp: int, man: int, bias: int, specials: int, subnormals: bool) -> torch.Tensor:
+    fmt = _fmt_of(exp, man, bias, specials, subnormals)
+    cc = codes.contiguous()
+    out = torch.empty(cc.shape, dtype=torch.float32, device=cc.device)
+    backend = _backend(cc)
+    if backend == "cuda":
+        from . import _cuda
+
+        _cuda.decode_out(cc, out, exp, man, bias, specials, subnormals)
+    elif backend == "cpu":
+        _cpu.extension().decode_out(cc, out, exp, man, bias, specials, subnormals)
+    else:
+        out.copy_(_fallback.decode(cc.to(torch.int64) & ((1 << fmt.bits) - 1), fmt))
+    return out
+
+
+@_decode_op.register_fake
+def _(codes, exp, man, bias, specials, subnormals):
+    return torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
+
+
+def _to_code_dtype(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int64 bit patterns -> the code dtype, keeping the low bits (int16 holds 16-bit patterns)."""
+    if dtype == torch.int16:
+        c = torch.where(c >= 1 << 15, c - (1 << 16), c)
+    elif dtype == torch.int32:
+        c = torch.where(c >= 1 << 31, c - (1 << 32), c)
+    return c.to(dtype)
+
+
+# --------------------------------------------------------------------------------------- public API
+def cast(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr_bits: int | None = None,
+         generator: torch.Generator | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Round every element of ``x`` to a value of ``fmt``; return float32.
+
+    Args:
+        x: float32 tensor (float16/bfloat16 are upcast exactly) of any shape, layout or size, on
+            CPU or CUDA. Never modified unless ``out`` is ``x``.
+        fmt: a :class:`FloatFormat`, a name (``"e5m2"``) or a torch float dtype.
+        rounding: ``"nearest"`` (ties to even encoding), ``"stochastic"``, ``"toward_zero"``,
+            ``"up"`` or ``"down"``.
+        saturate: clamp every overflow, infinite inputs included, to ±max.
+        sr_bits: stochastic rounding only: round with k random bits, so probabilities are
+            quantized to 2**-k (hardware style); None uses 32 bits.
+        generator: stochastic rounding only: the torch generator its seed comes from (default:
+            the device's default generator, so ``torch.manual_seed`` makes it reproducible).
+        out: float32 tensor of ``x``'s shape and device to write into (may be ``x``).
+
+    Returns:
+        A float32 tensor (``out`` if given) of values exactly representable in ``fmt``.
+
+    Overflow under round-to-nearest (|x| at or beyond max + ulp/2, where the tie goes up since
+    max's encoding is odd for man >= 1) gives ±inf for ``ieee`` formats, NaN for ``fn`` formats and
+    ±max for ``finite`` formats; directed rounding toward zero never overflows past ±max. With
+    man = 0 the tie at max + ulp/2 goes to the even encoding, as IEEE's unbounded-exponent rule says.
+    NaN stays NaN, zeros keep their sign, float32 subnormal inputs are exact; with
+    ``fmt.subnormals=False`` results below the smallest normal are flushed to signed zero.
+    """
+    x = _check_tensor(x)
+    fmt = FloatFormat.parse(fmt)
+    mode = Rounding.parse(rounding)
+    k = _check_sr_bits(sr_bits, mode)
+    if not isinstance(saturate, bool):
+        raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
+    if generator is not None and mode is not Rounding.STOCHASTIC:
+        raise ValueError(f"generator only applies to rounding='stochastic', got rounding={mode.value!r}")
+    x32 = x if x.dtype == torch.float32 else x.to(torch.float32)
+    seed = draw_seed(generator, x.device) if mode is Rounding.STOCHASTIC else _zero_seed(x.device)
+    args = (*_fmt_args(fmt), mode.code, saturate, k)
+    if out is None:
+        return torch.ops.cpd.cast(x32, seed, *args)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if out.dtype != torch.float32 or out.shape != x.shape or out.device != x.device:
+        raise ValueError(
+            f"out must be a float32 tensor of shape {tuple(x.shape)} on {x.device}; got {out.dtype}, "
+            f"shape {tuple(out.shape)} on {out.device}"
+        )
+    torch.ops.cpd.cast_out(x32, seed, *args, out)
+    return out
+
+
+def encode(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr_bits: int | None = None,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Round ``x`` to ``fmt`` (as :func:`cast`) and return its integer codes.
+
+    A code is ``sign | exponent field | mantissa`` in the low ``fmt.bits`` bits, stored as uint8
+    for formats of up to 8 bits, int16 up to 16 bits (the 16-bit pattern), int32 above.
+    NaN inputs raise ValueError for formats with no NaN code (``finite``, and ``ieee`` with man=0).
+    """
+    x = _check_tensor(x)
+    fmt = FloatFormat.parse(fmt)
+    mode = Rounding.parse(rounding)
+    if mode is Rounding.STOCHASTIC:  # round first, then encode the (exact) values
+        x = cast(x, fmt, mode, saturate=saturate, sr_bits=sr_bits, generator=generator)
+        mode = Rounding.NEAREST
+    else:
+        _check_sr_bits(sr_bits, mode)
+        if generator is not None:
+            raise ValueError(f"generator only applies to rounding='stochastic', got rounding={mode.value!r}")
+    x32 = x if x.dtype == torch.float32 else x.to(torch.float32)
+    if not fmt.has_nan and bool(torch.isnan(x32).any()):
+        raise ValueError(f"x contains NaN, which format {fmt.name} has no code for")
+    return torch.ops.cpd.encode(x32, *_fmt_args(fmt), mode.code, bool(saturate))
+
+
+def decode(codes: torch.Tensor, fmt) -> torch.Tensor:
+    """Float32 values of integer codes of ``fmt`` (the inverse of :func:`encode`).
+
+    Accepts any integer dtype; bits above ``fmt.bits`` must be zero (int16/int32 holding a full
+    16/32-bit pattern may be negative).
+    """
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
+    if codes.dtype not in _CODE_INPUTS:
+        raise TypeError(f"codes has dtype {codes.dtype}; allowed integer dtypes: {list(_CODE_INPUTS)}")
+    fmt = FloatFormat.parse(fmt)
+    want = code_dtype(fmt)
+    if codes.dtype != want:
+        c64 = codes.to(torch.int64)
+        width = torch.iinfo(want).bits
+        if codes.numel() and (bool((c64 < -(1 << (width - 1))).any()) or bool((c64 >= 1 << width).any())):
+            raise ValueError(f"codes hold values outside {fmt.name}'s {fmt.bits}-bit code range")
+        codes = _to_code_dtype(c64 & ((1 << width) - 1), want)
+    if fmt.bits < torch.iinfo(want).bits and codes.numel():
+        c64 = codes.to(torch.int64)
+        if bool((c64 < 0).any()) or bool((c64 >= 1 << fmt.bits).any()):
+            raise ValueError(f"codes hold values outside {fmt.name}'s {fmt.bits}-bit code range 0..{(1 << fmt.bits) - 1}")
+    return torch.ops.cpd.decode(codes, *_fmt_args(fmt))
+
+
+def bits(x: torch.Tensor, fmt, rounding="nearest") -> str:
+    """The encodings of ``x`` rounded to ``fmt``, one line per element, as ``sign | exponent | mantissa``.
+
+    Example:
+        >>> print(bits(torch.tensor([0.3]), "e5m2"))
+        0.3 -> 0 01101 01 = 0.3125
+    """
+    x = _check_tensor(x, "x").reshape(-1)
+    fmt = FloatFormat.parse(fmt)
+    x32 = x.to(torch.float32)
+    vals = cast(x32, fmt, rounding)
+    codes = encode(torch.nan_to_num(vals, nan=0.0, posinf=math.inf, neginf=-math.inf) if not fmt.has_nan else vals, fmt)
+    codes = codes.to(torch.int64) & ((1 << fmt.bits) - 1)
+    lines = []
+    for xi, ci, vi in zip(x32.tolist(), codes.tolist(), vals.tolist()):
+        if math.isnan(vi) and not fmt.has_nan:
+            lines.append(f"{xi:.9g} -> (no NaN code in {fmt.name})")
+            continue
+        s = ci >> (fmt.exp + fmt.man)
+        e = (ci >> fmt.man) & ((1 << fmt.exp) - 1)
+        m = ci & ((1 << fmt.man) - 1)
+        mstr = format(m, f"0{fmt.man}b") if fmt.man else "-"
+        lines.append(f"{xi:.9g} -> {s} {format(e, f'0{fmt.exp}b')} {mstr} = {vi:.9g}")
+    return "\n".join(lines)
