@@ -129,7 +129,7 @@ def cast(x: torch.Tensor, fmt: FloatFormat, rounding: Rounding, saturate: bool, 
     mag = torch.where(a == _INF, outward, mag)
     if not fmt.subnormals:
         mag = torch.where(mag < _min_normal_bits(fmt), 0, mag)
-    res = torch.where(mag == _QNAN, 0, sign) | mag
+    res = sign | mag  # a NaN from an fn overflow keeps the sign too
     res = torch.where(a > _INF, u, res)
     return _bits_to_float(res).reshape(x.shape)
 

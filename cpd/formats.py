@@ -106,6 +106,11 @@ class FloatFormat:
                 f"FloatFormat(exp={self.exp}, man={self.man}, specials={self.specials.value!r}) has no "
                 "positive finite value; use more bits or specials='finite'"
             )
+        if not self.subnormals and self.max_code >> self.man == 0:
+            raise ValueError(
+                f"FloatFormat(exp={self.exp}, man={self.man}, specials={self.specials.value!r}) has no normal "
+                "numbers, so subnormals=False would flush every value to zero; keep subnormals=True"
+            )
         if self.emin - self.man < -149:
             raise ValueError(
                 f"FloatFormat bias={self.bias} puts the smallest subnormal 2^{self.emin - self.man} below "
@@ -209,8 +214,15 @@ class FloatFormat:
     # ----------------------------------------------------------------------------- parsing, text
     @classmethod
     def parse(cls, spec: "FloatFormat | str | object") -> "FloatFormat":
-        """A format from a name (``"e5m2"``, ``"e4m3fn"``, ``"e2m1finite"``, ``"fp16"``, ``"bf16"``,
-        ``"fp32"``, ``"tf32"``, any preset name), a ``torch`` floating dtype, or a FloatFormat."""
+        """A format from a name, a ``torch`` floating dtype, or a FloatFormat.
+
+        Names: ``e<exp>m<man>`` is the IEEE-like format, with suffix ``fn`` or ``finite`` for the
+        other conventions, then optionally ``b<bias>`` and ``nosub`` -- exactly what :attr:`name`
+        produces, so ``parse(f.name) == f``. Also ``fp32``/``float32``, ``tf32``, ``fp16``/``half``,
+        ``bf16``/``bfloat16``, ``fp8_e5m2``, ``fp8_e4m3fn``, ``fp4``, and the preset names exactly as
+        spelled in :data:`PRESETS` (``"E2M1"`` is the finite MX FP4 preset ``e2m1finite``, while a
+        lower-case ``"e2m1"`` is the IEEE-like e2m1 with max 3).
+        """
         if isinstance(spec, FloatFormat):
             return spec
         try:
@@ -224,13 +236,16 @@ class FloatFormat:
             pass
         if not isinstance(spec, str):
             raise TypeError(f"fmt must be a FloatFormat, a name or a torch dtype, got {type(spec).__name__}")
-        key = spec.strip().lower().replace("_", "").replace("-", "")
+        if spec.strip() in PRESETS:  # case-sensitive preset names first: "E2M1" is the finite preset
+            return PRESETS[spec.strip()]
+        key = spec.strip().lower().replace("_", "")
+        m = re.fullmatch(r"e(\d)m(\d+)(fn|finite)?(?:b(-?\d+))?(nosub)?", key)
+        if m:
+            return cls(int(m.group(1)), int(m.group(2)), specials=m.group(3) or "ieee",
+                       bias=None if m.group(4) is None else int(m.group(4)), subnormals=m.group(5) is None)
+        key = key.replace("-", "")
         if key in _ALIASES:
             return _ALIASES[key]
-        m = re.fullmatch(r"(?:fp\d*)?e(\d)m(\d+)(fn|finite)?", key)
-        if m:
-            specials = m.group(3) or "ieee"
-            return cls(int(m.group(1)), int(m.group(2)), specials=specials)
         raise ValueError(
             f"fmt={spec!r} is not a format name; use e.g. 'e5m2', 'e4m3fn', 'e2m1finite', 'fp16', 'bf16', "
             f"'tf32', 'fp32' or one of {sorted(PRESETS)}"
@@ -272,7 +287,7 @@ PRESETS = {
     "FP32": FP32, "TF32": TF32, "FP16": FP16, "BF16": BF16, "E5M2": E5M2, "E4M3": E4M3,
     "E4M3FN": E4M3FN, "E3M2": E3M2, "E2M3": E2M3, "E2M1": E2M1,
 }
-_ALIASES = {k.lower(): v for k, v in PRESETS.items()}
+_ALIASES = {k.lower(): v for k, v in PRESETS.items() if not re.fullmatch(r"e\dm\d+", k.lower())}
 _ALIASES.update({
     "float32": FP32, "single": FP32, "float16": FP16, "half": FP16, "bfloat16": BF16,
     "fp8e5m2": E5M2, "fp8e4m3": E4M3, "fp8e4m3fn": E4M3FN, "float8e5m2": E5M2, "float8e4m3fn": E4M3FN,

@@ -34,6 +34,8 @@ def quantizer(x: torch.Tensor, forward_fmt=None, backward_fmt=None, *, forward_r
     fwd = None if forward_fmt is None else FloatFormat.parse(forward_fmt)
     bwd = None if backward_fmt is None else FloatFormat.parse(backward_fmt)
     fr, br = Rounding.parse(forward_rounding, "forward_rounding"), Rounding.parse(backward_rounding, "backward_rounding")
+    if not isinstance(saturate, bool):
+        raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
     return _Quantize.apply(x, fwd, bwd, fr, br, saturate)
 
 
@@ -52,6 +54,8 @@ class Quantizer(torch.nn.Module):
         self.backward_fmt = None if backward_fmt is None else FloatFormat.parse(backward_fmt)
         self.forward_rounding = Rounding.parse(forward_rounding, "forward_rounding")
         self.backward_rounding = Rounding.parse(backward_rounding, "backward_rounding")
+        if not isinstance(saturate, bool):
+            raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
         self.saturate = saturate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -62,4 +66,4 @@ class Quantizer(torch.nn.Module):
         f = self.forward_fmt.name if self.forward_fmt else None
         b = self.backward_fmt.name if self.backward_fmt else None
         return f"forward_fmt={f}, backward_fmt={b}, forward_rounding={self.forward_rounding.value}, " \
-               f"backward_rounding={self.backward_rounding.value}"
+               f"backward_rounding={self.backward_rounding.value}, saturate={self.saturate}"

@@ -59,6 +59,7 @@ def _fmt_of(exp: int, man: int, bias: int, specials: int, subnormals: bool) -> F
 
 def code_dtype(fmt: FloatFormat) -> torch.dtype:
     """The integer dtype that holds ``fmt``'s codes: uint8 up to 8 bits, int16 up to 16, else int32."""
+    fmt = FloatFormat.parse(fmt)
     return torch.uint8 if fmt.bits <= 8 else torch.int16 if fmt.bits <= 16 else torch.int32
 
 
@@ -247,10 +248,13 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr
     Returns:
         A float32 tensor (``out`` if given) of values exactly representable in ``fmt``.
 
-    Overflow under round-to-nearest (|x| at or beyond max + ulp/2, where the tie goes up since
-    max's encoding is odd for man >= 1) gives ±inf for ``ieee`` formats, NaN for ``fn`` formats and
-    ±max for ``finite`` formats; directed rounding toward zero never overflows past ±max. With
-    man = 0 the tie at max + ulp/2 goes to the even encoding, as IEEE's unbounded-exponent rule says.
+    Overflow is decided as IEEE 754 does: round as if the exponent were unbounded, and overflow if
+    the result exceeds max. Under round-to-nearest that means |x| beyond max + ulp/2 overflows,
+    and the tie at exactly max + ulp/2 goes to the even encoding: up (overflow) when max's code is
+    odd (ieee and finite formats with man >= 1), down to max when it is even (``fn`` formats such as
+    E4M3FN, where 464 -> 448; ieee formats with man = 0). An overflow gives ±inf for ``ieee``
+    formats, NaN for ``fn`` formats and ±max for ``finite`` formats; rounding toward zero (and up
+    for negatives, down for positives) never overflows past ±max.
     NaN stays NaN, zeros keep their sign, float32 subnormal inputs are exact; with
     ``fmt.subnormals=False`` results below the smallest normal are flushed to signed zero.
     """
@@ -269,6 +273,9 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr
         return torch.ops.cpd.cast(x32, seed, *args)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
+        raise ValueError("out= is not differentiable: x or out requires grad; call cast without out= "
+                         "(or under torch.no_grad())")
     if out.dtype != torch.float32 or out.shape != x.shape or out.device != x.device:
         raise ValueError(
             f"out must be a float32 tensor of shape {tuple(x.shape)} on {x.device}; got {out.dtype}, "
@@ -305,8 +312,9 @@ def encode(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, 
 def decode(codes: torch.Tensor, fmt) -> torch.Tensor:
     """Float32 values of integer codes of ``fmt`` (the inverse of :func:`encode`).
 
-    Accepts any integer dtype; bits above ``fmt.bits`` must be zero (int16/int32 holding a full
-    16/32-bit pattern may be negative).
+    Accepts any integer dtype. Codes are ``0 .. 2**fmt.bits - 1``; for formats of exactly 8, 16 or
+    32 bits a negative value is also read as the two's-complement bit pattern (so an int8 view of
+    uint8 codes, or int16 fp16 patterns, decode as expected). Anything else is a ValueError.
     """
     if not isinstance(codes, torch.Tensor):
         raise TypeError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
@@ -327,7 +335,8 @@ def decode(codes: torch.Tensor, fmt) -> torch.Tensor:
     return torch.ops.cpd.decode(codes, *_fmt_args(fmt))
 
 
-def bits(x: torch.Tensor, fmt, rounding="nearest") -> str:
+def bits(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr_bits: int | None = None,
+         generator: torch.Generator | None = None) -> str:
     """The encodings of ``x`` rounded to ``fmt``, one line per element, as ``sign | exponent | mantissa``.
 
     Example:
@@ -337,7 +346,7 @@ def bits(x: torch.Tensor, fmt, rounding="nearest") -> str:
     x = _check_tensor(x, "x").reshape(-1)
     fmt = FloatFormat.parse(fmt)
     x32 = x.to(torch.float32)
-    vals = cast(x32, fmt, rounding)
+    vals = cast(x32, fmt, rounding, saturate=saturate, sr_bits=sr_bits, generator=generator)
     codes = encode(torch.nan_to_num(vals, nan=0.0, posinf=math.inf, neginf=-math.inf) if not fmt.has_nan else vals, fmt)
     codes = codes.to(torch.int64) & ((1 << fmt.bits) - 1)
     lines = []

@@ -9,9 +9,15 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "cpd/numerics.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -22,19 +28,133 @@ cpd::Format format_of(int64_t exp, int64_t man, int64_t bias, int64_t specials, 
   return cpd::make_format((int)exp, (int)man, (int)bias, (int)specials, subnormals ? 1 : 0, saturate ? 1 : 0);
 }
 
-// Deterministic modes: one straight loop, MODE a compile-time constant so the branches of
-// round_mag fold away.
+// One element of the cast on the path chosen at compile time (FAST: cast_bits_fast).
+template <bool FAST>
+inline uint32_t cast_one(uint32_t u, const cpd::Format& f, int mode, uint32_t rand, int sr_bits) {
+  return FAST ? cpd::cast_bits_fast(u, f, mode, rand, sr_bits) : cpd::cast_bits_generic(u, f, mode, rand, sr_bits);
+}
+
+// A span of at most a few thousand elements (it stays in L1) on the fast path, for the modes
+// whose region S (|x| < 2^emin, cpd::round_sub_fast) costs a dozen float operations per element:
+// first a scan of the span for any element in region S, then either the cheap region-N cast of
+// every element (none there) or the full fast cast. Data that rarely comes near the format's
+// subnormals (most of it for bf16 and fp16, much of it for fp8) skips region S's work; a span
+// with a region-S element costs the full cast plus the scan. The scan comes first, and each
+// element is read before it is written, so that an in-place cast (xb == yb) stays correct.
+// words: the random words of the span's elements (STOCHASTIC), else unused.
 template <int MODE>
+inline void cast_span_fast(const float* xb, float* yb, int64_t m, const cpd::Format& g,
+                           const uint32_t* __restrict words, int sr_bits) {
+  uint32_t any_sub = 0;
+  for (int64_t i = 0; i < m; ++i) any_sub |= (uint32_t)((cpd::bits_of(xb[i]) & ~cpd::SIGN) < g.min_normal_bits);
+  if (any_sub) {
+    for (int64_t i = 0; i < m; ++i) {
+      uint32_t w = MODE == cpd::STOCHASTIC ? words[i] : 0u;
+      yb[i] = cpd::float_of(cpd::cast_bits_fast(cpd::bits_of(xb[i]), g, MODE, w, sr_bits));
+    }
+  } else {
+    for (int64_t i = 0; i < m; ++i) {
+      uint32_t w = MODE == cpd::STOCHASTIC ? words[i] : 0u;
+      yb[i] = cpd::float_of(cpd::cast_bits_fast_normal(cpd::bits_of(xb[i]), g, MODE, w, sr_bits));
+    }
+  }
+}
+
+// Deterministic modes: MODE and the path compile-time constants so the branches of the core
+// fold away (the path is chosen once per launch, from f.fast). Nearest on the fast path and the
+// generic path: one straight loop; directed modes on the fast path: spans (cast_span_fast).
+constexpr int64_t kSpan = 1024;
+
+template <int MODE, bool FAST>
 void cast_det(const float* x, float* y, int64_t n, const cpd::Format f) {
   at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
     const cpd::Format g = f;  // a local copy the vectorizer can keep in registers
+    if (FAST && MODE != cpd::NEAREST) {
+      for (int64_t s = lo; s < hi; s += kSpan) cast_span_fast<MODE>(x + s, y + s, std::min(kSpan, hi - s), g, nullptr, 32);
+      return;
+    }
     for (int64_t i = lo; i < hi; ++i) {
-      y[i] = cpd::float_of(cpd::cast_bits(cpd::bits_of(x[i]), g, MODE, 0u, 32));
+      y[i] = cpd::float_of(cast_one<FAST>(cpd::bits_of(x[i]), g, MODE, 0u, 32));
     }
   });
 }
 
+// ------------------------------------------------------------------------------------------
 // Stochastic rounding: one Philox call serves four consecutive elements (block i >> 2).
+//
+// philox_words(b0, nb, ...) writes the words of blocks b0 .. b0+nb-1 in element order:
+//   words[4k + j] = word j of philox4x32_10(counter = {b0 + k, offset}, key = seed)
+// which is random_word(4 (b0 + k) + j, seed, offset). With AVX-512 it runs 8 blocks per vector
+// (see philox8); anything else, or the last nb % 32 blocks, uses the header's scalar function
+// in a loop the compiler may vectorize. Both give the same words, bit for bit.
+constexpr int64_t kSrBlocks = 64;  // blocks per buffer: 256 words, 1 KiB, stays in L1
+
+#if defined(__AVX512F__)
+// Philox4x32-10 on 8 blocks at once, the state held in 64-bit lanes (one block per lane):
+//   lane = [ garbage (32) | word (32) ]
+// _mm512_mul_epu32 multiplies the low 32 bits of each lane into a full 64-bit product, so one
+// instruction gives mulhilo's (hi, lo) for 8 blocks: hi = p >> 32, lo = the low half of p as it
+// stands (its high half is garbage that the next multiply ignores and the xors only move
+// around in high halves). Only the low halves are meaningful, and only they are stored.
+// A round, as in cpd::philox4x32_10:
+//   p0 = c0 * 0xD2511F53, p1 = c2 * 0xCD9E8D57
+//   c0' = hi(p1) ^ c1 ^ k0,  c1' = lo(p1),  c2' = hi(p0) ^ c3 ^ k1,  c3' = lo(p0)
+// kGroups = 4 groups of 8 blocks are interleaved for instruction-level parallelism.
+constexpr int kGroups = 4;
+
+inline void philox32(uint64_t b0, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1, uint32_t* words) {
+  const __m512i m0 = _mm512_set1_epi64(0xD2511F53u), m1 = _mm512_set1_epi64(0xCD9E8D57u);
+  const __m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+  __m512i x0[kGroups], x1[kGroups], x2[kGroups], x3[kGroups];
+  for (int g = 0; g < kGroups; ++g) {
+    __m512i b = _mm512_add_epi64(_mm512_set1_epi64((long long)(b0 + 8 * g)), iota);  // block numbers
+    x0[g] = b;                          // low half: (u32) b
+    x1[g] = _mm512_srli_epi64(b, 32);   // low half: (u32)(b >> 32)
+    x2[g] = _mm512_set1_epi64(c2);
+    x3[g] = _mm512_set1_epi64(c3);
+  }
+  for (int r = 0; r < cpd::PHILOX_ROUNDS; ++r) {
+    if (r) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const __m512i kk0 = _mm512_set1_epi64(k0), kk1 = _mm512_set1_epi64(k1);
+    for (int g = 0; g < kGroups; ++g) {
+      __m512i p0 = _mm512_mul_epu32(x0[g], m0), p1 = _mm512_mul_epu32(x2[g], m1);
+      x0[g] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), x1[g], kk0, 0x96);  // a ^ b ^ c
+      x1[g] = p1;
+      x2[g] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), x3[g], kk1, 0x96);
+      x3[g] = p0;
+    }
+  }
+  // Element order. v01 lane k = [w1 | w0] of block k, v23 = [w3 | w2]; block k's four words are
+  // then 64-bit lanes k of v01 and v23, interleaved by two permutes into 2 x 16 words.
+  const __m512i lo4 = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0), hi4 = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
+  for (int g = 0; g < kGroups; ++g) {
+    __m512i v01 = _mm512_mask_blend_epi32(0xAAAA, x0[g], _mm512_slli_epi64(x1[g], 32));
+    __m512i v23 = _mm512_mask_blend_epi32(0xAAAA, x2[g], _mm512_slli_epi64(x3[g], 32));
+    _mm512_storeu_si512(words + 32 * g, _mm512_permutex2var_epi64(v01, lo4, v23));
+    _mm512_storeu_si512(words + 32 * g + 16, _mm512_permutex2var_epi64(v01, hi4, v23));
+  }
+}
+#endif
+
+inline void philox_words(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+                         uint32_t* __restrict words) {
+  int64_t k = 0;
+#if defined(__AVX512F__)
+  for (; k + 8 * kGroups <= nb; k += 8 * kGroups) philox32(b0 + (uint64_t)k, c2, c3, k0, k1, words + 4 * k);
+#endif
+  for (; k < nb; ++k) {
+    uint64_t b = b0 + (uint64_t)k;
+    cpd::U32x4 w = cpd::philox4x32_10((uint32_t)b, (uint32_t)(b >> 32), c2, c3, k0, k1);
+    for (int j = 0; j < 4; ++j) words[4 * k + j] = w.v[j];
+  }
+}
+
+// The cast: the words of kSrBlocks blocks into a buffer, then the cast of their 4 * kSrBlocks
+// elements (a span on the fast path, a straight loop on the generic one).
+template <bool FAST>
 void cast_sr(const float* x, float* y, int64_t n, const cpd::Format f, int sr_bits,
              uint64_t seed, uint64_t offset) {
   const int64_t nblocks = (n + 3) / 4;
@@ -42,19 +162,38 @@ void cast_sr(const float* x, float* y, int64_t n, const cpd::Format f, int sr_bi
     const cpd::Format g = f;
     const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
     const uint32_t c2 = (uint32_t)offset, c3 = (uint32_t)(offset >> 32);
-    int64_t full_hi = std::min(bhi, n / 4);
-    for (int64_t b = blo; b < full_hi; ++b) {
-      cpd::U32x4 w = cpd::philox4x32_10((uint32_t)b, (uint32_t)((uint64_t)b >> 32), c2, c3, k0, k1);
-      for (int j = 0; j < 4; ++j) {
-        int64_t i = 4 * b + j;
-        y[i] = cpd::float_of(cpd::cast_bits(cpd::bits_of(x[i]), g, cpd::STOCHASTIC, w.v[j], sr_bits));
+    const int64_t full_hi = std::min(bhi, n / 4);
+    alignas(64) uint32_t words[4 * kSrBlocks];
+    for (int64_t b0 = blo; b0 < full_hi; b0 += kSrBlocks) {
+      const int64_t nb = std::min(kSrBlocks, full_hi - b0);
+      philox_words((uint64_t)b0, nb, c2, c3, k0, k1, words);
+      const float* xb = x + 4 * b0;
+      float* yb = y + 4 * b0;
+      if (FAST) {
+        cast_span_fast<cpd::STOCHASTIC>(xb, yb, 4 * nb, g, words, sr_bits);
+      } else {
+        for (int64_t i = 0; i < 4 * nb; ++i)
+          yb[i] = cpd::float_of(cpd::cast_bits_generic(cpd::bits_of(xb[i]), g, cpd::STOCHASTIC, words[i], sr_bits));
       }
     }
     for (int64_t i = std::max(4 * full_hi, 4 * blo); i < std::min(4 * bhi, n); ++i) {  // the tail block
       uint32_t r = cpd::random_word((uint64_t)i, seed, offset);
-      y[i] = cpd::float_of(cpd::cast_bits(cpd::bits_of(x[i]), g, cpd::STOCHASTIC, r, sr_bits));
+      y[i] = cpd::float_of(cast_one<FAST>(cpd::bits_of(x[i]), g, cpd::STOCHASTIC, r, sr_bits));
     }
   });
+}
+
+template <bool FAST>
+void cast_mode(const float* x, float* y, int64_t n, const cpd::Format f, int64_t mode, int sr_bits,
+               uint64_t seed, uint64_t offset) {
+  switch (mode) {
+    case cpd::NEAREST: cast_det<cpd::NEAREST, FAST>(x, y, n, f); break;
+    case cpd::TOWARD_ZERO: cast_det<cpd::TOWARD_ZERO, FAST>(x, y, n, f); break;
+    case cpd::UP: cast_det<cpd::UP, FAST>(x, y, n, f); break;
+    case cpd::DOWN: cast_det<cpd::DOWN, FAST>(x, y, n, f); break;
+    case cpd::STOCHASTIC: cast_sr<FAST>(x, y, n, f, sr_bits, seed, offset); break;
+    default: TORCH_CHECK(false, "cpd: unknown rounding mode ", mode);
+  }
 }
 
 }  // namespace
@@ -66,44 +205,68 @@ void cast_out(const torch::Tensor& x, torch::Tensor& out, int64_t exp, int64_t m
   const float* xp = x.data_ptr<float>();
   float* yp = out.data_ptr<float>();
   const int64_t n = x.numel();
-  switch (mode) {
-    case cpd::NEAREST: cast_det<cpd::NEAREST>(xp, yp, n, f); break;
-    case cpd::TOWARD_ZERO: cast_det<cpd::TOWARD_ZERO>(xp, yp, n, f); break;
-    case cpd::UP: cast_det<cpd::UP>(xp, yp, n, f); break;
-    case cpd::DOWN: cast_det<cpd::DOWN>(xp, yp, n, f); break;
-    case cpd::STOCHASTIC: cast_sr(xp, yp, n, f, (int)sr_bits, (uint64_t)seed, (uint64_t)offset); break;
-    default: TORCH_CHECK(false, "cpd: unknown rounding mode ", mode);
-  }
+  if (f.fast)
+    cast_mode<true>(xp, yp, n, f, mode, (int)sr_bits, (uint64_t)seed, (uint64_t)offset);
+  else
+    cast_mode<false>(xp, yp, n, f, mode, (int)sr_bits, (uint64_t)seed, (uint64_t)offset);
 }
 
 namespace {
-template <typename Code, int MODE>
+template <typename Code, int MODE, bool FAST>
 void encode_loop(const float* x, Code* c, int64_t n, const cpd::Format f) {
   at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
     const cpd::Format g = f;
+    // Local restrict pointers: a store through a uint8_t pointer may alias anything, including
+    // the lambda's captures, which would otherwise be reloaded every element (no vectorization).
+    const float* __restrict xr = x;
+    Code* __restrict cr = c;
     for (int64_t i = lo; i < hi; ++i) {
-      uint32_t v = cpd::cast_bits(cpd::bits_of(x[i]), g, MODE, 0u, 32);
-      c[i] = (Code)cpd::encode_value_bits(v, g);
+      uint32_t v = cast_one<FAST>(cpd::bits_of(xr[i]), g, MODE, 0u, 32);
+      cr[i] = (Code)(FAST ? cpd::encode_value_bits_fast(v, g) : cpd::encode_value_bits(v, g));
     }
   });
 }
 
-template <typename Code>
-void encode_mode(const float* x, Code* c, int64_t n, const cpd::Format f, int64_t mode) {
+template <typename Code, bool FAST>
+void encode_path(const float* x, Code* c, int64_t n, const cpd::Format f, int64_t mode) {
   switch (mode) {
-    case cpd::NEAREST: encode_loop<Code, cpd::NEAREST>(x, c, n, f); break;
-    case cpd::TOWARD_ZERO: encode_loop<Code, cpd::TOWARD_ZERO>(x, c, n, f); break;
-    case cpd::UP: encode_loop<Code, cpd::UP>(x, c, n, f); break;
-    case cpd::DOWN: encode_loop<Code, cpd::DOWN>(x, c, n, f); break;
+    case cpd::NEAREST: encode_loop<Code, cpd::NEAREST, FAST>(x, c, n, f); break;
+    case cpd::TOWARD_ZERO: encode_loop<Code, cpd::TOWARD_ZERO, FAST>(x, c, n, f); break;
+    case cpd::UP: encode_loop<Code, cpd::UP, FAST>(x, c, n, f); break;
+    case cpd::DOWN: encode_loop<Code, cpd::DOWN, FAST>(x, c, n, f); break;
     default: TORCH_CHECK(false, "cpd: encode takes a deterministic rounding mode, got ", mode);
   }
 }
 
 template <typename Code>
+void encode_mode(const float* x, Code* c, int64_t n, const cpd::Format f, int64_t mode) {
+  if (f.fast)
+    encode_path<Code, true>(x, c, n, f, mode);
+  else
+    encode_path<Code, false>(x, c, n, f, mode);
+}
+
+template <typename Code>
 void decode_loop(const Code* c, float* y, int64_t n, const cpd::Format f) {
+  using UCode = std::make_unsigned_t<Code>;
+  // A table of decode_bits over every value of the code type (bit-exact by construction), when
+  // it pays: always for 8-bit codes (256 entries), for 16-bit codes on large inputs.
+  constexpr int64_t kTable = sizeof(Code) <= 2 ? int64_t(1) << (8 * sizeof(Code)) : 0;
+  if (kTable && (kTable <= 256 || n >= 16 * kTable)) {
+    std::vector<float> table(kTable);
+    at::parallel_for(0, kTable, 4096, [&](int64_t lo, int64_t hi) {
+      for (int64_t k = lo; k < hi; ++k) table[k] = cpd::float_of(cpd::decode_bits((uint32_t)k, f));
+    });
+    const float* __restrict t = table.data();
+    float* __restrict yr = y;
+    at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) yr[i] = t[(UCode)c[i]];  // a gather
+    });
+    return;
+  }
   at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
     const cpd::Format g = f;
-    for (int64_t i = lo; i < hi; ++i) y[i] = cpd::float_of(cpd::decode_bits((uint32_t)(std::make_unsigned_t<Code>)c[i], g));
+    for (int64_t i = lo; i < hi; ++i) y[i] = cpd::float_of(cpd::decode_bits((uint32_t)(UCode)c[i], g));
   });
 }
 }  // namespace

@@ -1,0 +1,99 @@
+"""Speed of the CPU cast, encode and decode, as ratios to a plain float32 copy.
+
+Run from the repository root:
+
+    PYTHONPATH=. python benchmarks/bench_cast.py [--n 67108864] [--reps 7] [--threads 2]
+
+Method: x = torch.randn(n) * 100 (float32) and a preallocated out. Each measurement is the
+median wall time of `reps` runs; every operation is timed side by side with out.copy_(x) in the
+same process (interleaved), and the ratio median(op) / median(copy) is printed. torch's own
+float8_e5m2 copy_ is shown for comparison. encode/decode ratios are against the copy of the
+float32 input as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import cpd._cpu as cpu
+
+FORMATS = [  # name, exp, man, bias
+    ("e5m2", 5, 2, 15),
+    ("e4m3", 4, 3, 7),
+    ("fp16", 5, 10, 15),
+    ("bf16", 8, 7, 127),
+]
+MODES = [("nearest", 0), ("stochastic", 1), ("toward_zero", 2), ("up", 3), ("down", 4)]
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def ratio(fn, copy, reps: int) -> tuple[float, float]:
+    """(median(fn) / median(copy), median(fn) seconds), interleaving the two."""
+    fn()
+    copy()  # warm-up
+    a, b = [], []
+    for _ in range(reps):
+        a.append(timed(fn))
+        b.append(timed(copy))
+    ma, mb = statistics.median(a), statistics.median(b)
+    return ma / mb, ma
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=2**26)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave the default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    m = cpu.extension()
+    if m is None:
+        raise SystemExit("the CPU extension could not be built")
+
+    n = args.n
+    torch.manual_seed(0)
+    x = torch.randn(n) * 100
+    out = torch.empty_like(x)
+    copy = lambda: out.copy_(x)  # noqa: E731
+    print(f"n = {n}, threads = {torch.get_num_threads()}, reps = {args.reps}")
+
+    f8 = torch.empty(n, dtype=torch.float8_e5m2)
+    r, t = ratio(lambda: f8.copy_(x), copy, args.reps)
+    print(f"{'torch float8_e5m2 copy_':32s} {r:6.2f}x copy  {n / t / 1e9:6.2f} Gelem/s")
+
+    for name, e, mn, b in FORMATS:
+        for mname, mode in MODES:
+            fn = lambda: m.cast_out(x, out, e, mn, b, 0, True, mode, False, 32, 1234, 0)  # noqa: E731
+            r, t = ratio(fn, copy, args.reps)
+            print(f"cast {name:5s} {mname:21s} {r:6.2f}x copy  {n / t / 1e9:6.2f} Gelem/s")
+
+    import cpd  # the public API on top: Python argument checks, custom-op dispatch, seed draw
+
+    for mname in ("nearest", "stochastic"):
+        r, t = ratio(lambda: cpd.cast(x, cpd.E5M2, mname, out=out), copy, args.reps)
+        print(f"cpd.cast(x, E5M2, {mname!r}, out=) {r:6.2f}x copy  {n / t / 1e9:6.2f} Gelem/s")
+
+    codes = torch.empty(n, dtype=torch.uint8)
+    for name, e, mn, b in FORMATS:
+        if 1 + e + mn > 8:
+            continue
+        fn = lambda: m.encode_out(x, codes, e, mn, b, 0, True, 0, False)  # noqa: E731
+        r, t = ratio(fn, copy, args.reps)
+        print(f"encode {name:5s} nearest -> uint8      {r:6.2f}x copy  {n / t / 1e9:6.2f} Gelem/s")
+        fn = lambda: m.decode_out(codes, out, e, mn, b, 0, True)  # noqa: E731
+        r, t = ratio(fn, copy, args.reps)
+        print(f"decode {name:5s} uint8 -> float32      {r:6.2f}x copy  {n / t / 1e9:6.2f} Gelem/s")
+
+
+if __name__ == "__main__":
+    main()
