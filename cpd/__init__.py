@@ -8,18 +8,24 @@ CPU (C++/OpenMP) and CUDA (NVRTC), from one numerics core.
     tensor([0.3125])
 """
 
-from . import nn
+from . import nn, optim
 from .formats import (BF16, E2M1, E2M3, E3M2, E4M3, E4M3FN, E5M2, FP16, FP32, PRESETS, TF32, FloatFormat,
                       Specials)
 from .nn import Quantizer, quantizer
-from .ops import bits, cast, code_dtype, decode, encode
+from .ops import add, bits, cast, code_dtype, decode, encode, fma, mul
+from .ops import matmul, sum  # noqa: A004
 from .rounding import Rounding
+from .collectives import ALGORITHMS as ALLREDUCE_ALGORITHMS, allreduce, cost_model
+from .report import LayerReport, RoundoffReport
+from .scaling import LossScaler, aps_allreduce, aps_exponent, scaled_allreduce
 
 __version__ = "0.1.0"
 
 __all__ = [
     "FloatFormat", "Specials", "Rounding", "PRESETS",
     "FP32", "TF32", "FP16", "BF16", "E5M2", "E4M3", "E4M3FN", "E3M2", "E2M3", "E2M1",
-    "cast", "encode", "decode", "bits", "code_dtype",
-    "Quantizer", "quantizer", "nn",
+    "cast", "encode", "decode", "bits", "code_dtype", "add", "mul", "fma", "matmul", "sum",
+    "Quantizer", "quantizer", "nn", "optim",
+    "allreduce", "ALLREDUCE_ALGORITHMS", "cost_model", "aps_allreduce", "aps_exponent", "scaled_allreduce",
+    "LossScaler", "RoundoffReport", "LayerReport",
 ]

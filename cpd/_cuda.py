@@ -22,7 +22,8 @@ import torch
 
 from ._cpu import source_dir
 
-__all__ = ["available", "compile_source", "cast_out", "encode_out", "decode_out", "NVRTC_OPTIONS"]
+__all__ = ["available", "compile_source", "cast_out", "encode_out", "decode_out", "arith_out", "matmul_out",
+           "NVRTC_OPTIONS"]
 
 #: FMA contraction changes results (Kahan, exact emulation); the float multiply in compose()
 #: must stay a plain multiply. -default-device is not used: kernels are explicit.
@@ -177,3 +178,27 @@ def decode_out(codes, out, exp, man, bias, specials, subnormals) -> None:
     n = codes.numel()
     _launch(codes, "cast.cu", f"cpd_decode_{_SUFFIX[codes.dtype]}", n,
             [_ptr(codes), _ptr(out), (ctypes.c_longlong, n), *_fmt(exp, man, bias, specials, subnormals)])
+
+
+def arith_out(op, a, b, c, out, seed, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits) -> None:
+    """out = round(a*b) (op 0), round(a+b) (op 1) or round(c + a*b) (op 2) on the GPU."""
+    seed = seed.to(device=a.device, dtype=torch.int64)
+    n = out.numel()
+    _launch(a, "cast.cu", "cpd_arith", n, [(ctypes.c_int, op), _ptr(a), _ptr(b), _ptr(c), _ptr(out),
+                                           (ctypes.c_longlong, n), *_fmt(exp, man, bias, specials, subnormals),
+                                           (ctypes.c_int, rounding), (ctypes.c_int, int(saturate)),
+                                           (ctypes.c_int, sr_bits), _ptr(seed)])
+
+
+def matmul_out(a, b, out, seed, has_mul, mexp, mman, mbias, mspecials, msubnormals, aexp, aman, abias, aspecials,
+               asubnormals, kahan, block, rounding, saturate, sr_bits) -> None:
+    """out (B, M, N) = the accumulated a (B, M, K) @ b (B, K, N) on the GPU (numerics.h dot_step)."""
+    seed = seed.to(device=a.device, dtype=torch.int64)
+    B, M, K = a.shape
+    N = b.shape[2]
+    i = ctypes.c_int
+    _launch(a, "matmul.cu", "cpd_matmul", out.numel(),
+            [_ptr(a), _ptr(b), _ptr(out), (ctypes.c_longlong, B), (ctypes.c_longlong, M), (ctypes.c_longlong, K),
+             (ctypes.c_longlong, N), (i, int(has_mul)), *_fmt(mexp, mman, mbias, mspecials, msubnormals),
+             *_fmt(aexp, aman, abias, aspecials, asubnormals), (i, int(kahan)), (i, block), (i, rounding),
+             (i, int(saturate)), (i, sr_bits), _ptr(seed)])

@@ -79,9 +79,13 @@ def philox4x32(c: list[torch.Tensor], k0: int, k1: int, rounds: int = PHILOX_ROU
 
 def random_words(start: int, n: int, seed: int, offset: int, device=None) -> torch.Tensor:
     """The 32-bit random word of elements start..start+n-1 (as int64), as numerics.h draws it."""
+    return words_at(torch.arange(start, start + n, dtype=torch.int64, device=device), seed, offset)
+
+
+def words_at(i: torch.Tensor, seed: int, offset: int) -> torch.Tensor:
+    """numerics.h random_word(i, seed, offset) for an int64 tensor of word indices i >= 0."""
     seed &= (1 << 64) - 1
     offset &= (1 << 64) - 1
-    i = torch.arange(start, start + n, dtype=torch.int64, device=device)
     block = i >> 2
     zeros = torch.zeros_like(block)
     ctr = [block & _M32, (block >> 32) & _M32, zeros + (offset & _M32), zeros + (offset >> 32)]
@@ -90,8 +94,9 @@ def random_words(start: int, n: int, seed: int, offset: int, device=None) -> tor
 
 
 def cast(x: torch.Tensor, fmt: FloatFormat, rounding: Rounding, saturate: bool, sr_bits: int,
-         seed: int, offset: int) -> torch.Tensor:
-    """The cast of numerics.h cast_bits, on a float32 tensor; returns a new float32 tensor."""
+         seed: int, offset: int, words: torch.Tensor | None = None) -> torch.Tensor:
+    """The cast of numerics.h cast_bits, on a float32 tensor; returns a new float32 tensor.
+    ``words``: element i's random word (default: word i of (seed, offset))."""
     u = _u32(x).reshape(-1)
     sign = u & _SIGN
     a = u ^ sign
@@ -106,7 +111,7 @@ def cast(x: torch.Tensor, fmt: FloatFormat, rounding: Rounding, saturate: bool, 
     elif rounding is Rounding.STOCHASTIC:
         frac = torch.where(d <= 32, rem << (32 - d).clamp(min=0), rem >> (d - 32).clamp(min=0, max=63)) & _M32
         mask = (_M32 << (32 - sr_bits)) & _M32
-        rand = random_words(0, u.numel(), seed, offset, device=u.device)
+        rand = words.reshape(-1) if words is not None else random_words(0, u.numel(), seed, offset, device=u.device)
         up = (frac & mask) + (rand & mask) > _M32
     elif rounding is Rounding.TOWARD_ZERO:
         up = torch.zeros_like(r, dtype=torch.bool)
@@ -161,3 +166,194 @@ def decode(codes: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     elif fmt.specials is Specials.FN:
         val = torch.where(mag == (1 << width) - 1, _QNAN, val)
     return _bits_to_float(sign | val).reshape(codes.shape)
+
+
+# ------------------------------------------------------------------------------------------
+# Exact arithmetic rounded once (numerics.h, section "Exact arithmetic rounded once"): the same
+# Wide values (S < 2^62 fits int64), the same steps.
+def _top_bit(S: torch.Tensor) -> torch.Tensor:
+    """Position of the highest set bit of S > 0 (float64 may round S up to the next power of 2)."""
+    t = torch.frexp(S.to(torch.float64))[1].to(torch.int64) - 1
+    return t - ((S >> t.clamp(min=0)) == 0).to(torch.int64)
+
+
+def _wide_of(u: torch.Tensor):
+    a = u & 0x7FFFFFFF
+    field = a >> 23
+    S = (a & 0x7FFFFF) | ((field != 0).to(torch.int64) << 23)
+    return S, field.clamp(min=1) - 150, torch.zeros_like(S), u & _SIGN
+
+
+def _wide_mul(ua, ub):
+    Sa, ea, _, _ = _wide_of(ua)
+    Sb, eb, _, _ = _wide_of(ub)
+    return Sa * Sb, ea + eb, torch.zeros_like(Sa), (ua ^ ub) & _SIGN
+
+
+def _wide_add(x, y):
+    """Vectorized wide_add; zero operands handled by the caller's selects."""
+    Sx, ex, _, sx = x
+    Sy, ey, _, sy = y
+    tx = torch.where(Sx > 0, _top_bit(Sx.clamp(min=1)) + ex, -(1 << 20))
+    ty = torch.where(Sy > 0, _top_bit(Sy.clamp(min=1)) + ey, -(1 << 20))
+    swap = ty > tx
+    Sx, Sy = torch.where(swap, Sy, Sx), torch.where(swap, Sx, Sy)
+    ex, ey = torch.where(swap, ey, ex), torch.where(swap, ex, ey)
+    sx, sy = torch.where(swap, sy, sx), torch.where(swap, sx, sy)
+    sh = 60 - _top_bit(Sx.clamp(min=1))
+    X = Sx << sh
+    e = ex - sh
+    k = e - ey
+    kc = k.clamp(min=0, max=62)
+    Y = torch.where(k <= 0, Sy << (-k).clamp(min=0, max=62), Sy >> kc)
+    sticky = torch.where(k <= 0, 0, ((Sy & ((1 << kc) - 1)) != 0).to(torch.int64))
+    same = sx == sy
+    S = torch.where(same, X + Y, torch.where(Y > X, Y - X, X - Y - sticky))
+    sign = torch.where(same | (Y <= X), sx, sy)
+    # 1. zero operands: the other one
+    S = torch.where(Sx == 0, Sy, torch.where(Sy == 0, Sx, S))
+    e = torch.where(Sx == 0, ey, torch.where(Sy == 0, ex, e))
+    sticky = torch.where((Sx == 0) | (Sy == 0), 0, sticky)
+    sign = torch.where(Sx == 0, sy, torch.where(Sy == 0, sx, sign))
+    return S, e, sticky, sign
+
+
+def _round_wide(w, fmt: FloatFormat, rounding: Rounding, saturate: bool, rand) -> torch.Tensor:
+    """Float32 bits (int64) of rounding Wide values with S > 0 (entries with S == 0 are garbage)."""
+    S, e, sticky, sign = w
+    E = _top_bit(S.clamp(min=1)) + e
+    ee = E.clamp(min=fmt.emin)
+    qexp = ee - fmt.man
+    d = qexp - e
+    dc = d.clamp(min=1, max=62)
+    rem = torch.where(d > 0, S & ((1 << dc) - 1), 0)
+    half = 1 << (dc - 1)
+    r = torch.where(d > 0, S >> dc, S << (-d).clamp(min=0, max=62))
+    if rounding is Rounding.NEAREST:
+        lsb = (r & 1) if fmt.man else (r & (ee + fmt.bias) & 1)
+        tie = (rem == half) & (d > 0) & (d <= 62)
+        up = ((rem > half) & (d <= 62)) | (tie & (sticky == 1)) | (tie & (sticky == 0) & (lsb == 1))
+    elif rounding is Rounding.STOCHASTIC:
+        frac = torch.where(d <= 32, rem << (32 - d).clamp(min=0, max=32), rem >> (d - 32).clamp(min=0, max=62))
+        mask = (_M32 << (32 - rand[1])) & _M32
+        up = (d > 0) & (((frac & _M32 & mask) + (rand[0] & mask)) > _M32)
+    elif rounding is Rounding.TOWARD_ZERO:
+        up = torch.zeros_like(S, dtype=torch.bool)
+    else:
+        away = (sign == 0) if rounding is Rounding.UP else (sign != 0)
+        up = (d > 0) & ((rem != 0) | (sticky == 1)) & away
+    mag = _compose(r + up.to(torch.int64), qexp.clamp(max=128))
+    mag = _finish_overflow(mag, sign, fmt, rounding, saturate)
+    return sign | mag
+
+
+def _finish_overflow(mag, sign, fmt: FloatFormat, rounding: Rounding, saturate: bool):
+    """Steps 3a (overflow) and 3b (flush) of cast_bits on magnitude bits."""
+    max_bits = _max_bits(fmt)
+    if saturate or fmt.specials is Specials.FINITE:
+        outward = max_bits
+    else:
+        outward = _INF if fmt.specials is Specials.IEEE else _QNAN
+    inward = {
+        Rounding.TOWARD_ZERO: torch.ones_like(sign, dtype=torch.bool),
+        Rounding.UP: sign != 0,
+        Rounding.DOWN: sign == 0,
+    }.get(rounding, torch.zeros_like(sign, dtype=torch.bool))
+    mag = torch.where(mag > max_bits, torch.where(inward, max_bits, outward), mag)
+    if not fmt.subnormals:
+        mag = torch.where(mag < _min_normal_bits(fmt), 0, mag)
+    return mag
+
+
+def arith(op: str, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, fmt: FloatFormat, rounding: Rounding,
+          saturate: bool, sr_bits: int, seed: int, offset: int) -> torch.Tensor:
+    """numerics.h mul_bits / add_bits / fma_bits (op "mul", "add", "fma": c + a*b) on same-shape
+    float32 tensors; element i uses random word i."""
+    ua, ub = _u32(a).reshape(-1), _u32(b).reshape(-1)
+    uc = _u32(c).reshape(-1) if c is not None else None
+    n = ua.numel()
+    words = (random_words(0, n, seed, offset, device=ua.device) if rounding is Rounding.STOCHASTIC
+             else torch.zeros(n, dtype=torch.int64, device=ua.device))
+    return _bits_to_float(arith_bits(op, ua, ub, uc, fmt, rounding, saturate, sr_bits, words)).reshape(a.shape)
+
+
+def arith_bits(op: str, ua: torch.Tensor, ub: torch.Tensor, uc: torch.Tensor | None, fmt: FloatFormat,
+               rounding: Rounding, saturate: bool, sr_bits: int, words: torch.Tensor) -> torch.Tensor:
+    """arith on float32 bit patterns (1-d int64 tensors); element i uses random word words[i]."""
+    rand = (words, sr_bits)
+    fa, fb = _bits_to_float(ua), _bits_to_float(ub)
+    fin = (ua & 0x7FFFFFFF < _INF) & (ub & 0x7FFFFFFF < _INF)
+    if op == "mul":
+        special = fa * fb
+        w = _wide_mul(ua, ub)
+        zero = w[3]
+    else:
+        if op == "add":
+            w = _wide_add(_wide_of(ua), _wide_of(ub))
+            special = fa + fb
+            zs = (ua & _SIGN, ub & _SIGN)
+        else:
+            p = _wide_mul(ua, ub)
+            w = _wide_add(_wide_of(uc), p)
+            special = torch.where(fin, _bits_to_float(uc), _bits_to_float(uc) + fa * fb)
+            fin = fin & (uc & 0x7FFFFFFF < _INF)
+            zs = (uc & _SIGN, p[3])
+        down = rounding is Rounding.DOWN
+        zero = torch.where(zs[0] == zs[1], zs[0], _SIGN if down else 0)
+    rounded = _round_wide(w, fmt, rounding, saturate, rand)
+    res = torch.where(w[0] == 0, zero, rounded)
+    # non-finite operands: float32 arithmetic, then the cast (same random word)
+    special_cast = cast(special, fmt, rounding, saturate, sr_bits, 0, 0, words=words).reshape(-1)
+    return torch.where(fin, res, _u32(special_cast))
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, mul: FloatFormat | None, acc: FloatFormat, kahan: bool, block: int,
+           rounding: Rounding, saturate: bool, sr_bits: int, seed: int, offset: int) -> torch.Tensor:
+    """numerics.h dot_step for every output at once: a (B, M, K) and b (B, K, N) float32; a loop
+    over k, vectorized over the B*M*N outputs; the same order, roundings and random words."""
+    B, M, K = a.shape
+    N = b.shape[2]
+    dev = a.device
+    ua = _u32(a)  # (B, M, K)
+    ub = _u32(b)  # (B, K, N)
+    n = B * M * N
+    o = torch.arange(n, dtype=torch.int64, device=dev)
+    zeros = torch.zeros(n, dtype=torch.int64, device=dev)
+    sto = rounding is Rounding.STOCHASTIC
+
+    def words(k: int, j: int) -> torch.Tensor:
+        return words_at((o * K + k) * 8 + j, seed, offset) if sto else zeros
+
+    def add(x, y, j):
+        return arith_bits("add", x, y, None, acc, rounding, saturate, sr_bits, words(k, j))
+
+    def term(x, j):  # round_acc(x + P): P rounded to mul (words j-1, j) or exact (word j)
+        if mul is not None:
+            p = arith_bits("mul", ak, bk, None, mul, rounding, saturate, sr_bits, words(k, 0))
+            return add(x, p, j)
+        return arith_bits("fma", ak, bk, x, acc, rounding, saturate, sr_bits, words(k, j))
+
+    def kahan_add(s, c, y, j):
+        t = add(s, y, j)
+        ts = add(t, s ^ _SIGN, j + 1)
+        return t, add(ts, y ^ _SIGN, j + 2)
+
+    s, c, bs = zeros.clone(), zeros.clone(), zeros.clone()
+    for k in range(K):
+        ak = ua[:, :, k].unsqueeze(2).expand(B, M, N).reshape(-1)
+        bk = ub[:, k, :].unsqueeze(1).expand(B, M, N).reshape(-1)
+        if block:
+            bs = term(bs, 1)
+            if (k + 1) % block == 0 or k + 1 == K:
+                if kahan:
+                    y = add(bs, c ^ _SIGN, 4)
+                    s, c = kahan_add(s, c, y, 5)
+                else:
+                    s = add(s, bs, 4)
+                bs = zeros.clone()
+        elif kahan:
+            y = term(c ^ _SIGN, 1)
+            s, c = kahan_add(s, c, y, 2)
+        else:
+            s = term(s, 1)
+    return _bits_to_float(s).reshape(B, M, N)

@@ -1,6 +1,10 @@
-"""Modules that round what flows through a network: :class:`Quantizer` and :func:`quantizer`."""
+"""Modules that round what flows through a network: :class:`Quantizer`/:func:`quantizer`, and
+layers whose GEMMs are emulated in low precision: :class:`QuantLinear`, :class:`QuantConv2d`,
+:func:`convert`."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -8,7 +12,7 @@ from .formats import FloatFormat
 from .ops import cast
 from .rounding import Rounding
 
-__all__ = ["Quantizer", "quantizer"]
+__all__ = ["Quantizer", "quantizer", "GemmConfig", "quant_matmul", "QuantLinear", "QuantConv2d", "convert"]
 
 
 class _Quantize(torch.autograd.Function):
@@ -67,3 +71,261 @@ class Quantizer(torch.nn.Module):
         b = self.backward_fmt.name if self.backward_fmt else None
         return f"forward_fmt={f}, backward_fmt={b}, forward_rounding={self.forward_rounding.value}, " \
                f"backward_rounding={self.backward_rounding.value}, saturate={self.saturate}"
+
+
+# ----------------------------------------------------------------------------- quantized layers
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """How one GEMM is emulated: the arguments of :func:`cpd.matmul` but the operands.
+
+    ``mul=None`` and ``acc=None`` together mean a plain float32 ``torch.matmul`` (no emulation).
+    """
+
+    #: Format every product is rounded to (None: exact products).
+    mul: FloatFormat | None = None
+    #: Format of the accumulator (None with ``mul=None``: plain float32 torch.matmul).
+    acc: FloatFormat | None = None
+    #: Fused multiply-add in ``acc`` (requires ``mul=None``).
+    fma: bool = False
+    #: Kahan-compensated accumulation, every operation rounded to ``acc``.
+    kahan: bool = False
+    #: Chunked accumulation: sum blocks of this many products, then the block sums.
+    block: int | None = None
+    #: Rounding mode of every product and addition.
+    rounding: Rounding = Rounding.NEAREST
+
+    def __post_init__(self):
+        for name in ("mul", "acc"):
+            v = getattr(self, name)
+            if v is not None:
+                try:
+                    object.__setattr__(self, name, FloatFormat.parse(v))
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"{name}={v!r}: {exc}") from None
+        object.__setattr__(self, "rounding", Rounding.parse(self.rounding))
+        if self.fma and self.mul is not None:
+            raise ValueError(f"fma=True rounds the exact a*b once into acc; mul must be None, got {self.mul.name}")
+        if self.block is not None and (isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1):
+            raise ValueError(f"block must be a positive int or None, got {self.block!r}")
+
+    @property
+    def exact(self) -> bool:
+        """True when no rounding is emulated (plain torch.matmul)."""
+        return self.mul is None and self.acc is None
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if self.exact:
+            return torch.matmul(a, b)
+        from .ops import matmul
+        from .formats import FP32
+
+        return matmul(a, b, mul=self.mul, acc=self.acc or FP32, fma=self.fma, kahan=self.kahan, block=self.block,
+                      rounding=self.rounding)
+
+
+class _QuantMatmul(torch.autograd.Function):
+    """a @ b with the forward GEMM emulated by ``fwd`` and both backward GEMMs by ``bwd``."""
+
+    @staticmethod
+    def forward(ctx, a, b, fwd: GemmConfig, bwd: GemmConfig):
+        ctx.save_for_backward(a, b)
+        ctx.bwd = bwd
+        with torch.no_grad():
+            return fwd(a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        ga = gb = None
+        if ctx.needs_input_grad[0]:
+            ga = ctx.bwd(grad, b.transpose(-1, -2))
+        if ctx.needs_input_grad[1]:
+            gb = ctx.bwd(a.transpose(-1, -2), grad)
+        return _reduce_to(ga, a.shape), _reduce_to(gb, b.shape), None, None
+
+
+def _reduce_to(g, shape):
+    """Sum a broadcast gradient back to ``shape`` (batch dims of a batched matmul)."""
+    if g is None or g.shape == shape:
+        return g
+    while g.dim() > len(shape):
+        g = g.sum(0)
+    for i, n in enumerate(shape):
+        if n == 1 and g.shape[i] != 1:
+            g = g.sum(i, keepdim=True)
+    return g
+
+
+def quant_matmul(a: torch.Tensor, b: torch.Tensor, forward: GemmConfig = GemmConfig(),
+                 backward: GemmConfig | None = None) -> torch.Tensor:
+    """``a @ b`` whose forward GEMM is emulated per ``forward`` and whose two backward GEMMs
+    (``grad @ b^T`` and ``a^T @ grad``) per ``backward`` (default: the same as forward).
+
+    With exact configs and float64 inputs it is plain ``torch.matmul``: that is the reference
+    path ``torch.autograd.gradcheck`` runs on.
+    """
+    return _QuantMatmul.apply(a, b, forward, forward if backward is None else backward)
+
+
+class _QuantMixin:
+    """Formats shared by QuantLinear and QuantConv2d (see QuantLinear's docstring)."""
+
+    def _setup_quant(self, mul, acc, weight, activation, grad, backward_mul, backward_acc, kahan, fma, block,
+                     rounding):
+        self.gemm = GemmConfig(mul, acc, fma, kahan, block, rounding)
+        bmul = mul if backward_mul is _SAME else backward_mul
+        bacc = acc if backward_acc is _SAME else backward_acc
+        self.backward_gemm = GemmConfig(bmul, bacc, fma and bmul is None, kahan, block, rounding)
+        try:
+            self.weight_fmt = None if weight is None else FloatFormat.parse(weight)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"weight={weight!r}: {exc}") from None
+        self.act = Quantizer(activation, grad)
+
+    def _quant_weight(self, w: torch.Tensor) -> torch.Tensor:
+        return w if self.weight_fmt is None else quantizer(w, self.weight_fmt)
+
+    def _quant_repr(self) -> str:
+        def n(f):
+            return None if f is None else f.name
+        g, b = self.gemm, self.backward_gemm
+        return (f"mul={n(g.mul)}, acc={n(g.acc)}, backward_mul={n(b.mul)}, backward_acc={n(b.acc)}, "
+                f"weight={n(self.weight_fmt)}, activation={n(self.act.forward_fmt)}, grad={n(self.act.backward_fmt)}, "
+                f"kahan={g.kahan}, fma={g.fma}, block={g.block}, rounding={g.rounding.value}")
+
+
+class _Same:
+    def __repr__(self):
+        return "<same as forward>"
+
+
+_SAME = _Same()
+
+
+class QuantLinear(torch.nn.Linear, _QuantMixin):
+    """``nn.Linear`` with its GEMMs, weights, activations and gradients in chosen formats.
+
+    Forward: ``y = bias + Q_act(x) @ Q_w(W)^T`` where ``Q_act`` rounds the input to
+    ``activation`` (its gradient to ``grad`` on the way back), ``Q_w`` rounds the weight to
+    ``weight`` (straight-through), the GEMM is :func:`cpd.matmul` with ``mul``/``acc``
+    (``kahan``, ``fma``, ``block``, ``rounding``), and the bias is added in ``acc`` (one more
+    rounded addition). Backward: ``grad_x = g @ W`` and ``grad_W = g^T @ x`` are emulated with
+    ``backward_mul``/``backward_acc`` (default: the forward's). Any format may be None (exact).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, mul=None, acc=None, weight=None,
+                 activation=None, grad=None, backward_mul=_SAME, backward_acc=_SAME, kahan: bool = False,
+                 fma: bool = False, block: int | None = None, rounding="nearest", device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self._setup_quant(mul, acc, weight, activation, grad, backward_mul, backward_acc, kahan, fma, block, rounding)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = quant_matmul(self.act(x), self._quant_weight(self.weight).t(), self.gemm, self.backward_gemm)
+        if self.bias is None:
+            return y
+        if self.gemm.acc is None:
+            return y + self.bias
+        from .ops import add
+
+        return add(y, self.bias, self.gemm.acc, self.gemm.rounding)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", " + self._quant_repr()
+
+
+class QuantConv2d(torch.nn.Conv2d, _QuantMixin):
+    """``nn.Conv2d`` as im2col + :func:`cpd.matmul`, with the formats of :class:`QuantLinear`.
+
+    Stride, padding (numbers, pairs, ``"same"``/``"valid"``), dilation and groups are honoured
+    (``padding_mode="zeros"`` only). Each output pixel of each group is one dot product over
+    ``in_channels/groups * kh * kw`` in ``unfold``'s order (channel, then kernel row, column).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", *, mul=None, acc=None, weight=None,
+                 activation=None, grad=None, backward_mul=_SAME, backward_acc=_SAME, kahan: bool = False,
+                 fma: bool = False, block: int | None = None, rounding="nearest", device=None, dtype=None):
+        if padding_mode != "zeros":
+            raise ValueError(f"QuantConv2d supports padding_mode='zeros' only, got {padding_mode!r}")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, device=device, dtype=dtype)
+        self._setup_quant(mul, acc, weight, activation, grad, backward_mul, backward_acc, kahan, fma, block, rounding)
+
+    def _padding_pairs(self, h: int, w: int):
+        if isinstance(self.padding, str):
+            if self.padding == "valid":
+                return (0, 0, 0, 0)
+            pads = []  # "same": total padding dilation*(k-1), the extra one at the end (as torch)
+            for k, d in zip(self.kernel_size, self.dilation):
+                total = d * (k - 1)
+                pads.append((total // 2, total - total // 2))
+            (t, b), (left, r) = pads
+            return (left, r, t, b)
+        ph, pw = self.padding
+        return (pw, pw, ph, ph)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4:
+            raise ValueError(f"QuantConv2d expects input of shape (N, C, H, W), got {tuple(x.shape)}")
+        x = self.act(x)
+        x = torch.nn.functional.pad(x, self._padding_pairs(x.shape[-2], x.shape[-1]))
+        n, c, h, w = x.shape
+        kh, kw = self.kernel_size
+        cols = torch.nn.functional.unfold(x, (kh, kw), dilation=self.dilation, stride=self.stride)  # (N, C*kh*kw, L)
+        ho = (h - self.dilation[0] * (kh - 1) - 1) // self.stride[0] + 1
+        wo = (w - self.dilation[1] * (kw - 1) - 1) // self.stride[1] + 1
+        g = self.groups
+        cols = cols.reshape(n, g, (c // g) * kh * kw, ho * wo)                 # (N, G, Cg*kh*kw, L)
+        wq = self._quant_weight(self.weight).reshape(g, self.out_channels // g, -1)  # (G, Og, Cg*kh*kw)
+        y = quant_matmul(wq, cols, self.gemm, self.backward_gemm)              # (N, G, Og, L)
+        y = y.reshape(n, self.out_channels, ho, wo)
+        if self.bias is None:
+            return y
+        b = self.bias.reshape(1, -1, 1, 1)
+        if self.gemm.acc is None:
+            return y + b
+        from .ops import add
+
+        return add(y, b, self.gemm.acc, self.gemm.rounding)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", " + self._quant_repr()
+
+
+def convert(model: torch.nn.Module, *, mul=None, acc=None, weight=None, activation=None, grad=None,
+            backward_mul=_SAME, backward_acc=_SAME, kahan: bool = False, fma: bool = False,
+            block: int | None = None, rounding="nearest", skip=()) -> torch.nn.Module:
+    """A copy of ``model`` with every ``nn.Linear`` and ``nn.Conv2d`` replaced by
+    :class:`QuantLinear`/:class:`QuantConv2d` with the given formats (same weights; the original
+    model is untouched). Modules whose qualified name starts with a prefix in ``skip`` are kept.
+    """
+    import copy
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    kw = dict(mul=mul, acc=acc, weight=weight, activation=activation, grad=grad, backward_mul=backward_mul,
+              backward_acc=backward_acc, kahan=kahan, fma=fma, block=block, rounding=rounding)
+    GemmConfig(mul, acc, fma, kahan, block, rounding)  # validate once, before copying anything
+    new = copy.deepcopy(model)
+
+    def swap(parent: torch.nn.Module, prefix: str):
+        for name, child in list(parent.named_children()):
+            full = f"{prefix}{name}"
+            if any(full == s or full.startswith(s + ".") for s in skip):
+                continue
+            if type(child) is torch.nn.Linear:
+                q = QuantLinear(child.in_features, child.out_features, child.bias is not None,
+                                device=child.weight.device, dtype=child.weight.dtype, **kw)
+            elif type(child) is torch.nn.Conv2d and child.padding_mode == "zeros":
+                q = QuantConv2d(child.in_channels, child.out_channels, child.kernel_size, child.stride, child.padding,
+                                child.dilation, child.groups, child.bias is not None, device=child.weight.device,
+                                dtype=child.weight.dtype, **kw)
+            else:
+                swap(child, full + ".")
+                continue
+            q.load_state_dict(child.state_dict())
+            q.train(child.training)
+            setattr(parent, name, q)
+
+    swap(new, "")
+    return new

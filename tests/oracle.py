@@ -304,3 +304,36 @@ def bias_range(exp: int, man: int, specials: str) -> tuple[int, int]:
     k = (exp, man, 0, specials, True)
     field = _max_code(k) >> man
     return max(field, 1) - 127, 150 - man
+
+
+def oracle_round(q: Fraction, fmt, mode: str = "nearest", saturate: bool = False, zero_negative: bool = False) -> float:
+    """The contract's result of rounding an exact rational q (an exact product, sum, dot product)
+    to the format in a deterministic mode, as cast would round it. A zero q is -0.0 when
+    ``zero_negative`` (the caller applies IEEE's sign-of-zero rule for sums), else +0.0."""
+    k = key(fmt)
+    if q == 0:
+        return -0.0 if zero_negative else 0.0
+    neg = q < 0
+    c, p = _analyse(k, abs(q))
+    if p == 0:
+        away = False
+    elif mode == "nearest":
+        away = p > Fraction(1, 2) if p != Fraction(1, 2) else (c + 1) % 2 == 0
+    elif mode == "toward_zero":
+        away = False
+    elif mode == "up":
+        away = not neg
+    elif mode == "down":
+        away = neg
+    else:
+        raise ValueError(f"oracle_round: mode {mode!r} is not deterministic")
+    return _finish(k, c + away, saturate, neg)
+
+
+def oracle_round_neighbours(q: Fraction, fmt, saturate: bool = False) -> tuple[float, float, Fraction]:
+    """(toward-zero result, away-from-zero result, exact probability of the latter) for rounding
+    the exact rational q != 0 stochastically (see oracle_neighbours)."""
+    k = key(fmt)
+    neg = q < 0
+    c, p = _analyse(k, abs(q))
+    return _finish(k, c, saturate, neg), _finish(k, c + 1, saturate, neg), p

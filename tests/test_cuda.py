@@ -15,9 +15,10 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 
 
 @pytest.mark.parametrize("arch", ["sm_70", "sm_80", "sm_90"])
-def test_kernels_compile(arch, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kernel_file", ["cast.cu", "matmul.cu"])
+def test_kernels_compile(arch, kernel_file, tmp_path, monkeypatch):
     monkeypatch.setenv("CPD_CACHE_DIR", str(tmp_path))
-    cubin = _cuda.compile_source("cast.cu", arch, use_cache=False)
+    cubin = _cuda.compile_source(kernel_file, arch, use_cache=False)
     assert cubin[:4] == b"\x7fELF"  # a cubin is an ELF image
 
 
@@ -77,3 +78,25 @@ def test_gpu_encode_decode_match_cpu(fmt):
     c_gpu = cpd.encode(x.cuda(), fmt, saturate=True).cpu()
     assert torch.equal(c_cpu, c_gpu)
     assert torch.equal(cpd.decode(c_cpu, fmt), cpd.decode(c_cpu.cuda(), fmt).cpu())
+
+
+@pytest.mark.cuda
+@gpu
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "down"])
+@pytest.mark.parametrize("kw", [dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10)), dict(mul=cpd.E4M3, acc=cpd.BF16, kahan=True),
+                                dict(acc=cpd.FloatFormat(5, 2), block=4), dict(acc=cpd.FP16, kahan=True, block=3)])
+def test_gpu_matmul_matches_cpu(rounding, kw):
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(2, 17, 33, generator=g), torch.randn(33, 19, generator=g)
+    extra = {"generator": torch.Generator().manual_seed(5)} if rounding == "stochastic" else {}
+    cpu = cpd.matmul(a, b, rounding=rounding, **kw, **extra)
+    extra = {"generator": torch.Generator().manual_seed(5)} if rounding == "stochastic" else {}
+    seed = cpd.ops.draw_seed(extra["generator"]) if extra else None
+    if seed is not None:  # the launch's (seed, offset) comes from a CPU generator; pass it explicitly
+        mul = kw.get("mul")
+        args = cpd.ops._fmt_args(mul or kw["acc"]) + cpd.ops._fmt_args(kw["acc"])
+        gpu = torch.ops.cpd.matmul(a.cuda(), b.cuda(), seed.cuda(), mul is not None, *args, kw.get("kahan", False),
+                                   kw.get("block", 0), cpd.Rounding.STOCHASTIC.code, False, 32).cpu()
+    else:
+        gpu = cpd.matmul(a.cuda(), b.cuda(), rounding=rounding, **kw).cpu()
+    assert torch.equal(cpu.view(torch.int32), gpu.view(torch.int32))

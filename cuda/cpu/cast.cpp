@@ -307,7 +307,20 @@ void random_words(torch::Tensor& out, int64_t start, int64_t seed, int64_t offse
     p[i] = (int32_t)cpd::random_word((uint64_t)(start + i), (uint64_t)seed, (uint64_t)offset);
 }
 
+// cuda/cpu/arith.cpp
+void arith_out(int64_t op, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c,
+               torch::Tensor& out, int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals,
+               int64_t mode, bool saturate, int64_t sr_bits, int64_t seed, int64_t offset);
+
+// cuda/cpu/matmul.cpp
+void matmul_out(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& out, bool has_mul, int64_t mexp,
+                int64_t mman, int64_t mbias, int64_t mspecials, bool msubnormals, int64_t aexp, int64_t aman,
+                int64_t abias, int64_t aspecials, bool asubnormals, bool kahan, int64_t block, int64_t mode,
+                bool saturate, int64_t sr_bits, int64_t seed, int64_t offset, int64_t path);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("arith_out", &arith_out);
+  m.def("matmul_out", &matmul_out);
   m.def("cast_out", &cast_out);
   m.def("encode_out", &encode_out);
   m.def("decode_out", &decode_out);

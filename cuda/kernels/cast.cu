@@ -51,3 +51,21 @@ __device__ void decode_impl(const Code* __restrict__ c, float* __restrict__ y, l
 CPD_CODE_KERNELS(u8, unsigned char, unsigned char)
 CPD_CODE_KERNELS(i16, short, unsigned short)
 CPD_CODE_KERNELS(i32, int, unsigned int)
+
+// out = round(a * b) (op 0), round(a + b) (op 1) or round(c + a * b) (op 2), as arith_out on the CPU.
+extern "C" __global__ void cpd_arith(int op, const float* __restrict__ a, const float* __restrict__ b,
+                                     const float* __restrict__ c, float* __restrict__ y, long long n, int exp,
+                                     int man, int bias, int specials, int subnormals, int mode, int saturate,
+                                     int sr_bits, const long long* __restrict__ seed) {
+  const cpd::Format f = cpd::make_format(exp, man, bias, specials, subnormals, saturate);
+  const unsigned long long s = (unsigned long long)seed[0], o = (unsigned long long)seed[1];
+  const long long stride = (long long)blockDim.x * gridDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    unsigned int r = mode == cpd::STOCHASTIC ? cpd::random_word((unsigned long long)i, s, o) : 0u;
+    unsigned int ua = cpd::bits_of(a[i]), ub = cpd::bits_of(b[i]), v;
+    if (op == 0) v = cpd::mul_bits(ua, ub, f, mode, r, sr_bits);
+    else if (op == 1) v = cpd::add_bits(ua, ub, f, mode, r, sr_bits);
+    else v = cpd::fma_bits(cpd::bits_of(c[i]), ua, ub, f, mode, r, sr_bits);
+    y[i] = cpd::float_of(v);
+  }
+}

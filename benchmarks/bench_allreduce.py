@@ -1,0 +1,49 @@
+"""Emulated allreduce vs ``torch.stack(ws).sum(0)`` in float32, measured side by side (DESIGN.md §6).
+
+Issue 4's target: ring over 64 workers x 2^20 elements in E5M2 within 3x of the float32 sum.
+Run: ``python benchmarks/bench_allreduce.py [--workers 64] [--log2n 20] [--repeat 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import cpd
+
+
+def median_time(fn, repeat: int) -> float:
+    fn()
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=64)
+    ap.add_argument("--log2n", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--fmt", default="e5m2")
+    a = ap.parse_args(argv)
+    ws = [torch.randn(1 << a.log2n) for _ in range(a.workers)]
+    ref = median_time(lambda: torch.stack(ws).sum(0), a.repeat)
+    print(f"torch.stack(ws).sum(0): {ref * 1e3:.1f} ms  (W={a.workers}, n=2^{a.log2n}, "
+          f"{torch.get_num_threads()} threads)")
+    k = max(d for d in range(1, int(a.workers ** 0.5) + 1) if a.workers % d == 0)
+    for alg, gs, kahan in (("ring", None, False), ("ring", None, True), ("hierarchical", k, False),
+                           ("tree", None, False), ("sequential", None, False)):
+        t = median_time(lambda: cpd.allreduce(ws, a.fmt, algorithm=alg, group_size=gs, kahan=kahan), a.repeat)
+        name = f"{alg}{'(k=%d)' % gs if gs else ''}{' kahan' if kahan else ''}"
+        print(f"{name:22s} {t * 1e3:8.1f} ms   ratio {t / ref:5.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,329 @@
+"""Gradient scaling for low-precision allreduce: APS (per-layer power-of-two scaling) and loss scaling.
+
+:func:`aps_allreduce` is Algorithm 1 of the APS paper (Auto Precision Scaling): per layer, find the
+largest exponent of |g| * W over all workers (an allreduce-MAX of one integer per layer), scale the
+layer by the largest power of two that keeps the W-worker sum below the format's top, cast,
+reduce in the low-precision format, cast back and unscale. :class:`LossScaler` is the baseline it
+is compared against: one global power-of-two scale for every layer, static or dynamic (the
+contract of ``torch.amp.GradScaler``: skip the step and back off on inf/NaN, grow after
+``growth_interval`` clean steps).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+from .collectives import _stack_workers, allreduce
+from .formats import FP32, FloatFormat
+from .ops import cast
+from .report import RoundoffReport, layer_stats
+from .rounding import Rounding
+
+__all__ = ["aps_allreduce", "aps_exponent", "LossScaler", "scaled_allreduce"]
+
+
+def _ceil_log2(v: float) -> int:
+    """ceil(log2(v)) of a positive finite float, exactly (no floating-point log)."""
+    m, e = math.frexp(v)  # v = m * 2**e, 0.5 <= m < 1
+    return e - 1 if m == 0.5 else e
+
+
+def aps_exponent(x: torch.Tensor, fmt: FloatFormat, workers: int, margin: int = 0) -> int | None:
+    """APS scale exponent of one layer: ``fmt.emax - ceil(log2(max|g| * W)) - margin``.
+
+    ``x`` holds every worker's gradient (the max over it is the allreduce-MAX of the per-worker
+    maxima). Returns None for an all-zero layer. ``fmt.emax`` is the exponent of the format's
+    largest finite value; for IEEE-style formats with the default bias it is the paper's
+    ``upper_bound = 2**(exp_bits-1) - 1`` (15 for (5, 2)); for ``fn``/``finite`` formats or a custom
+    bias it is the true top binade. Then |g| * 2**s * W <= 2**emax <= fmt.max for every element, so
+    no partial sum of the allreduce can overflow (|partial sum| <= sum |g| * 2**s <= 2**emax, and
+    rounding is monotone).
+    """
+    m = float(x.abs().max()) if x.numel() else 0.0
+    if m == 0.0:
+        return None
+    return fmt.emax - _ceil_log2(m * workers) - margin  # m * W is exact in float64 for W < 2**29
+
+
+def _reduce_scaled(x: torch.Tensor, fmt: FloatFormat, s: int, kw: dict, rounding: Rounding, saturate: bool,
+                   generator):
+    """Multiply by 2**s, cast to fmt, reduce in fmt, cast back to float32 and divide by 2**s."""
+    f = 2.0 ** s
+    scaled = (x.double() * f).to(torch.float32)  # exact unless it under/overflows float32 (see docstring)
+    low = cast(scaled, fmt, rounding, saturate=saturate, generator=generator)
+    red = allreduce(low, fmt, inputs_in_fmt=True, rounding=rounding, saturate=saturate, generator=generator, **kw)
+    return (red.double() / f).to(torch.float32), scaled, low
+
+
+def _collect(layers) -> dict:
+    if not isinstance(layers, dict):
+        raise TypeError(f"layers must be a dict {{name: list of per-worker tensors}}, got {type(layers).__name__}")
+    return layers
+
+
+def _worker_matrix(name: str, grads) -> tuple[torch.Tensor | None, torch.Size | None, int]:
+    """(W, n) float32 matrix of a layer (None entries as zeros), its shape, and W; None if skipped."""
+    if grads is None:
+        return None, None, 0
+    if isinstance(grads, torch.Tensor):
+        x, shape = _stack_workers(grads)
+        return x, shape, x.shape[0]
+    if not isinstance(grads, (list, tuple)):
+        raise TypeError(f"layers[{name!r}] must be a list of per-worker tensors (or None), got {type(grads).__name__}")
+    present = [g for g in grads if g is not None]
+    if not grads:
+        raise ValueError(f"layers[{name!r}] is an empty list; need one tensor per worker")
+    if not present:
+        return None, None, len(grads)
+    filled = [g if g is not None else torch.zeros_like(present[0]) for g in grads]
+    try:
+        x, shape = _stack_workers(filled)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"layers[{name!r}]: {exc}") from None
+    return x, shape, len(grads)
+
+
+@torch.no_grad()
+def _run(layers, fmt, exponent_of, method, *, algorithm, group_size, kahan, rounding, saturate, generator,
+         fp32_layers=(), all_fp32=False):
+    layers = _collect(layers)
+    fmt = FloatFormat.parse(fmt)
+    mode = Rounding.parse(rounding)
+    kw = dict(algorithm=algorithm, group_size=group_size, kahan=kahan)
+    fp32_layers = set(fp32_layers)
+    unknown = fp32_layers - set(layers)
+    if unknown:
+        raise ValueError(f"fp32_layers names layers that are not in layers: {sorted(unknown)}")
+    out, rows, workers = {}, {}, None
+    for name, grads in layers.items():
+        x, shape, w = _worker_matrix(name, grads)
+        if workers is None and w:
+            workers = w
+        elif w and w != workers:
+            raise ValueError(f"layers[{name!r}] has {w} workers but an earlier layer has {workers}")
+        # 1. None gradients: skip.
+        if x is None:
+            out[name] = None
+            rows[name] = layer_stats(name, "skipped", torch.zeros(max(w, 1), 0), torch.zeros(0), fmt)
+            continue
+        # 2. inf/NaN: never cast or scale; the float32 sum (inf/NaN visible) is returned and flagged.
+        if not torch.isfinite(x).all():
+            res = x.sum(0)
+            warnings.warn(f"{method}_allreduce: layer {name!r} has {int((~torch.isfinite(x)).sum())} inf/NaN "
+                          "gradient elements; returned its float32 sum unscaled (see the report)",
+                          RuntimeWarning, stacklevel=3)
+            out[name] = res.reshape(shape)
+            rows[name] = layer_stats(name, "nonfinite", x, res, fmt)
+            continue
+        # 3. Layers kept in float32 (and every layer during the hybrid FP32 phase).
+        if all_fp32 or name in fp32_layers:
+            res = allreduce(x, FP32, **kw)
+            out[name] = res.reshape(shape)
+            rows[name] = layer_stats(name, "fp32", x, res, fmt)
+            continue
+        s = exponent_of(x, w)
+        # 4. All-zero layer: nothing to scale (no log of 0, no NaN); the result is zero.
+        if s is None:
+            res = allreduce(x, fmt, rounding=mode, saturate=saturate, generator=generator, **kw)
+            out[name] = res.reshape(shape)
+            rows[name] = layer_stats(name, "zero", x, res, fmt, None, x, res.new_zeros(x.shape))
+            continue
+        # 5. Everything else (tiny gradients included: s may be large, the scaling is exact).
+        res, scaled, low = _reduce_scaled(x, fmt, s, kw, mode, saturate, generator)
+        out[name] = res.reshape(shape)
+        rows[name] = layer_stats(name, "lowp", x, res, fmt, s, scaled, low)
+    return out, RoundoffReport(rows, fmt, algorithm, workers or 0, method, group_size)
+
+
+def aps_allreduce(layers: dict, fmt, *, algorithm: str = "ring", group_size: int | None = None,
+                  kahan: bool = False, rounding="nearest", saturate: bool = False,
+                  generator: torch.Generator | None = None, margin: int = 0, fp32_layers=(),
+                  step: int | None = None, fp32_steps: int = 0):
+    """APS (the APS paper's Algorithm 1): per-layer power-of-two scaling around a low-precision allreduce.
+
+    For each layer (its W per-worker gradients ``g_w``):
+
+    1. ``max_exp = max_w ceil(log2(max|g_w| * W))`` (FINDMAXEXP of grad * world_size, then
+       allreduce-MAX across workers; computed exactly from the float's exponent);
+    2. ``s = fmt.emax - max_exp - margin`` (the paper's ``upper_bound - max_exp``; ``fmt.emax`` is
+       2**(exp_bits-1) - 1 for IEEE formats with the default bias, see :func:`aps_exponent`);
+    3. ``g_w * 2**s``, cast to ``fmt`` (``rounding``), :func:`cpd.allreduce` in ``fmt`` with
+       ``algorithm``/``group_size``/``kahan`` (inputs already in fmt), cast back to float32 and
+       divide by ``2**s``.
+
+    Edge cases, in the order the code handles them:
+
+    * ``None`` gradients: a layer given as ``None`` or whose workers' tensors are all ``None`` is
+      skipped (output ``None``, report status ``"skipped"``); a ``None`` entry among tensors is a
+      worker without that gradient and counts as zeros.
+    * inf/NaN: a layer with any inf/NaN element is not scaled or cast; its output is the float32
+      sum over workers (so the inf/NaN is visible, never hidden or turned into a finite value), a
+      ``RuntimeWarning`` is issued and the report marks it ``"nonfinite"`` (``report.found_inf``).
+    * float32 layers: layers named in ``fp32_layers`` (the paper keeps the last classifier in
+      FP32), and every layer while ``step < fp32_steps`` (the paper's hybrid schedule: FP32 for
+      the first steps, then low precision), are reduced with the same algorithm in float32.
+    * all-zero layer: max_exp would be -inf; no scaling is applied (``scale_exp`` None) and the
+      result is zero, never NaN.
+    * tiny gradients: s can exceed float32's exponent range (e.g. 2**150 for gradients near
+      2**-140); the scaling is done in float64 and is exact, since the scaled values are at most
+      2**emax. Values so small relative to the layer's maximum that they fall below fmt's smallest
+      subnormal still underflow to 0 (counted in ``underflow_frac``); large gradients give a
+      negative s and scaled values under float32's subnormal range are rounded to float32 before
+      the cast (only visible with directed rounding of values far below fmt's range).
+    * margin: ``margin`` > 0 scales by 2**-margin less, leaving head room (e.g. for stochastic
+      rounding); 0 is the paper's choice. No overflow is possible for margin >= 0.
+
+    Args:
+        layers: ``{name: [W tensors]}`` (or a (W, ...) tensor, or None) of per-worker gradients.
+        fmt: the low-precision format.
+        algorithm, group_size, kahan: passed to :func:`cpd.allreduce`.
+        rounding, saturate, generator: rounding of the cast and of every addition.
+        margin: extra power-of-two head room (an int >= 0 recommended; negative allowed).
+        fp32_layers: names of layers reduced in float32.
+        step, fp32_steps: hybrid schedule; with ``step < fp32_steps`` every layer is float32.
+
+    Returns:
+        ``(reduced, report)``: ``{name: summed float32 tensor or None}`` and a
+        :class:`~cpd.report.RoundoffReport`.
+    """
+    if isinstance(margin, bool) or not isinstance(margin, int):
+        raise TypeError(f"margin must be an int, got {type(margin).__name__}")
+    if isinstance(fp32_steps, bool) or not isinstance(fp32_steps, int) or fp32_steps < 0:
+        raise ValueError(f"fp32_steps must be an int >= 0, got {fp32_steps!r}")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise TypeError(f"step must be an int or None, got {type(step).__name__}")
+    if isinstance(fp32_layers, str):
+        fp32_layers = (fp32_layers,)
+    fmt = FloatFormat.parse(fmt)
+    all_fp32 = step is not None and step < fp32_steps
+    return _run(layers, fmt, lambda x, w: aps_exponent(x, fmt, w, margin), "aps", algorithm=algorithm,
+                group_size=group_size, kahan=kahan, rounding=rounding, saturate=saturate, generator=generator,
+                fp32_layers=fp32_layers, all_fp32=all_fp32)
+
+
+def scaled_allreduce(layers: dict, fmt, scale_exp: int = 0, *, algorithm: str = "ring",
+                     group_size: int | None = None, kahan: bool = False, rounding="nearest",
+                     saturate: bool = False, generator: torch.Generator | None = None, fp32_layers=()):
+    """Every layer scaled by the same ``2**scale_exp`` (0: no scaling), cast, reduced, unscaled.
+
+    The baseline APS is compared against; edge cases as :func:`aps_allreduce` (None skipped,
+    inf/NaN layers returned as their float32 sum and flagged, all-zero layers stay zero). Overflow
+    is not prevented: scaled values beyond ``fmt.max`` become inf (or NaN / ±max, as
+    :func:`cpd.cast` says) and show in ``report.found_inf`` / ``overflow_count``.
+    """
+    if isinstance(scale_exp, bool) or not isinstance(scale_exp, int):
+        raise TypeError(f"scale_exp must be an int, got {type(scale_exp).__name__}")
+    if isinstance(fp32_layers, str):
+        fp32_layers = (fp32_layers,)
+    exp = lambda x, w: scale_exp if bool((x != 0).any()) else None  # noqa: E731
+    return _run(layers, fmt, exp, "scaled" if scale_exp else "unscaled", algorithm=algorithm,
+                group_size=group_size, kahan=kahan, rounding=rounding, saturate=saturate, generator=generator,
+                fp32_layers=fp32_layers)
+
+
+def _pow2_exponent(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be a positive power of two, got {v!r}")
+    m, e = math.frexp(v)
+    if m != 0.5:
+        raise ValueError(f"{name}={v!r} is not a power of two; a power-of-two scale keeps scaling exact")
+    return e - 1
+
+
+class LossScaler:
+    """One global power-of-two gradient scale around the cast and the low-precision allreduce.
+
+    Contract (that of ``torch.amp.GradScaler``):
+
+    * :meth:`allreduce` multiplies every layer by ``scale``, casts, reduces in ``fmt``, casts back
+      and divides by ``scale``; it records whether any inf/NaN appeared (in the gradients, or from
+      an overflow of the cast or of a partial sum) in :attr:`found_inf`.
+    * :meth:`update` returns whether the step should be applied. Dynamic mode: on inf/NaN the step
+      is skipped (False), ``scale *= backoff_factor`` and the clean-step counter resets; otherwise
+      the counter grows and after ``growth_interval`` consecutive clean steps ``scale *=
+      growth_factor`` (counter reset). Static mode (``dynamic=False``): the scale never changes;
+      steps with inf/NaN are still reported as skipped (False).
+
+    Scale, growth and backoff factors must be powers of two so that scaling is exact.
+
+    Example:
+        >>> scaler = LossScaler(init_scale=2**16)
+        >>> out, report = scaler.allreduce(layers, cpd.E5M2)       # doctest: +SKIP
+        >>> if scaler.update(): optimizer_step(out)                 # doctest: +SKIP
+    """
+
+    def __init__(self, init_scale: float = 2.0 ** 16, dynamic: bool = True, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000):
+        self._exp = _pow2_exponent("init_scale", init_scale)
+        self._grow = _pow2_exponent("growth_factor", growth_factor)
+        self._back = _pow2_exponent("backoff_factor", backoff_factor)
+        if self._grow <= 0:
+            raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
+        if self._back >= 0:
+            raise ValueError(f"backoff_factor must be < 1, got {backoff_factor!r}")
+        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
+            raise ValueError(f"growth_interval must be an int >= 1, got {growth_interval!r}")
+        if not isinstance(dynamic, bool):
+            raise TypeError(f"dynamic must be a bool, got {type(dynamic).__name__}")
+        self.dynamic, self.growth_interval = dynamic, growth_interval
+        #: Consecutive clean steps since the last change of scale.
+        self.growth_tracker = 0
+        #: Whether the last :meth:`allreduce` saw inf/NaN (None before the first call).
+        self.found_inf: bool | None = None
+
+    @property
+    def scale(self) -> float:
+        """The current scale, a power of two."""
+        return 2.0 ** self._exp
+
+    @property
+    def scale_exp(self) -> int:
+        """log2 of the current scale."""
+        return self._exp
+
+    def allreduce(self, layers: dict, fmt, **kwargs):
+        """:func:`scaled_allreduce` with ``2**scale_exp``; records :attr:`found_inf`. Returns
+        ``(reduced, report)``."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # inf/NaN is this class's business
+            out, report = scaled_allreduce(layers, fmt, self._exp, **kwargs)
+        report.method = f"loss-scaled (2^{self._exp})"
+        self.found_inf = report.found_inf
+        return out, report
+
+    def update(self, found_inf: bool | None = None) -> bool:
+        """Adjust the scale after a step; return True if the step should be applied (no inf/NaN).
+
+        ``found_inf`` defaults to what the last :meth:`allreduce` recorded.
+        """
+        inf = self.found_inf if found_inf is None else bool(found_inf)
+        if inf is None:
+            raise RuntimeError("LossScaler.update() called before allreduce() and without found_inf")
+        self.found_inf = None
+        if not self.dynamic:
+            return not inf
+        if inf:
+            self._exp += self._back
+            self.growth_tracker = 0
+            return False
+        self.growth_tracker += 1
+        if self.growth_tracker >= self.growth_interval:
+            self._exp += self._grow
+            self.growth_tracker = 0
+        return True
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "growth_tracker": self.growth_tracker, "dynamic": self.dynamic,
+                "growth_factor": 2.0 ** self._grow, "backoff_factor": 2.0 ** self._back,
+                "growth_interval": self.growth_interval}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._exp = _pow2_exponent("scale", state["scale"])
+        self.growth_tracker = int(state["growth_tracker"])
+
+    def __repr__(self) -> str:
+        return (f"LossScaler(scale=2^{self._exp}, dynamic={self.dynamic}, growth_tracker={self.growth_tracker}/"
+                f"{self.growth_interval})")
