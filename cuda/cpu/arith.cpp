@@ -3,6 +3,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+
 #include "cpd/numerics.h"
 
 namespace {
@@ -27,6 +29,27 @@ void arith_loop(const float* a, const float* b, const float* c, float* y, int64_
   });
 }
 
+// add_bits on spans: when every element of a span has both operands in the format, the fast
+// identity of add_bits_fast holds and the span takes the vectorized loop; otherwise the exact
+// loop. The operands are checked before anything is written (out may alias a or b).
+void add_nearest_fast(const float* a, const float* b, float* y, int64_t n, const cpd::Format f) {
+  constexpr int64_t kSpan = 1024;
+  at::parallel_for(0, n, kArithGrain, [&](int64_t lo, int64_t hi) {
+    const cpd::Format g = f;
+    for (int64_t s0 = lo; s0 < hi; s0 += kSpan) {
+      const int64_t s1 = std::min(hi, s0 + kSpan);
+      uint32_t all = 1;
+      for (int64_t i = s0; i < s1; ++i) all &= cpd::add_fast_operands(cpd::bits_of(a[i]), cpd::bits_of(b[i]), g);
+      if (all) {
+        for (int64_t i = s0; i < s1; ++i) y[i] = cpd::float_of(cpd::add_bits_fast(cpd::bits_of(a[i]), cpd::bits_of(b[i]), g));
+      } else {
+        for (int64_t i = s0; i < s1; ++i)
+          y[i] = cpd::float_of(cpd::add_bits(cpd::bits_of(a[i]), cpd::bits_of(b[i]), g, cpd::NEAREST, 0u, 32));
+      }
+    }
+  });
+}
+
 }  // namespace
 
 // out = round(a * b), round(a + b) or round(c + a * b); contiguous float32 tensors of one shape.
@@ -43,7 +66,10 @@ void arith_out(int64_t op, const torch::Tensor& a, const torch::Tensor& b, const
   const uint64_t s = (uint64_t)seed, o = (uint64_t)offset;
   switch (op) {
     case OP_MUL: arith_loop<OP_MUL>(ap, bp, cp, yp, n, f, (int)mode, (int)sr_bits, s, o); break;
-    case OP_ADD: arith_loop<OP_ADD>(ap, bp, cp, yp, n, f, (int)mode, (int)sr_bits, s, o); break;
+    case OP_ADD:
+      if (cpd::add_fast_applies(f, (int)mode)) add_nearest_fast(ap, bp, yp, n, f);
+      else arith_loop<OP_ADD>(ap, bp, cp, yp, n, f, (int)mode, (int)sr_bits, s, o);
+      break;
     case OP_FMA: arith_loop<OP_FMA>(ap, bp, cp, yp, n, f, (int)mode, (int)sr_bits, s, o); break;
     default: TORCH_CHECK(false, "cpd: unknown arithmetic op ", op);
   }

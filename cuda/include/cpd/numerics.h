@@ -598,6 +598,29 @@ CPD_FN u32 add_bits(u32 ua, u32 ub, const Format& f, int mode, u32 rand, int sr_
   return s.S == 0 ? zero_sum_sign(ua & SIGN, ub & SIGN, mode) : round_wide(s, f, mode, rand, sr_bits);
 }
 
+// A faster add_bits for the common case of a low-precision accumulator: round to nearest, a
+// format with at most 11 significant bits (man <= 10) whose smallest subnormal is a float32
+// normal (emin - man >= -126), and both operands values of the format. Then
+//     add_bits(a, b) == cast(fl32(a + b))
+// because rounding the sum of two p-bit numbers first to q bits and then to p bits equals
+// rounding it once when q >= 2p + 2 (Figueroa, "When is double rounding innocuous?", 1995):
+// q = 24 >= 2*11 + 2. Above the format's subnormal threshold the fl32 sum is a float32 normal or
+// exact; zeros, infinities and NaN come out as add_bits gives them. (f.fast holds, so the
+// fast cast serves for both the membership test and the rounding.) Callers check
+// add_fast_applies once and add_fast_operands per element (tests/test_arith_fast.py checks the
+// identity over every pair of codes of the 8-bit formats).
+CPD_FN int add_fast_applies(const Format& f, int mode) {
+  return (int)(mode == NEAREST && f.fast && f.man <= 10 && f.emin - f.man >= -126);
+}
+
+CPD_FN u32 add_fast_operands(u32 ua, u32 ub, const Format& f) {
+  return (u32)(cast_bits_fast(ua, f, NEAREST, 0u, 32) == ua) & (u32)(cast_bits_fast(ub, f, NEAREST, 0u, 32) == ub);
+}
+
+CPD_FN u32 add_bits_fast(u32 ua, u32 ub, const Format& f) {
+  return cast_bits_fast(bits_of(fadd(float_of(ua), float_of(ub))), f, NEAREST, 0u, 32);
+}
+
 // c + a*b rounded once (a fused multiply-add in the format).
 CPD_FN u32 fma_bits(u32 uc, u32 ua, u32 ub, const Format& f, int mode, u32 rand, int sr_bits) {
   if (!(is_finite_bits(ua) & is_finite_bits(ub)))
