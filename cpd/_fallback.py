@@ -119,21 +119,8 @@ def cast(x: torch.Tensor, fmt: FloatFormat, rounding: Rounding, saturate: bool, 
         away = (sign == 0) if rounding is Rounding.UP else (sign != 0)
         up = (rem != 0) & away
     mag = _compose(r + up.to(torch.int64), qexp)
-    max_bits = _max_bits(fmt)
-    if saturate or fmt.specials is Specials.FINITE:
-        outward = max_bits
-    else:
-        outward = _INF if fmt.specials is Specials.IEEE else _QNAN
-    inward = {
-        Rounding.TOWARD_ZERO: torch.ones_like(sign, dtype=torch.bool),
-        Rounding.UP: sign != 0,
-        Rounding.DOWN: sign == 0,
-    }.get(rounding, torch.zeros_like(sign, dtype=torch.bool))
-    ovf = torch.where(inward, max_bits, outward)
-    mag = torch.where(mag > max_bits, ovf, mag)
-    mag = torch.where(a == _INF, outward, mag)
-    if not fmt.subnormals:
-        mag = torch.where(mag < _min_normal_bits(fmt), 0, mag)
+    mag = _finish_overflow(mag, sign, fmt, rounding, saturate)  # 3a., 3b.
+    mag = torch.where(a == _INF, _outward(fmt, saturate), mag)  # 2. (an outward max is never flushed)
     res = sign | mag  # a NaN from an fn overflow keeps the sign too
     res = torch.where(a > _INF, u, res)
     return _bits_to_float(res).reshape(x.shape)
@@ -247,13 +234,16 @@ def _round_wide(w, fmt: FloatFormat, rounding: Rounding, saturate: bool, rand) -
     return sign | mag
 
 
+def _outward(fmt: FloatFormat, saturate: bool) -> int:
+    """What an outward overflow or an infinite input becomes (numerics.h Format::outward_bits)."""
+    if saturate or fmt.specials is Specials.FINITE:
+        return _max_bits(fmt)
+    return _INF if fmt.specials is Specials.IEEE else _QNAN
+
+
 def _finish_overflow(mag, sign, fmt: FloatFormat, rounding: Rounding, saturate: bool):
     """Steps 3a (overflow) and 3b (flush) of cast_bits on magnitude bits."""
-    max_bits = _max_bits(fmt)
-    if saturate or fmt.specials is Specials.FINITE:
-        outward = max_bits
-    else:
-        outward = _INF if fmt.specials is Specials.IEEE else _QNAN
+    max_bits, outward = _max_bits(fmt), _outward(fmt, saturate)
     inward = {
         Rounding.TOWARD_ZERO: torch.ones_like(sign, dtype=torch.bool),
         Rounding.UP: sign != 0,

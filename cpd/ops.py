@@ -48,6 +48,17 @@ def _check_sr_bits(sr_bits, rounding: Rounding) -> int:
     return sr_bits
 
 
+def _check_rounding_args(rounding, saturate, sr_bits, generator) -> tuple[Rounding, int]:
+    """Validate the rounding arguments every op takes; returns (mode, sr_bits as an int)."""
+    mode = Rounding.parse(rounding)
+    k = _check_sr_bits(sr_bits, mode)
+    if not isinstance(saturate, bool):
+        raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
+    if generator is not None and mode is not Rounding.STOCHASTIC:
+        raise ValueError(f"generator only applies to rounding='stochastic', got rounding={mode.value!r}")
+    return mode, k
+
+
 def _fmt_args(fmt: FloatFormat) -> tuple[int, int, int, int, bool]:
     return fmt.exp, fmt.man, fmt.bias, fmt.specials.code, fmt.subnormals
 
@@ -260,12 +271,7 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr
     """
     x = _check_tensor(x)
     fmt = FloatFormat.parse(fmt)
-    mode = Rounding.parse(rounding)
-    k = _check_sr_bits(sr_bits, mode)
-    if not isinstance(saturate, bool):
-        raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
-    if generator is not None and mode is not Rounding.STOCHASTIC:
-        raise ValueError(f"generator only applies to rounding='stochastic', got rounding={mode.value!r}")
+    mode, k = _check_rounding_args(rounding, saturate, sr_bits, generator)
     x32 = x if x.dtype == torch.float32 else x.to(torch.float32)
     seed = draw_seed(generator, x.device) if mode is Rounding.STOCHASTIC else _zero_seed(x.device)
     args = (*_fmt_args(fmt), mode.code, saturate, k)
@@ -419,12 +425,7 @@ def _arith(name: str, tensors: list, fmt, rounding, saturate, sr_bits, generator
     for t, arg in zip(tensors, ("a", "b", "c")[: len(tensors)] if name == "fma" else ("x", "y")):
         _check_tensor(t, arg)
     fmt = FloatFormat.parse(fmt)
-    mode = Rounding.parse(rounding)
-    k = _check_sr_bits(sr_bits, mode)
-    if not isinstance(saturate, bool):
-        raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
-    if generator is not None and mode is not Rounding.STOCHASTIC:
-        raise ValueError(f"generator only applies to rounding='stochastic', got rounding={mode.value!r}")
+    mode, k = _check_rounding_args(rounding, saturate, sr_bits, generator)
     devices = {t.device for t in tensors}
     if len(devices) > 1:
         raise ValueError(f"{name}: all tensors must be on one device, got {sorted(map(str, devices))}")
@@ -547,12 +548,7 @@ def _check_accum_args(acc, kahan, rounding, saturate, sr_bits, generator):
     acc = FloatFormat.parse(acc)
     if not isinstance(kahan, bool):
         raise TypeError(f"kahan must be a bool, got {type(kahan).__name__}")
-    mode = Rounding.parse(rounding)
-    k = _check_sr_bits(sr_bits, mode)
-    if not isinstance(saturate, bool):
-        raise TypeError(f"saturate must be a bool, got {type(saturate).__name__}")
-    if generator is not None and mode is not Rounding.STOCHASTIC:
-        raise ValueError(f"generator only applies to rounding='stochastic', got rounding={mode.value!r}")
+    mode, k = _check_rounding_args(rounding, saturate, sr_bits, generator)
     return acc, mode, k
 
 

@@ -242,23 +242,7 @@ def oracle_cast(x: float, fmt, mode: str = "nearest", saturate: bool = False) ->
     neg = _neg(x)
     if math.isinf(x):
         return _finish(k, _max_code(k) + 1, saturate, neg)
-    c, p = _analyse(k, Fraction(abs(x)))
-    if p == 0:
-        away = False
-    elif mode == "nearest":
-        if p != Fraction(1, 2):
-            away = p > Fraction(1, 2)
-        else:
-            away = (c + 1) % 2 == 0  # tie: the even code
-    elif mode == "toward_zero":
-        away = False
-    elif mode == "up":
-        away = not neg
-    elif mode == "down":
-        away = neg
-    else:
-        raise ValueError(f"oracle_cast: mode {mode!r} is not deterministic")
-    return _finish(k, c + away, saturate, neg)
+    return oracle_round(Fraction(x), fmt, mode, saturate, zero_negative=neg)
 
 
 def oracle_neighbours(x: float, fmt, saturate: bool = False) -> tuple[float, float, Fraction]:

@@ -105,3 +105,15 @@ def test_docs_build_strict(tmp_path: Path) -> None:
     assert p.returncode == 0, _report(p)
     for page in ("index.html", "formats/index.html", "casting/index.html", "api/index.html"):
         assert (site / page).is_file(), page
+
+
+def test_readme_python_blocks_run():
+    """Every ```python block of the README runs, in order, in one namespace."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks, "README.md has no python blocks"
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102
