@@ -18,6 +18,7 @@ from .rounding import Rounding
 from .collectives import ALGORITHMS as ALLREDUCE_ALGORITHMS, allreduce, cost_model
 from .report import LayerReport, RoundoffReport
 from .scaling import LossScaler, aps_allreduce, aps_exponent, scaled_allreduce
+from .optim import APSOptimizer
 
 __version__ = "0.1.0"
 
@@ -27,5 +28,5 @@ __all__ = [
     "cast", "encode", "decode", "bits", "code_dtype", "add", "mul", "fma", "matmul", "sum",
     "Quantizer", "quantizer", "nn", "optim",
     "allreduce", "ALLREDUCE_ALGORITHMS", "cost_model", "aps_allreduce", "aps_exponent", "scaled_allreduce",
-    "LossScaler", "RoundoffReport", "LayerReport",
+    "LossScaler", "RoundoffReport", "LayerReport", "APSOptimizer",
 ]

@@ -1,8 +1,12 @@
 """Command line: ``python -m cpd <command>`` (also installed as the ``cpd`` script).
 
 Commands:
-    demo      the main job; for now a casting demo (format table, worked examples, bit views,
-              stochastic rounding). A later release replaces it with an APS training run.
+    demo      the main job: emulated data-parallel training of a small CNN on scikit-learn's
+              digits with float32 vs low-precision gradient communication, with and without APS
+              (cpd/demo.py).
+    cast-demo the casting demo (format table, worked examples, bit views, stochastic rounding).
+    report    the per-layer round-off table of an emulated (APS) allreduce of synthetic gradients
+              or of a torch.save'd dict of per-worker gradients (--grads FILE).
     formats   the table of preset formats only.
     bench     cast speed as a ratio to a plain copy (benchmarks/bench_cast.py when present).
 
@@ -86,20 +90,20 @@ def _run_formats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _setup_demo(p: argparse.ArgumentParser) -> None:
+def _setup_cast_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=100_000,
                    help="number of stochastic casts of 0.3 averaged in the last part (default 100000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the torch generator for stochastic rounding")
 
 
-def _run_demo(args: argparse.Namespace) -> int:
+def _run_cast_demo(args: argparse.Namespace) -> int:
     import torch
 
     import cpd
 
     if args.samples < 1:
-        raise SystemExit(f"cpd demo: --samples={args.samples} must be >= 1")
-    print("cpd demo: casting float32 tensors to custom floating-point formats")
+        raise SystemExit(f"cpd cast-demo: --samples={args.samples} must be >= 1")
+    print("cpd cast-demo: casting float32 tensors to custom floating-point formats")
     print("=" * 78)
     print("\n1. Preset formats (python -m cpd formats prints this table alone)\n")
     print(format_table())
@@ -156,6 +160,73 @@ def _run_demo(args: argparse.Namespace) -> int:
     srk = cpd.cast(v, cpd.E5M2, "stochastic", sr_bits=k, generator=gen)
     print(f"   with sr_bits={k} the probability is truncated to a multiple of 2^-{k}: "
           f"up-fraction {(srk == hi).double().mean().item():.4f}, mean {srk.double().mean().item():.6f} (biased)")
+    return 0
+
+
+def _setup_demo(p: argparse.ArgumentParser) -> None:
+    from .demo import setup_parser
+
+    setup_parser(p)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo_main
+
+    return demo_main(args)
+
+
+def _setup_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", default="e5m2", help="communication format (default e5m2)")
+    p.add_argument("--workers", type=int, default=8, help="workers of the synthetic gradients (default 8)")
+    p.add_argument("--algorithm", default="ring", choices=["ring", "hierarchical", "tree", "sequential"])
+    p.add_argument("--group-size", type=int, default=None, help="workers per group (hierarchical)")
+    p.add_argument("--scaling", default="aps", choices=["aps", "none"], help="APS or unscaled (default aps)")
+    p.add_argument("--grads", default=None, help="torch.save'd dict {layer name: list of per-worker tensors "
+                   "or a (W, ...) tensor}; default: synthetic gradients")
+    p.add_argument("--numel", type=int, default=4096, help="elements per synthetic layer (default 4096)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic gradients")
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    import warnings
+
+    import torch
+
+    import cpd
+
+    try:
+        fmt = cpd.FloatFormat.parse(args.format)
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"cpd report: --format: {exc}") from None
+    if args.grads is not None:
+        layers = torch.load(args.grads, map_location="cpu", weights_only=True)
+        if not isinstance(layers, dict):
+            raise SystemExit(f"cpd report: {args.grads} holds a {type(layers).__name__}, not a dict of layers")
+        source = args.grads
+    else:
+        if args.workers < 1 or args.numel < 1:
+            raise SystemExit("cpd report: --workers and --numel must be >= 1")
+        g = torch.Generator().manual_seed(args.seed)
+        layers = {}
+        # Synthetic data-parallel gradients: a shared signal plus per-worker noise, at the
+        # magnitudes of a CNN's layers (small early convolutions, larger classifier).
+        for name, scale in (("conv1.weight", 2.0 ** -10), ("conv2.weight", 2.0 ** -8), ("fc.weight", 2.0 ** -5),
+                            ("fc.bias", 2.0 ** -3)):
+            signal = torch.randn(args.numel, generator=g)
+            layers[name] = [(signal + torch.randn(args.numel, generator=g)) * scale for _ in range(args.workers)]
+        source = f"synthetic gradients (seed {args.seed}, {args.numel} elements per layer)"
+    kw = dict(algorithm=args.algorithm, group_size=args.group_size)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            if args.scaling == "aps":
+                _, report = cpd.aps_allreduce(layers, fmt, **kw)
+            else:
+                _, report = cpd.scaled_allreduce(layers, fmt, 0, **kw)
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"cpd report: {exc}") from None
+    print(f"cpd report: {source}")
+    print(report)
     return 0
 
 
@@ -238,8 +309,12 @@ class _Command:
 
 #: Every sub-command, in the order ``--help`` lists them.
 COMMANDS: list[_Command] = [
-    _Command("demo", "the main job: a casting demo (formats, rounding modes, bit views, stochastic rounding)",
-             _run_demo, _setup_demo),
+    _Command("demo", "the main job: emulated data-parallel training with low-precision gradient allreduce, "
+             "with and without APS", _run_demo, _setup_demo),
+    _Command("cast-demo", "casting demo (formats, rounding modes, bit views, stochastic rounding)",
+             _run_cast_demo, _setup_cast_demo),
+    _Command("report", "per-layer round-off table of an emulated allreduce of synthetic or saved gradients",
+             _run_report, _setup_report),
     _Command("formats", "print the table of preset formats", _run_formats, _setup_formats),
     _Command("bench", "cast speed as a ratio to out.copy_(x) (runs benchmarks/bench_cast.py if present)",
              _run_bench, _setup_bench, passthrough=True),

@@ -1,11 +1,11 @@
-"""Low-precision optimizer wrapper: :class:`QuantizedOptimizer` (the mixed-precision recipe).
-
-The APS wrapper (a later issue) builds on it.
+"""Optimizer wrappers: :class:`QuantizedOptimizer` (the mixed-precision recipe) and
+:class:`APSOptimizer` (emulated data-parallel training with a low-precision gradient allreduce).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -13,7 +13,7 @@ from .formats import FloatFormat
 from .ops import add, cast
 from .rounding import Rounding
 
-__all__ = ["QuantizedOptimizer"]
+__all__ = ["QuantizedOptimizer", "APSOptimizer"]
 
 
 def _fmt(v, name):
@@ -180,3 +180,283 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         return (f"QuantizedOptimizer({self.opt.__class__.__name__}, weight={n(self.weight)}, grad={n(self.grad)}, "
                 f"momentum={n(self.momentum)}, acc={n(self.acc)}, master={self.master}, "
                 f"rounding={self.rounding.value}, skipped_steps={self.skipped_steps})")
+
+
+_SCALINGS = ("aps", "loss", None)
+
+
+class APSOptimizer(torch.optim.Optimizer):
+    """Emulated data-parallel training: W workers' gradients summed by a low-precision allreduce.
+
+    Wraps any ``torch.optim.Optimizer`` (its ``param_groups``, ``state`` and ``defaults`` are shared
+    through properties, so LR schedulers and ``zero_grad`` act on the inner optimizer).
+
+    Use::
+
+        opt.zero_grad()
+        for wx, wy in opt.split(x, y):          # the batch split across the W emulated workers
+            loss_fn(model(wx), wy).backward()
+            opt.collect()                       # keep this worker's gradients, zero .grad
+        opt.step()                              # scaling + allreduce in fmt + average + inner step
+        print(opt.last_report)
+
+    or ``opt.step(closure)`` with ``closure(worker_index)`` doing that worker's forward and
+    backward and returning its loss (``step`` then returns the mean of the workers' losses).
+
+    :meth:`step`, in order:
+        1. Per parameter ("layer", named by ``model.named_parameters()`` when ``model`` is given,
+           else ``"<group index>.<param index>"``) the W collected gradients are reduced with
+           ``scaling="aps"``: :func:`cpd.aps_allreduce`; ``"loss"``: :meth:`cpd.LossScaler.allreduce`
+           (one global power-of-two scale, dynamic by default); ``None``: unscaled
+           :func:`cpd.scaled_allreduce`. Parameters whose name starts with a ``fp32_layers`` prefix
+           (``name == prefix`` or ``name.startswith(prefix + ".")``), and every parameter during the
+           first ``hybrid_steps`` steps, are reduced in float32 with the same algorithm.
+        2. If any gradient or any reduced value is inf/NaN (``report.found_inf``), the step is
+           skipped: weights, ``.grad`` and optimizer state are untouched, :attr:`skipped_steps`
+           grows, and with ``scaling="loss"`` the scale backs off. ``step`` returns None.
+        3. The sums are divided by W (the average, as data-parallel SGD does; exact for W a power
+           of two) and written to ``.grad``; the inner step runs.
+
+    With equal-size worker batches and float32 communication this is the full-batch gradient of the
+    mean loss, up to float32 summation order. Per-worker gradient copies are kept only for the
+    parameters of ``param_groups`` (the ones communicated), between :meth:`collect` and :meth:`step`.
+
+    Args:
+        opt: the inner optimizer.
+        fmt: the communication format (e.g. ``cpd.E4M3``, ``"e5m2"``, ``cpd.FloatFormat(3, 0)``).
+        workers: W, the number of emulated workers.
+        algorithm, group_size, kahan, rounding: passed to the allreduce (see :func:`cpd.allreduce`).
+        scaling: ``"aps"``, ``"loss"`` or None.
+        fp32_layers: parameter-name prefixes reduced in float32 (the APS paper keeps the classifier
+            in FP32); each must match at least one parameter.
+        hybrid_steps: float32 communication for the first N steps (the paper's hybrid precision).
+        loss_scaler: the :class:`cpd.LossScaler` of ``scaling="loss"`` (default ``LossScaler()``).
+        model: the module, to name parameters by ``named_parameters()``.
+    """
+
+    def __init__(self, opt: torch.optim.Optimizer, *, fmt, workers: int = 8, algorithm: str = "ring",
+                 group_size: int | None = None, kahan: bool = False, rounding="nearest", scaling="aps",
+                 fp32_layers=(), hybrid_steps: int = 0, loss_scaler=None, model: torch.nn.Module | None = None):
+        from .collectives import ALGORITHMS
+        from .scaling import LossScaler
+
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"opt must be a torch.optim.Optimizer, got {type(opt).__name__}")
+        self.opt = opt
+        self.fmt = _fmt(fmt, "fmt")
+        if self.fmt is None:
+            raise TypeError("fmt is required (use cpd.FP32 for float32 communication)")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
+        if algorithm == "hierarchical":
+            if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 \
+                    or workers % group_size:
+                raise ValueError(f"hierarchical allreduce needs a group_size >= 1 dividing workers={workers}, "
+                                 f"got {group_size!r}")
+        elif group_size is not None:
+            raise ValueError(f"group_size applies to algorithm='hierarchical' only, got algorithm={algorithm!r}")
+        if not isinstance(kahan, bool):
+            raise TypeError(f"kahan must be a bool, got {type(kahan).__name__}")
+        if scaling not in _SCALINGS:
+            raise ValueError(f"scaling must be 'aps', 'loss' or None, got {scaling!r}")
+        if isinstance(hybrid_steps, bool) or not isinstance(hybrid_steps, int) or hybrid_steps < 0:
+            raise ValueError(f"hybrid_steps must be an int >= 0, got {hybrid_steps!r}")
+        if loss_scaler is not None and scaling != "loss":
+            raise ValueError("loss_scaler is only used with scaling='loss'")
+        if loss_scaler is not None and not isinstance(loss_scaler, LossScaler):
+            raise TypeError(f"loss_scaler must be a cpd.LossScaler, got {type(loss_scaler).__name__}")
+        self.workers, self.algorithm, self.group_size, self.kahan = workers, algorithm, group_size, kahan
+        self.rounding = Rounding.parse(rounding)
+        self.scaling, self.hybrid_steps = scaling, hybrid_steps
+        self.loss_scaler = (loss_scaler or LossScaler()) if scaling == "loss" else None
+        self._optimizer_step_pre_hooks = {}
+        self._optimizer_step_post_hooks = {}
+        self._optimizer_state_dict_pre_hooks = {}
+        self._optimizer_state_dict_post_hooks = {}
+        self._optimizer_load_state_dict_pre_hooks = {}
+        self._optimizer_load_state_dict_post_hooks = {}
+        names = {}
+        if model is not None:
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+            names = {id(p): n for n, p in model.named_parameters()}
+        self._names: dict[int, str] = {}
+        for gi, group in enumerate(self.param_groups):
+            for pi, p in enumerate(group["params"]):
+                self._names[id(p)] = names.get(id(p), f"{gi}.{pi}")
+        if isinstance(fp32_layers, str):
+            fp32_layers = (fp32_layers,)
+        self.fp32_layers = tuple(fp32_layers)
+        for prefix in self.fp32_layers:
+            if not isinstance(prefix, str):
+                raise TypeError(f"fp32_layers must be names (str), got {prefix!r}")
+            if not any(self._match(n, prefix) for n in self._names.values()):
+                raise ValueError(f"fp32_layers prefix {prefix!r} matches no parameter; names are "
+                                 f"{sorted(self._names.values())}")
+        #: Steps taken (applied or skipped); the hybrid schedule counts these.
+        self.steps = 0
+        #: Steps skipped because of inf/NaN.
+        self.skipped_steps = 0
+        #: The :class:`cpd.RoundoffReport` of the last step (None before the first).
+        self.last_report = None
+        self._grads: dict[torch.Tensor, list] = {}
+        self._collected = 0
+
+    # The inner optimizer's structures, shared (as in QuantizedOptimizer).
+    @property
+    def param_groups(self):
+        return self.opt.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.opt.param_groups = value
+
+    @property
+    def state(self):
+        return self.opt.state
+
+    @state.setter
+    def state(self, value):
+        self.opt.state = value
+
+    @property
+    def defaults(self):
+        return self.opt.defaults
+
+    @defaults.setter
+    def defaults(self, value):
+        self.opt.defaults = value
+
+    @staticmethod
+    def _match(name: str, prefix: str) -> bool:
+        return name == prefix or name.startswith(prefix + ".")
+
+    def _params(self):
+        for group in self.param_groups:
+            yield from group["params"]
+
+    def name_of(self, p: torch.Tensor) -> str:
+        """The layer name of a parameter in the reports."""
+        return self._names.get(id(p)) or f"param{len(self._names)}"
+
+    def split(self, *tensors):
+        """Split a batch (one or more tensors, along dim 0) across the workers; yields one tuple per
+        worker (one tensor if a single tensor is given). Uses ``torch.tensor_split``: sizes differ
+        by at most one when W does not divide the batch."""
+        if not tensors:
+            raise TypeError("split needs at least one tensor")
+        n = len(tensors[0])
+        if any(len(t) != n for t in tensors):
+            raise ValueError(f"split: tensors have different batch sizes {[len(t) for t in tensors]}")
+        if n < self.workers:
+            raise ValueError(f"split: batch of {n} is smaller than workers={self.workers}")
+        parts = [torch.tensor_split(t, self.workers) for t in tensors]
+        for w in range(self.workers):
+            yield parts[0][w] if len(tensors) == 1 else tuple(p[w] for p in parts)
+
+    @torch.no_grad()
+    def collect(self) -> None:
+        """Store this worker's gradients (a copy of each communicated parameter's ``.grad``) and
+        clear ``.grad`` for the next worker."""
+        if self._collected >= self.workers:
+            raise RuntimeError(f"collect() called more than workers={self.workers} times before step()")
+        for p in self._params():
+            g = p.grad
+            self._grads.setdefault(p, []).append(None if g is None else g.detach().float().clone())
+            p.grad = None
+        self._collected += 1
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the inner optimizer's gradients and drop collected worker gradients."""
+        self.opt.zero_grad(set_to_none=set_to_none)
+        self._grads, self._collected = {}, 0
+
+    def _layers(self):
+        layers, params = {}, {}
+        for p in self._params():
+            grads = self._grads.get(p)
+            name = self.name_of(p)
+            params[name] = p
+            layers[name] = None if grads is None or all(g is None for g in grads) else grads
+        return layers, params
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        from .formats import FP32
+        from .scaling import aps_allreduce, scaled_allreduce
+
+        loss = None
+        if closure is not None:
+            if self._collected:
+                raise RuntimeError("step(closure): gradients were already collected; call zero_grad() first")
+            losses = []
+            for w in range(self.workers):
+                with torch.enable_grad():
+                    lw = closure(w)
+                losses.append(lw)
+                self.collect()
+            if all(isinstance(v, torch.Tensor) for v in losses):
+                loss = torch.stack([v.detach().float() for v in losses]).mean()
+        if self._collected != self.workers:
+            raise RuntimeError(f"step(): {self._collected} workers collected, expected {self.workers} "
+                               "(call collect() after each worker's backward)")
+        layers, params = self._layers()
+        hybrid = self.steps < self.hybrid_steps
+        fp32 = [n for n in layers if hybrid or any(self._match(n, pre) for pre in self.fp32_layers)]
+        kw = dict(algorithm=self.algorithm, group_size=self.group_size, kahan=self.kahan, rounding=self.rounding,
+                  fp32_layers=fp32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # inf/NaN is handled here: the step is skipped
+            if self.scaling == "aps":
+                out, report = aps_allreduce(layers, self.fmt, **kw)
+            elif self.scaling == "loss":
+                out, report = self.loss_scaler.allreduce(layers, self.fmt, **kw)
+            else:
+                out, report = scaled_allreduce(layers, self.fmt, 0, **kw)
+        if self.fmt == FP32 or hybrid:
+            report.method += " (fp32 communication)" if self.fmt == FP32 else " (hybrid fp32 phase)"
+        self.last_report = report
+        self.steps += 1
+        self._grads, self._collected = {}, 0
+        ok = not report.found_inf
+        if self.loss_scaler is not None:
+            ok = self.loss_scaler.update(report.found_inf) and ok
+        if not ok:
+            self.skipped_steps += 1
+            return None
+        inv = 1.0 / self.workers
+        exact = (self.workers & (self.workers - 1)) == 0
+        for name, p in params.items():
+            r = out[name]
+            if r is None:
+                p.grad = None
+                continue
+            g = r.reshape(p.shape) * inv if exact else r.reshape(p.shape) / self.workers
+            p.grad = g.to(p.dtype)
+        self.opt.step()
+        return loss
+
+    def state_dict(self) -> dict:
+        sd = self.opt.state_dict()
+        sd["cpd_aps"] = {"steps": self.steps, "skipped_steps": self.skipped_steps,
+                         "loss_scaler": None if self.loss_scaler is None else self.loss_scaler.state_dict()}
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("cpd_aps", {})
+        self.opt.load_state_dict(state_dict)
+        self.steps = int(extra.get("steps", 0))
+        self.skipped_steps = int(extra.get("skipped_steps", 0))
+        ls = extra.get("loss_scaler")
+        if ls is not None and self.loss_scaler is not None:
+            self.loss_scaler.load_state_dict(ls)
+        self._grads, self._collected = {}, 0
+
+    def __repr__(self) -> str:
+        gs = f", group_size={self.group_size}" if self.group_size else ""
+        return (f"APSOptimizer({self.opt.__class__.__name__}, fmt={self.fmt.name}, workers={self.workers}, "
+                f"algorithm={self.algorithm}{gs}, scaling={self.scaling}, fp32_layers={list(self.fp32_layers)}, "
+                f"hybrid_steps={self.hybrid_steps}, steps={self.steps}, skipped_steps={self.skipped_steps})")

@@ -68,8 +68,33 @@ def test_cli_formats(tmp_path: Path) -> None:
         assert mx in row, (name, row)
 
 
-def test_cli_demo(tmp_path: Path) -> None:
-    p = _run(["-m", "cpd", "demo", "--samples", "20000"], tmp_path)
+def test_cli_demo_fast(tmp_path: Path) -> None:
+    """The main job (APS training demo) runs in its --fast form: table columns, every
+    configuration, the per-layer report and a PNG plot."""
+    p = _run(["-m", "cpd", "demo", "--fast", "--out", str(tmp_path)], tmp_path, MPLBACKEND="Agg")
+    assert p.returncode == 0, _report(p)
+    out = p.stdout
+    header = next(ln for ln in out.splitlines() if ln.startswith("config"))
+    assert header.split() == ["config", "comm", "scaling", "test_acc", "test_loss", "train_loss", "skipped",
+                              "seconds"], header
+    for name in ("fp32", "e5m2 aps", "e5m2 none", "e4m3 aps", "e4m3 none", "e3m0 aps", "e3m0 none"):
+        assert any(ln.startswith(name + " ") for ln in out.splitlines()), name
+    assert "aps allreduce of 8 workers in e3m0 (ring)" in out and "conv1.weight" in out
+    assert (tmp_path / "cpd_demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_demo_options_and_errors(tmp_path: Path) -> None:
+    p = _run(["-m", "cpd", "demo", "--fast", "--epochs", "1", "--format", "e3m0", "--workers", "16",
+              "--algorithm", "hierarchical", "--group-size", "4", "--no-plot"], tmp_path)
+    assert p.returncode == 0, _report(p)
+    assert "e3m0 aps" in p.stdout and "e4m3" not in p.stdout
+    assert "allreduce of 16 workers in e3m0 (hierarchical, group_size=4)" in p.stdout
+    p = _run(["-m", "cpd", "demo", "--fast", "--algorithm", "hierarchical", "--group-size", "3"], tmp_path)
+    assert p.returncode != 0 and "group-size" in p.stderr, _report(p)
+
+
+def test_cli_cast_demo(tmp_path: Path) -> None:
+    p = _run(["-m", "cpd", "cast-demo", "--samples", "20000"], tmp_path)
     assert p.returncode == 0, _report(p)
     out = p.stdout
     for needle in ("e4m3fn", "448", "57344", "E2M1", "nearest", "stochastic", "toward_zero",
@@ -85,7 +110,7 @@ def test_cli_demo(tmp_path: Path) -> None:
 
 def test_cli_help_and_errors(tmp_path: Path) -> None:
     p = _run(["-m", "cpd", "--help"], tmp_path)
-    assert p.returncode == 0 and all(c in p.stdout for c in ("demo", "formats", "bench")), _report(p)
+    assert p.returncode == 0 and all(c in p.stdout for c in ("demo", "cast-demo", "formats", "bench")), _report(p)
     p = _run(["-m", "cpd", "formats", "--no-such-flag"], tmp_path)
     assert p.returncode == 2 and "--no-such-flag" in p.stderr, _report(p)
 
@@ -117,3 +142,21 @@ def test_readme_python_blocks_run():
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102
+
+
+def test_cli_report(tmp_path: Path) -> None:
+    import torch
+
+    p = _run(["-m", "cpd", "report", "--format", "e5m2", "--workers", "64", "--algorithm", "hierarchical",
+              "--group-size", "16", "--numel", "256"], tmp_path)
+    assert p.returncode == 0, _report(p)
+    assert "aps allreduce of 64 workers in e5m2 (hierarchical, group_size=16)" in p.stdout
+    assert "conv1.weight" in p.stdout and "eq5_mean_rel" in p.stdout
+    grads = {"layer.a": torch.randn(4, 10) * 1e-3, "layer.b": [torch.randn(3) for _ in range(4)]}
+    torch.save(grads, tmp_path / "g.pt")
+    p = _run(["-m", "cpd", "report", "--format", "e3m0", "--scaling", "none", "--grads", str(tmp_path / "g.pt")],
+             tmp_path)
+    assert p.returncode == 0, _report(p)
+    assert "unscaled allreduce of 4 workers in e3m0" in p.stdout and "layer.b" in p.stdout
+    p = _run(["-m", "cpd", "report", "--algorithm", "hierarchical", "--group-size", "3"], tmp_path)
+    assert p.returncode != 0 and "group_size" in p.stderr, _report(p)
