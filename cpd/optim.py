@@ -25,7 +25,45 @@ def _fmt(v, name):
         raise type(exc)(f"{name}: {exc}") from None
 
 
-class QuantizedOptimizer(torch.optim.Optimizer):
+class _WrappedOptimizer(torch.optim.Optimizer):
+    """Base of the wrappers: an ``Optimizer`` that shares the inner optimizer ``self.opt``'s
+    ``param_groups``, ``state`` and ``defaults`` (no ``super().__init__``: nothing is duplicated,
+    and ``load_state_dict``'s replacements show), so LR schedulers and hooks work on it."""
+
+    def _init_wrapper_hooks(self) -> None:
+        self._optimizer_step_pre_hooks = {}
+        self._optimizer_step_post_hooks = {}
+        self._optimizer_state_dict_pre_hooks = {}
+        self._optimizer_state_dict_post_hooks = {}
+        self._optimizer_load_state_dict_pre_hooks = {}
+        self._optimizer_load_state_dict_post_hooks = {}
+
+    @property
+    def param_groups(self):
+        return self.opt.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.opt.param_groups = value
+
+    @property
+    def state(self):
+        return self.opt.state
+
+    @state.setter
+    def state(self, value):
+        self.opt.state = value
+
+    @property
+    def defaults(self):
+        return self.opt.defaults
+
+    @defaults.setter
+    def defaults(self, value):
+        self.opt.defaults = value
+
+
+class QuantizedOptimizer(_WrappedOptimizer):
     """Wrap any ``torch.optim.Optimizer`` so that training runs with low-precision weights,
     gradients and optimizer state.
 
@@ -66,14 +104,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
         self.master = master
         self.rounding = Rounding.parse(rounding)
         self.skipped_steps = 0
-        # The inner optimizer's structures are shared through the properties below (no
-        # super().__init__: nothing is duplicated, and load_state_dict's replacements show).
-        self._optimizer_step_pre_hooks = {}
-        self._optimizer_step_post_hooks = {}
-        self._optimizer_state_dict_pre_hooks = {}
-        self._optimizer_state_dict_post_hooks = {}
-        self._optimizer_load_state_dict_pre_hooks = {}
-        self._optimizer_load_state_dict_post_hooks = {}
+        self._init_wrapper_hooks()  # param_groups/state/defaults: shared with opt (_WrappedOptimizer)
         self.masters: dict[torch.Tensor, torch.Tensor] = {}
         with torch.no_grad():
             for p in self._params():
@@ -81,30 +112,6 @@ class QuantizedOptimizer(torch.optim.Optimizer):
                     self.masters[p] = p.detach().clone().float()
                 if self.weight is not None:
                     p.copy_(cast(p.detach().float(), self.weight, self.rounding))
-
-    @property
-    def param_groups(self):
-        return self.opt.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value):
-        self.opt.param_groups = value
-
-    @property
-    def state(self):
-        return self.opt.state
-
-    @state.setter
-    def state(self, value):
-        self.opt.state = value
-
-    @property
-    def defaults(self):
-        return self.opt.defaults
-
-    @defaults.setter
-    def defaults(self, value):
-        self.opt.defaults = value
 
     def _params(self):
         for group in self.param_groups:
@@ -185,7 +192,7 @@ class QuantizedOptimizer(torch.optim.Optimizer):
 _SCALINGS = ("aps", "loss", None)
 
 
-class APSOptimizer(torch.optim.Optimizer):
+class APSOptimizer(_WrappedOptimizer):
     """Emulated data-parallel training: W workers' gradients summed by a low-precision allreduce.
 
     Wraps any ``torch.optim.Optimizer`` (its ``param_groups``, ``state`` and ``defaults`` are shared
@@ -271,12 +278,7 @@ class APSOptimizer(torch.optim.Optimizer):
         self.rounding = Rounding.parse(rounding)
         self.scaling, self.hybrid_steps = scaling, hybrid_steps
         self.loss_scaler = (loss_scaler or LossScaler()) if scaling == "loss" else None
-        self._optimizer_step_pre_hooks = {}
-        self._optimizer_step_post_hooks = {}
-        self._optimizer_state_dict_pre_hooks = {}
-        self._optimizer_state_dict_post_hooks = {}
-        self._optimizer_load_state_dict_pre_hooks = {}
-        self._optimizer_load_state_dict_post_hooks = {}
+        self._init_wrapper_hooks()
         names = {}
         if model is not None:
             if not isinstance(model, torch.nn.Module):
@@ -305,30 +307,6 @@ class APSOptimizer(torch.optim.Optimizer):
         self._collected = 0
 
     # The inner optimizer's structures, shared (as in QuantizedOptimizer).
-    @property
-    def param_groups(self):
-        return self.opt.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value):
-        self.opt.param_groups = value
-
-    @property
-    def state(self):
-        return self.opt.state
-
-    @state.setter
-    def state(self, value):
-        self.opt.state = value
-
-    @property
-    def defaults(self):
-        return self.opt.defaults
-
-    @defaults.setter
-    def defaults(self, value):
-        self.opt.defaults = value
-
     @staticmethod
     def _match(name: str, prefix: str) -> bool:
         return name == prefix or name.startswith(prefix + ".")
