@@ -138,7 +138,7 @@ def _run_cast(x: torch.Tensor, seed: torch.Tensor, out: torch.Tensor, exp, man, 
         _cpu.extension().cast_out(x, out, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits, s, o)
     else:
         fmt = _fmt_of(exp, man, bias, specials, subnormals)
-        mode = [m for m in Rounding if m.code == rounding][0]
+        mode = Rounding.from_code(rounding)
         out.copy_(_fallback.cast(x, fmt, mode, saturate, sr_bits, s, o))
 
 
@@ -195,7 +195,7 @@ def _encode_op(x: torch.Tensor, exp: int, man: int, bias: int, specials: int, su
     elif backend == "cpu":
         _cpu.extension().encode_out(xc, codes, exp, man, bias, specials, subnormals, rounding, saturate)
     else:
-        mode = [m for m in Rounding if m.code == rounding][0]
+        mode = Rounding.from_code(rounding)
         v = _fallback.cast(xc, fmt, mode, saturate, 32, 0, 0)
         codes.copy_(_to_code_dtype(_fallback.encode_values(v, fmt), codes.dtype))
     return codes
@@ -390,7 +390,7 @@ def _arith_op(op: int, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, seed: 
                                    sr_bits, s, o)
     else:
         fmt = _fmt_of(exp, man, bias, specials, subnormals)
-        mode = [m for m in Rounding if m.code == rounding][0]
+        mode = Rounding.from_code(rounding)
         name = {0: "mul", 1: "add", 2: "fma"}[op]
         out.copy_(_fallback.arith(name, a, b, c if op == 2 else None, fmt, mode, saturate, sr_bits, s, o))
     return out
@@ -502,7 +502,7 @@ def _matmul_op(a: torch.Tensor, b: torch.Tensor, seed: torch.Tensor, has_mul: bo
     else:
         mf = _fmt_of(mexp, mman, mbias, mspecials, msubnormals) if has_mul else None
         af = _fmt_of(aexp, aman, abias, aspecials, asubnormals)
-        mode = [m for m in Rounding if m.code == rounding][0]
+        mode = Rounding.from_code(rounding)
         out.copy_(_fallback.matmul(a3, b3, mf, af, kahan, block, mode, saturate, sr_bits, s, o))
     return out.reshape(*batch, M, N)
 

@@ -34,6 +34,11 @@ class Rounding(enum.Enum):
         return _CODES[self]
 
     @classmethod
+    def from_code(cls, code: int) -> "Rounding":
+        """The mode whose :attr:`code` is ``code`` (the inverse of ``code``)."""
+        return _FROM_CODE[code]
+
+    @classmethod
     def parse(cls, value: "Rounding | str", name: str = "rounding") -> "Rounding":
         """Accept a member or its string name; anything else is a clear error."""
         if isinstance(value, Rounding):
@@ -57,3 +62,4 @@ _CODES = {
     Rounding.UP: 3,
     Rounding.DOWN: 4,
 }
+_FROM_CODE = {c: m for m, c in _CODES.items()}
