@@ -592,9 +592,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
     Autograd is straight-through: ``grad_a = grad @ b^T`` and ``grad_b = a^T @ grad`` computed
     by ``torch.matmul`` in float32 (reduced over broadcast batch dims).
 
-    Speed: on CPU, round-to-nearest (and stochastic rounding for formats of up to 19 mantissa
-    bits) runs a vectorized float64 path, about 90-450x ``torch.mm``'s time on one core at 512^3;
-    the other cases run a scalar path over float32 bits, several times slower again.
+    Speed (CPU, 512^3, one core, ratio to ``torch.mm``; ``benchmarks/bench_matmul.py``): round to
+    nearest with products that are values of an accumulator of at most 11 bits (E5M2 or E4M3
+    products into FP16, say) runs on float32 / binary16 lanes, about 25x (45x with Kahan); other
+    round-to-nearest cases, and stochastic rounding for formats of up to 19 mantissa bits, run a
+    float64-lane path, about 90-450x; the rest (directed modes, wider stochastic formats) a scalar
+    path over float32 bits, several times slower again. Every path gives the same bits.
 
     Args:
         a, b: the operands.

@@ -31,6 +31,7 @@ from torch.library import opcheck
 
 import cpd
 from cpd import _cpu
+from cpd.testing import boundary_list
 from oracle import oracle_cast, oracle_round, oracle_round_neighbours
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
@@ -264,9 +265,75 @@ def test_fast_path_equals_generic_path(mul, acc):
         for kahan in (False, True):
             for block, mode, sr_bits in ((0, "nearest", 32), (16, "nearest", 32), (0, "stochastic", 32),
                                          (16, "stochastic", 32), (5, "stochastic", 4)):
-                fast = _ext_matmul(a, b, mul, acc, kahan, block, mode, 0, sr_bits=sr_bits)
                 gen = _ext_matmul(a, b, mul, acc, kahan, block, mode, 1, sr_bits=sr_bits)
-                assert bits_equal(fast, gen)
+                for path in (0, 2):  # automatic (float32 lanes where they apply), float64 lanes
+                    assert bits_equal(_ext_matmul(a, b, mul, acc, kahan, block, mode, path, sr_bits=sr_bits), gen)
+
+
+# Pairs on the float32-lane path (cuda/cpu/matmul.cpp f32_applies: round to nearest, both formats
+# with numerics.h's float32 rounding, mul's values within acc's, acc of at most 11 bits), and on
+# the binary16-lane path when acc is binary16 (h16_applies, CPUs with AVX512-FP16).
+F32_PAIRS = [(F52, F510), (cpd.E4M3, cpd.FP16), (cpd.E4M3FN, cpd.FP16), (cpd.E2M1, cpd.FP16), (F52, F52),
+             (cpd.E3M2, cpd.FloatFormat(4, 6)), (cpd.FloatFormat(4, 3, subnormals=False), cpd.FloatFormat(5, 6)),
+             (cpd.FloatFormat(3, 1), cpd.FloatFormat(4, 2, subnormals=False)),
+             (cpd.FloatFormat(4, 3, specials="finite"), cpd.FloatFormat(6, 4, specials="fn"))]
+
+
+def _bits_mismatch(x, y):
+    bad = (x.view(torch.int32) != y.view(torch.int32)).nonzero()[:5].tolist()
+    return "; ".join(f"{i}: {x[tuple(i)].item()!r} != {y[tuple(i)].item()!r}" for i in bad)
+
+
+@pytest.mark.skipif(_cpu.extension() is None, reason="no compiled extension")
+def test_float32_lanes_only_where_they_apply():
+    ext = _cpu.extension()
+    lanes = lambda mul, acc, mode=0, saturate=False: ext.matmul_lanes(  # noqa: E731
+        mul is not None, *cpd.ops._fmt_args(mul or acc), *cpd.ops._fmt_args(acc), mode, saturate)
+    assert lanes(F52, F510) in (16, 32)  # binary16 lanes where the CPU has AVX512-FP16 (acc is binary16)
+    assert lanes(F52, F510, saturate=True) == 32 and lanes(F52, cpd.FloatFormat(5, 9)) == 32
+    assert lanes(F52, F510, mode=cpd.Rounding("up").code) == 0   # directed: generic
+    assert lanes(F52, F510, mode=cpd.Rounding("stochastic").code) == 64
+    assert lanes(None, F510) == 64                  # exact products
+    assert lanes(cpd.E4M3, cpd.BF16) == 64          # acc too wide for Figueroa's identity
+    assert lanes(F510, F52) == 64                   # products not values of acc
+    assert lanes(cpd.FloatFormat(3, 0), F510) == 64  # man = 0: "even" is the even code
+    assert lanes(F52, cpd.FloatFormat(5, 10, subnormals=False)) == 64  # subnormal products
+    assert lanes(cpd.E4M3, cpd.FloatFormat(5, 10, subnormals=False)) == 32  # ... all >= 2^-14
+
+
+@pytest.mark.skipif(_cpu.extension() is None, reason="no compiled extension")
+@pytest.mark.parametrize("mul,acc", F32_PAIRS, ids=[f"{m.name}-{a.name}" for m, a in F32_PAIRS])
+def test_float32_lane_path_equals_generic_path(mul, acc):
+    """Products: every value, midpoint and midpoint +- 1 float32 ulp of mul (both signs, zeros,
+    infinities, NaN) times powers of two, odd multiples and random values (K = 1, so each output
+    is round_acc(+0 + round_mul(a*b))); sums: K = 97 of such products, plain, Kahan and blocked."""
+    ext = _cpu.extension()
+    assert ext.matmul_lanes(True, *cpd.ops._fmt_args(mul), *cpd.ops._fmt_args(acc), 0, False) in (16, 32)
+    vals = torch.tensor(boundary_list(mul), dtype=torch.float32)
+    vals = torch.cat([vals, -vals, torch.tensor([math.nan])])
+    g = torch.Generator().manual_seed(11)
+    scales = [2.0 ** e for e in range(-30, 31, 3)] + [1.5, 3.0, 5.0, 0.75, 1 / 3, -1.0, 0.0, math.inf]
+    scales = torch.tensor(scales + torch.randn(12, generator=g).tolist(), dtype=torch.float32)
+    a, b = vals.reshape(1, -1, 1), scales.reshape(1, 1, -1)
+    gen = _ext_matmul(a, b, mul, acc, False, 0, "nearest", 1)
+    for path in (0, 3):  # automatic, float32 lanes (not binary16)
+        fast = _ext_matmul(a, b, mul, acc, False, 0, "nearest", path)
+        assert bits_equal(fast, gen), _bits_mismatch(fast, gen)
+    # sums of products that are values of mul (so ties and overflow in acc are common), and of
+    # random products, at several magnitudes
+    idx = torch.randint(0, len(vals) - 1, (3, 24, 97), generator=g)
+    a = vals[idx]
+    a = torch.where(torch.isfinite(a), a, torch.zeros(()))
+    a[0, 0, 3] = math.inf
+    a[0, 1, 5] = math.nan
+    for b in (torch.ones(3, 97, 33), torch.randn(3, 97, 33, generator=g), 2.0 ** -12 * torch.randn(3, 97, 33, generator=g),
+              torch.randint(-4, 5, (3, 97, 33), generator=g).float() * 0.5):
+        for kahan in (False, True):
+            for block in (0, 8):
+                gen = _ext_matmul(a, b, mul, acc, kahan, block, "nearest", 1)
+                for path in (0, 3):
+                    fast = _ext_matmul(a, b, mul, acc, kahan, block, "nearest", path)
+                    assert bits_equal(fast, gen), _bits_mismatch(fast, gen)
 
 
 _FALLBACK_SCRIPT = r"""

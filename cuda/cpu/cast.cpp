@@ -317,10 +317,14 @@ void matmul_out(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& o
                 int64_t mman, int64_t mbias, int64_t mspecials, bool msubnormals, int64_t aexp, int64_t aman,
                 int64_t abias, int64_t aspecials, bool asubnormals, bool kahan, int64_t block, int64_t mode,
                 bool saturate, int64_t sr_bits, int64_t seed, int64_t offset, int64_t path);
+int64_t matmul_lanes(bool has_mul, int64_t mexp, int64_t mman, int64_t mbias, int64_t mspecials, bool msubnormals,
+                     int64_t aexp, int64_t aman, int64_t abias, int64_t aspecials, bool asubnormals, int64_t mode,
+                     bool saturate);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("arith_out", &arith_out);
   m.def("matmul_out", &matmul_out);
+  m.def("matmul_lanes", &matmul_lanes);
   m.def("cast_out", &cast_out);
   m.def("encode_out", &encode_out);
   m.def("decode_out", &decode_out);

@@ -13,6 +13,7 @@
 // depend only on its operands and (seed, offset, o, K), never on the split.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -80,6 +81,132 @@ void fast_matmul(const float* a, const float* b, float* y, const Dims& d, const 
     }
   });
 }
+
+// Round to nearest on float32 lanes (16 per AVX-512 op), when both formats have numerics.h's
+// float32 rounding (nearest_f_applies), a product rounded to mul is a value of acc
+// (values_within) and acc's sums are add_bits_fast's (add_fast_applies). Every step is then
+//   p = mul_f(a, b)        (a*b + C rounded once by an FMA: the product rounded to mul)
+//   s = add_f(s, p)        (fl32(s + p) rounded to acc: Figueroa)
+// which numerics.h shows equal to the exact steps; the tests compare this path with the generic
+// one bit for bit (products of every pair of values, midpoints and neighbours of 8-bit formats).
+inline bool f32_applies(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode) {
+  return has_mul && cpd::nearest_f_applies(mf, mode) && cpd::nearest_f_applies(af, mode) &&
+         cpd::add_fast_applies(af, mode) && cpd::values_within(mf, af);
+}
+
+inline float acc_add(float x, float y, const cpd::FormatF& g) { return cpd::float_of(cpd::add_f(x, y, g)); }
+
+// Kahan's step with the incoming value p: y = p - c, t = s + y, c = (t - s) - y, s = t.
+inline void kahan_f(float& s, float& c, float p, const cpd::FormatF& g) {
+  const float y = acc_add(p, -c, g);
+  const float t = acc_add(s, y, g);
+  c = acc_add(acc_add(t, -s, g), -y, g);
+  s = t;
+}
+
+template <bool KAHAN, bool BLOCK>
+void f32_tile(const float* __restrict arow, const float* __restrict b, float* __restrict out, int64_t j0,
+              int64_t jt, const Dims& d, const cpd::FormatF& mf0, const cpd::FormatF& af0) {
+  const cpd::FormatF mf = mf0, af = af0;
+  float s[kTile], c[kTile], bs[kTile];
+  for (int64_t jj = 0; jj < kTile; ++jj) s[jj] = c[jj] = bs[jj] = 0.0f;
+  for (int64_t k = 0; k < d.K; ++k) {
+    const float av = arow[k];
+    const float* __restrict br = b + k * d.N + j0;
+    for (int64_t jj = 0; jj < jt; ++jj) {
+      const float p = cpd::float_of(cpd::mul_f(av, br[jj], mf));
+      if (BLOCK) bs[jj] = acc_add(bs[jj], p, af);
+      else if (KAHAN) kahan_f(s[jj], c[jj], p, af);
+      else s[jj] = acc_add(s[jj], p, af);
+    }
+    if (BLOCK && ((k + 1) % d.L == 0 || k + 1 == d.K)) {
+      for (int64_t jj = 0; jj < jt; ++jj) {
+        if (KAHAN) kahan_f(s[jj], c[jj], bs[jj], af);
+        else s[jj] = acc_add(s[jj], bs[jj], af);
+        bs[jj] = 0.0f;
+      }
+    }
+  }
+  for (int64_t jj = 0; jj < jt; ++jj) out[j0 + jj] = s[jj];
+}
+
+template <bool KAHAN, bool BLOCK>
+void f32_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mf,
+                const cpd::FormatF& af) {
+  const int64_t tiles = (d.N + kTile - 1) / kTile, tasks = d.B * d.M * tiles;
+  at::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t row = t / tiles, j0 = (t % tiles) * kTile, bi = row / d.M;
+      f32_tile<KAHAN, BLOCK>(a + row * d.K, b + bi * d.K * d.N, y + row * d.N, j0, std::min(kTile, d.N - j0), d,
+                             mf, af);
+    }
+  });
+}
+
+#if defined(__AVX512FP16__)
+// When acc is IEEE binary16 itself (exp 5, man 10, bias 15, infinities, subnormals, no
+// saturation), its round-to-nearest additions are the processor's binary16 additions (IEEE 754
+// rounds each once; the exact-zero sign and inf - inf are the standard's too), 32 lanes per
+// AVX-512 FP16 op. The products (values of acc, float32 lanes as above) convert exactly:
+//   k loop:  p[jj] = mul_f(a, b)  ->  ph = binary16(p)  ->  s = s + ph (or Kahan, in binary16)
+bool h16_applies(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode) {
+  return f32_applies(has_mul, mf, af, mode) && af.exp == 5 && af.man == 10 && af.bias == 15 &&
+         af.specials == cpd::SPECIALS_IEEE && af.subnormals && af.outward_bits == cpd::INF_BITS;
+}
+
+inline void kahan_h(_Float16& s, _Float16& c, _Float16 p) {
+  const _Float16 y = p - c;
+  const _Float16 t = s + y;
+  c = (t - s) - y;
+  s = t;
+}
+
+template <bool KAHAN, bool BLOCK>
+void h16_tile(const float* __restrict arow, const float* __restrict b, float* __restrict out, int64_t j0,
+              int64_t jt, const Dims& d, const cpd::FormatF& mf0) {
+  const cpd::FormatF mf = mf0;
+  alignas(64) float p[kTile], o[kTile];
+  alignas(64) _Float16 ph[kTile], s[kTile], c[kTile], bs[kTile];
+  for (int64_t jj = 0; jj < kTile; ++jj) s[jj] = c[jj] = bs[jj] = (_Float16)0.0f;
+  for (int64_t jj = 0; jj < kTile; ++jj) p[jj] = 0.0f;
+  for (int64_t k = 0; k < d.K; ++k) {
+    const float av = arow[k];
+    const float* __restrict br = b + k * d.N + j0;
+    for (int64_t jj = 0; jj < jt; ++jj) p[jj] = cpd::float_of(cpd::mul_f(av, br[jj], mf));
+    for (int64_t jj = 0; jj < kTile; jj += 16)  // exact: every p is a binary16 value (or NaN)
+      _mm256_store_si256((__m256i*)(ph + jj),
+                         _mm512_cvtps_ph(_mm512_load_ps(p + jj), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (int64_t jj = 0; jj < kTile; ++jj) {
+      if (BLOCK) bs[jj] = bs[jj] + ph[jj];
+      else if (KAHAN) kahan_h(s[jj], c[jj], ph[jj]);
+      else s[jj] = s[jj] + ph[jj];
+    }
+    if (BLOCK && ((k + 1) % d.L == 0 || k + 1 == d.K)) {
+      for (int64_t jj = 0; jj < kTile; ++jj) {
+        if (KAHAN) kahan_h(s[jj], c[jj], bs[jj]);
+        else s[jj] = s[jj] + bs[jj];
+        bs[jj] = (_Float16)0.0f;
+      }
+    }
+  }
+  for (int64_t jj = 0; jj < kTile; jj += 16)
+    _mm512_store_ps(o + jj, _mm512_cvtph_ps(_mm256_load_si256((const __m256i*)(s + jj))));
+  for (int64_t jj = 0; jj < jt; ++jj) out[j0 + jj] = o[jj];
+}
+
+template <bool KAHAN, bool BLOCK>
+void h16_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mf) {
+  const int64_t tiles = (d.N + kTile - 1) / kTile, tasks = d.B * d.M * tiles;
+  at::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t row = t / tiles, j0 = (t % tiles) * kTile, bi = row / d.M;
+      h16_tile<KAHAN, BLOCK>(a + row * d.K, b + bi * d.K * d.N, y + row * d.N, j0, std::min(kTile, d.N - j0), d, mf);
+    }
+  });
+}
+#else
+bool h16_applies(bool, const cpd::Format&, const cpd::Format&, int) { return false; }
+#endif
 
 // Stochastic rounding on float64 carriers (formats with man <= 19, see round_d_sr): the same
 // loop as fast_tile; lane jj is output o0 + jj (o0 = the flat index of column j0). The same
@@ -170,10 +297,35 @@ void generic_matmul(const float* a, const float* b, float* y, const Dims& d, con
   });
 }
 
+enum { LANES_GENERIC = 0, LANES_H16 = 16, LANES_F32 = 32, LANES_F64 = 64 };
+
+// Which loop runs (path: 0 automatic, 1 generic, 2 no float32 or binary16 lanes, 3 no binary16
+// lanes): binary16 lanes, float32 lanes, float64 lanes (nearest; stochastic with formats of
+// man <= 19), or the generic one.
+int lanes_for(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode, int64_t path) {
+  if (path == 0 && h16_applies(has_mul, mf, af, mode)) return LANES_H16;
+  if ((path == 0 || path == 3) && f32_applies(has_mul, mf, af, mode)) return LANES_F32;
+  if (path != 1 && (mode == cpd::NEAREST || (mode == cpd::STOCHASTIC && af.man <= 19 && (!has_mul || mf.man <= 19))))
+    return LANES_F64;
+  return LANES_GENERIC;
+}
+
 }  // namespace
 
+// The loop matmul_out(..., path = 0) takes for these formats and mode (for the tests).
+int64_t matmul_lanes(bool has_mul, int64_t mexp, int64_t mman, int64_t mbias, int64_t mspecials, bool msubnormals,
+                     int64_t aexp, int64_t aman, int64_t abias, int64_t aspecials, bool asubnormals, int64_t mode,
+                     bool saturate) {
+  const cpd::Format mf = cpd::make_format((int)mexp, (int)mman, (int)mbias, (int)mspecials, msubnormals ? 1 : 0,
+                                          saturate ? 1 : 0);
+  const cpd::Format af = cpd::make_format((int)aexp, (int)aman, (int)abias, (int)aspecials, asubnormals ? 1 : 0,
+                                          saturate ? 1 : 0);
+  return lanes_for(has_mul, mf, af, (int)mode, 0);
+}
+
 // out[b, i, j] = the accumulation of a[b, i, :] . b[b, :, j] (numerics.h, "Accumulation").
-// a: (B, M, K), b: (B, K, N), out: (B, M, N), contiguous float32. path: 0 automatic, 1 generic.
+// a: (B, M, K), b: (B, K, N), out: (B, M, N), contiguous float32. path: 0 automatic, 1 generic,
+// 2 no float32 or binary16 lanes, 3 no binary16 lanes (see lanes_for).
 void matmul_out(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& out, bool has_mul, int64_t mexp,
                 int64_t mman, int64_t mbias, int64_t mspecials, bool msubnormals, int64_t aexp, int64_t aman,
                 int64_t abias, int64_t aspecials, bool asubnormals, bool kahan, int64_t block, int64_t mode,
@@ -188,7 +340,30 @@ void matmul_out(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& o
   const float* bp = b.data_ptr<float>();
   float* yp = out.data_ptr<float>();
   if (out.numel() == 0) return;
-  if (mode == cpd::NEAREST && path == 0) {
+  const int lanes = lanes_for(has_mul, mf, af, (int)mode, path);
+#if defined(__AVX512FP16__)
+  if (lanes == LANES_H16) {
+    const cpd::FormatF mg = cpd::make_format_f(mf);
+    switch ((kahan ? 2 : 0) | (block ? 1 : 0)) {
+      case 0: h16_matmul<false, false>(ap, bp, yp, d, mg); break;
+      case 1: h16_matmul<false, true>(ap, bp, yp, d, mg); break;
+      case 2: h16_matmul<true, false>(ap, bp, yp, d, mg); break;
+      default: h16_matmul<true, true>(ap, bp, yp, d, mg); break;
+    }
+    return;
+  }
+#endif
+  if (lanes == LANES_F32) {
+    const cpd::FormatF mg = cpd::make_format_f(mf), ag = cpd::make_format_f(af);
+    switch ((kahan ? 2 : 0) | (block ? 1 : 0)) {
+      case 0: f32_matmul<false, false>(ap, bp, yp, d, mg, ag); break;
+      case 1: f32_matmul<false, true>(ap, bp, yp, d, mg, ag); break;
+      case 2: f32_matmul<true, false>(ap, bp, yp, d, mg, ag); break;
+      default: f32_matmul<true, true>(ap, bp, yp, d, mg, ag); break;
+    }
+    return;
+  }
+  if (lanes == LANES_F64 && mode == cpd::NEAREST) {
     const cpd::FormatD mg = cpd::make_format_d(mf), ag = cpd::make_format_d(af);
     const int key = (has_mul ? 4 : 0) | (kahan ? 2 : 0) | (block ? 1 : 0);
     switch (key) {
@@ -203,7 +378,7 @@ void matmul_out(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& o
     }
     return;
   }
-  if (mode == cpd::STOCHASTIC && path == 0 && af.man <= 19 && (!has_mul || mf.man <= 19)) {
+  if (lanes == LANES_F64) {  // stochastic
     cpd::FormatD mg = cpd::make_format_d(mf), ag = cpd::make_format_d(af);
     mg.sr_mask = ag.sr_mask = (0xffffffffull << (32 - sr_bits)) & 0xffffffffull;
     const uint64_t s = (uint64_t)seed, o = (uint64_t)offset;

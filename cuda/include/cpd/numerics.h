@@ -621,6 +621,103 @@ CPD_FN u32 add_bits_fast(u32 ua, u32 ub, const Format& f) {
   return cast_bits_fast(bits_of(fadd(float_of(ua), float_of(ub))), f, NEAREST, 0u, 32);
 }
 
+// Round to nearest on float32 arithmetic alone, for the CPU matmul's float32 lanes (16 per
+// AVX-512 operation). For a magnitude v >= 0 of a format with f.fast and 1 <= man <= 21, the
+// quantum is q = 2^(E - man) with E = max(exponent of v, emin). With
+//     C = 2^(E + 23 - man)      (ulp(C) = q, and v < 2^(E+1) <= C),
+// fl32(C + v) is C + v rounded to a multiple of q, ties to the even multiple (C / q = 2^23 is
+// even; for man >= 1 an even multiple of q is a value with an even code), so fl32(C + v) - C
+// (exact) is v rounded to nearest in the format, in the subnormal range (E = emin) too. C's
+// bits come from v's exponent field:
+//     v = 0 | e (8) | mmm...m    ->    C = 0 | min(max(e, emin+127), emax+128) + 23 - man | 000...0
+// (capped at the overflow threshold's exponent: anything beyond overflows either way, and C stays
+// finite when emax + 24 - man <= 127). A product a*b is rounded the same way with one fused
+// multiply-add, fl32(a*b + C) being a*b + C rounded once; E is read off h = fl32(a*b), which can
+// only be one binade too high when a*b rounds up to 2^(e+1), itself a multiple of both quanta.
+// So no double rounding anywhere, and every edge case is one select at the end (round_f_finish):
+// overflow (and infinities) to the format's outward value, flush, the sign, NaN unchanged.
+CPD_FN float ffma(float x, float y, float z) {
+#if CPD_DEVICE
+  return __fmaf_rn(x, y, z);
+#else
+  return __builtin_fmaf(x, y, z);
+#endif
+}
+
+struct FormatF {
+  u32 emin_field;   // (emin + 127) << 23: the smallest E, as float32 exponent bits
+  u32 ecap_field;   // (emax + 128) << 23: the largest E used
+  u32 c_shift;      // (23 - man) << 23: C's exponent bits = E's + c_shift
+  float max;          // the largest finite value
+  u32 outward_bits;   // what an overflow becomes (inf, NaN or max)
+  u32 flush_below;    // subnormals = False: 2^emin's bits (magnitudes below become 0); else 0
+};
+
+CPD_FN int nearest_f_applies(const Format& f, int mode) {
+  int emax = (int)(f.max_bits >> 23) - 127;
+  return (int)(mode == NEAREST && f.fast && f.man >= 1 && f.man <= 21 && emax + 24 - f.man <= 127);
+}
+
+CPD_FN FormatF make_format_f(const Format& f) {
+  FormatF g;
+  g.emin_field = (u32)(f.emin + 127) << 23;
+  g.ecap_field = ((f.max_bits >> 23) + 1u) << 23;
+  g.c_shift = (u32)(23 - f.man) << 23;
+  g.max = float_of(f.max_bits);
+  g.outward_bits = f.outward_bits;
+  g.flush_below = f.subnormals ? 0u : f.min_normal_bits;
+  return g;
+}
+
+// C's bits for a magnitude's bits a (see above).
+CPD_FN u32 round_f_c(u32 a, const FormatF& g) {
+  u32 e = a & INF_BITS;
+  e = e > g.emin_field ? e : g.emin_field;
+  e = e < g.ecap_field ? e : g.ecap_field;
+  return e + g.c_shift;
+}
+
+// r: the rounded magnitude; u: the float32 value rounded (for its sign). A NaN magnitude r passes
+// (the ordered comparison is false) with u's sign: u must not be a signaling NaN, which float32
+// arithmetic never produces, so it is u itself (round_f and mul_f round arithmetic results only).
+// (Plain ?: here, which vectorizes to masked blends.)
+CPD_FN u32 round_f_finish(u32 u, u32 r, const FormatF& g) {
+  r = float_of(r) > g.max ? g.outward_bits : r;                         // overflow, infinities
+  r = r < g.flush_below ? 0u : r;                                       // subnormals = False
+  return (u & SIGN) | r;
+}
+
+// cast_bits(u, f, NEAREST) for nearest_f_applies(f), u the result of a float32 operation.
+CPD_FN u32 round_f(u32 u, const FormatF& g) {
+  u32 a = u & ~SIGN;
+  float c = float_of(round_f_c(a, g));
+  return round_f_finish(u, bits_of(fsub(fadd(float_of(a), c), c)), g);
+}
+
+// mul_bits(x, y, f, NEAREST) for nearest_f_applies(f), on magnitudes: h = fl32(x*y) gives E and
+// the sign, and is the NaN a non-finite product gives (mul_bits casts fl32(x*y) then).
+CPD_FN u32 mul_f(float x, float y, const FormatF& g) {
+  u32 h = bits_of(fmul(x, y));
+  float c = float_of(round_f_c(h & ~SIGN, g));
+  float ax = float_of(bits_of(x) & ~SIGN), ay = float_of(bits_of(y) & ~SIGN);
+  u32 r = round_f_finish(h, bits_of(fsub(ffma(ax, ay, c), c)), g);
+  return (h & ~SIGN) > INF_BITS ? h : r;  // the very NaN mul_bits gives, whatever the FMA propagated
+}
+
+// add_bits(x, y, f, NEAREST) for nearest_f_applies(f) and add_fast_applies(f) with x and y values
+// of f: fl32(x + y) rounded (add_bits_fast's identity).
+CPD_FN u32 add_f(float x, float y, const FormatF& g) { return round_f(bits_of(fadd(x, y)), g); }
+
+// Every value of m is a value of f (so a product rounded to m is an add_bits_fast operand of f):
+// m's significands are no longer (m.man <= f.man), its finest quantum 2^(emin - man) is no finer,
+// its largest value no larger, and if f has no subnormals m's smallest positive value is a normal
+// of f. Infinities and NaN need no check: add_bits and add_bits_fast treat them alike.
+CPD_FN int values_within(const Format& m, const Format& f) {
+  int m_min_exp = m.subnormals ? m.emin - m.man : m.emin;
+  return (int)(m.man <= f.man && m.max_bits <= f.max_bits && m.emin - m.man >= f.emin - f.man &&
+               (f.subnormals || m_min_exp >= f.emin));
+}
+
 // c + a*b rounded once (a fused multiply-add in the format).
 CPD_FN u32 fma_bits(u32 uc, u32 ua, u32 ub, const Format& f, int mode, u32 rand, int sr_bits) {
   if (!(is_finite_bits(ua) & is_finite_bits(ub)))
