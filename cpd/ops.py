@@ -125,16 +125,25 @@ def _backend(x: torch.Tensor):
     return "torch"
 
 
+def _host_seed(seed: torch.Tensor, rounding: int) -> tuple[int, int]:
+    """(seed, offset) as Python ints for the CPU back ends; (0, 0) unless rounding is stochastic."""
+    if rounding != Rounding.STOCHASTIC.code:
+        return 0, 0
+    s, o = seed.tolist()
+    return int(s), int(o)
+
+
 def _run_cast(x: torch.Tensor, seed: torch.Tensor, out: torch.Tensor, exp, man, bias, specials, subnormals,
               rounding, saturate, sr_bits) -> None:
     """Write cast(x) into out (both float32 contiguous, same shape)."""
     backend = _backend(x)
-    s, o = (int(v) for v in seed.tolist()) if rounding == Rounding.STOCHASTIC.code and backend != "cuda" else (0, 0)
     if backend == "cuda":
         from . import _cuda
 
         _cuda.cast_out(x, out, seed, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits)
-    elif backend == "cpu":
+        return
+    s, o = _host_seed(seed, rounding)
+    if backend == "cpu":
         _cpu.extension().cast_out(x, out, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits, s, o)
     else:
         fmt = _fmt_of(exp, man, bias, specials, subnormals)
@@ -384,7 +393,7 @@ def _arith_op(op: int, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, seed: 
 
         _cuda.arith_out(op, a, b, c, out, seed, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits)
         return out
-    s, o = (int(v) for v in seed.tolist()) if rounding == Rounding.STOCHASTIC.code else (0, 0)
+    s, o = _host_seed(seed, rounding)
     if backend == "cpu":
         _cpu.extension().arith_out(op, a, b, c, out, exp, man, bias, specials, subnormals, rounding, saturate,
                                    sr_bits, s, o)
@@ -494,7 +503,7 @@ def _matmul_op(a: torch.Tensor, b: torch.Tensor, seed: torch.Tensor, has_mul: bo
         _cuda.matmul_out(a3, b3, out, seed, has_mul, mexp, mman, mbias, mspecials, msubnormals, aexp, aman, abias,
                          aspecials, asubnormals, kahan, block, rounding, saturate, sr_bits)
         return out.reshape(*batch, M, N)
-    s, o = (int(v) for v in seed.tolist()) if rounding == Rounding.STOCHASTIC.code else (0, 0)
+    s, o = _host_seed(seed, rounding)
     if backend == "cpu":
         _cpu.extension().matmul_out(a3, b3, out, has_mul, mexp, mman, mbias, mspecials, msubnormals, aexp, aman,
                                     abias, aspecials, asubnormals, kahan, block, rounding, saturate, sr_bits, s, o,
