@@ -112,6 +112,12 @@ def test_reference_sum_sees_the_order_and_the_sign_of_zero():
     x = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [4.0, 4.0, 4.0]])
     assert ct.reference_sum(x, e3m0, algorithm="ring").tolist() == [8.0, 4.0, 4.0]
     assert ct.reference_sum(list(x), e3m0, algorithm="sequential").tolist() == [8.0, 8.0, 8.0]
+    minus_zeros = torch.full((6, 4), -0.0)  # -0 + -0 is -0 in every order (the tree's waiting worker 4 too)
+    for algorithm in cpd.ALLREDUCE_ALGORITHMS:
+        for kahan in (False, True):
+            kw = dict(algorithm=algorithm, group_size=3 if algorithm == "hierarchical" else None, kahan=kahan)
+            assert ct.reference_sum(minus_zeros, e3m0, **kw).view(torch.int32).eq(-2**31).all(), kw
+            ct.assert_allreduce_matches(cpd.allreduce(minus_zeros, e3m0, **kw), minus_zeros, e3m0, **kw)
     z = torch.tensor([[0.5], [-0.5]])
     assert math.copysign(1, ct.reference_sum(z, e3m0).item()) > 0
     assert math.copysign(1, ct.reference_sum(z, e3m0, rounding="down").item()) < 0
