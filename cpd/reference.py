@@ -3,7 +3,7 @@
 This module is the specification of what cpd's kernels compute, in a form a person can check
 line by line. Nothing here uses torch or the compiled core: values are Python ``float``s (float32
 values when they are compared with cpd's tensors), exact intermediate results are
-:class:`fractions.Fraction`\\ s, and each rounding decision is taken with integer arithmetic on the
+``fractions.Fraction`` values, and each rounding decision is taken exactly on the
 format's grid. It is the oracle behind :func:`cpd.testing.reference_sum` and
 :func:`cpd.testing.assert_allreduce_matches`, and a readable companion to ``numerics.h``.
 
@@ -414,6 +414,12 @@ def _tree(acc: _Accumulator, rows: list[list[float]]) -> list[float]:
 def allreduce(rows, fmt, *, algorithm: str = "ring", group_size: int | None = None, kahan: bool = False,
               rounding="nearest", saturate: bool = False, inputs_in_fmt: bool = False) -> list[float]:
     """The exact result of :func:`cpd.allreduce` on W workers' values, in its documented order.
+
+    The ring and hierarchical orders are those the APS paper compares (Han, Demmel, Si & You,
+    "Auto-Precision Scaling for Distributed Deep Learning": ring reduce-scatter + allgather, and
+    groups summed at their first worker, then a ring across the group leaders); the paper does
+    not fix the order inside a hop, so cpd's documented reading (one rounded addition per hop,
+    chunk c starting at worker c) is the one written here.
 
     Args:
         rows: W sequences of n floats, ``rows[w]`` worker w's flattened tensor (float32 values).
