@@ -60,6 +60,10 @@ def formats(*, min_bits: int = 2, max_bits: int = 32, specials=("ieee", "fn", "f
     """Strategy of valid formats with ``min_bits <= 1 + exp + man <= max_bits``.
 
     ``custom_bias=True`` also draws biases other than the default (within float32's range).
+    A draw that is not a valid format (a bias outside float32's range, no positive finite value,
+    ``subnormals=False`` without normal numbers) falls back to the default bias with subnormals,
+    then to the ``"ieee"`` and ``"finite"`` conventions, so in those corners the format may lie
+    outside ``specials``/``subnormals``; its size always stays within the bounds.
     """
     st = _st()
     if not 2 <= min_bits <= max_bits <= 32:
