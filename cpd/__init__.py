@@ -8,7 +8,7 @@ CPU (C++/OpenMP) and CUDA (NVRTC), from one numerics core.
     tensor([0.3125])
 """
 
-from . import nn, optim
+from . import nn, optim, reference
 from .formats import (BF16, E2M1, E2M3, E3M2, E4M3, E4M3FN, E5M2, FP16, FP32, PRESETS, TF32, FloatFormat,
                       Specials)
 from .nn import Quantizer, quantizer
@@ -26,7 +26,7 @@ __all__ = [
     "FloatFormat", "Specials", "Rounding", "PRESETS",
     "FP32", "TF32", "FP16", "BF16", "E5M2", "E4M3", "E4M3FN", "E3M2", "E2M3", "E2M1",
     "cast", "encode", "decode", "bits", "code_dtype", "add", "mul", "fma", "matmul", "sum",
-    "Quantizer", "quantizer", "nn", "optim",
+    "Quantizer", "quantizer", "nn", "optim", "reference",
     "allreduce", "ALLREDUCE_ALGORITHMS", "cost_model", "aps_allreduce", "aps_exponent", "scaled_allreduce",
     "LossScaler", "RoundoffReport", "LayerReport", "APSOptimizer",
 ]

@@ -1,8 +1,9 @@
 """APSOptimizer: emulated data-parallel training with a low-precision gradient allreduce.
 
 Invariants: with float32 communication the wrapper is plain full-batch training (up to float32
-summation order); a step with inf/NaN gradients changes nothing; state_dict round-trips; LR
-schedulers drive the inner optimizer; fp32_layers and hybrid_steps show in the report.
+summation order), param groups keeping their own options; a step with inf/NaN gradients changes
+nothing; state_dict round-trips; LR schedulers drive the inner optimizer; fp32_layers and
+hybrid_steps show in the report; parameters without gradients get no per-worker copy.
 """
 
 from __future__ import annotations
@@ -148,6 +149,46 @@ def test_lr_scheduler_and_param_groups():
         lrs.append(opt.opt.param_groups[0]["lr"])
     assert lrs == [0.2, 0.1, 0.05]
     assert opt.param_groups is opt.opt.param_groups and opt.state is opt.opt.state
+
+
+def test_param_groups_keep_their_own_options():
+    """Two groups with different learning rates and momentum: with fp32 communication the wrapper
+    steps them like the plain optimizer (within the full-batch bound above)."""
+    def groups(m):
+        return [{"params": m[0].parameters(), "lr": 0.02, "momentum": 0.5}, {"params": m[2].parameters()}]
+
+    m1, m2 = _model(), _model()
+    o1 = torch.optim.SGD(groups(m1), lr=0.1, momentum=0.9)
+    o2 = cpd.APSOptimizer(torch.optim.SGD(groups(m2), lr=0.1, momentum=0.9), fmt=cpd.FP32, workers=W, model=m2)
+    x, y = _data()
+    for _ in range(3):
+        o1.zero_grad()
+        torch.nn.functional.cross_entropy(m1(x), y).backward()
+        o1.step()
+        _aps_step(o2, m2, x, y)
+    assert [g["lr"] for g in o2.param_groups] == [0.02, 0.1] and o2.param_groups[0]["momentum"] == 0.5
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        assert (a - b).abs().max().item() <= 2e-6
+    moved = [(a - b).abs().max().item() for a, b in zip(m1.parameters(), _model().parameters())]
+    assert min(moved) > 1e-4  # both groups did train
+
+
+def test_frozen_parameter_is_not_copied_or_communicated():
+    """A parameter without a gradient gets no per-worker copy, is reported as skipped, keeps its
+    value and ends the step with grad None; the copies are dropped after the step."""
+    m = _model()
+    m[0].weight.requires_grad_(False)
+    frozen = m[0].weight.clone()
+    opt = cpd.APSOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), fmt=cpd.E4M3, workers=W, model=m)
+    x, y = _data()
+    opt.zero_grad()
+    for wx, wy in opt.split(x, y):
+        torch.nn.functional.cross_entropy(m(wx), wy).backward()
+        opt.collect()
+    assert all(g is None for g in opt._grads[m[0].weight]) and all(g is not None for g in opt._grads[m[0].bias])
+    opt.step()
+    assert opt.last_report["0.weight"].status == "skipped" and opt.last_report["0.bias"].status == "lowp"
+    assert torch.equal(m[0].weight, frozen) and m[0].weight.grad is None and not opt._grads
 
 
 def test_fp32_layers_and_hybrid_steps_show_in_report():
