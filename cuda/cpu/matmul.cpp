@@ -28,6 +28,19 @@ struct Dims {
   int64_t B, M, K, N, L;  // L: block length (0: none)
 };
 
+// Calls tile(a_row, b_batch, y_row, o0, j0, jt) for every tile of up to kTile outputs of one row
+// (outputs j0 .. j0 + jt of that row; o0 the flat index of the first), split over the threads.
+template <class Tile>
+void for_each_tile(const float* a, const float* b, float* y, const Dims& d, const Tile& tile) {
+  const int64_t tiles = (d.N + kTile - 1) / kTile, tasks = d.B * d.M * tiles;
+  at::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t row = t / tiles, j0 = (t % tiles) * kTile, bi = row / d.M;
+      tile(a + row * d.K, b + bi * d.K * d.N, y + row * d.N, row * d.N + j0, j0, std::min(kTile, d.N - j0));
+    }
+  });
+}
+
 template <bool MUL, bool KAHAN, bool BLOCK>
 void fast_tile(const float* __restrict arow, const float* __restrict b, float* __restrict out, int64_t j0,
                int64_t jt, const Dims& d, const cpd::FormatD& mg, const cpd::FormatD& ag) {
@@ -72,13 +85,8 @@ void fast_tile(const float* __restrict arow, const float* __restrict b, float* _
 template <bool MUL, bool KAHAN, bool BLOCK>
 void fast_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatD& mg,
                  const cpd::FormatD& ag) {
-  const int64_t tiles = (d.N + kTile - 1) / kTile, tasks = d.B * d.M * tiles;
-  at::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t row = t / tiles, j0 = (t % tiles) * kTile, bi = row / d.M;
-      fast_tile<MUL, KAHAN, BLOCK>(a + row * d.K, b + bi * d.K * d.N, y + row * d.N, j0,
-                                   std::min(kTile, d.N - j0), d, mg, ag);
-    }
+  for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t, int64_t j0, int64_t jt) {
+    fast_tile<MUL, KAHAN, BLOCK>(ar, bm, yr, j0, jt, d, mg, ag);
   });
 }
 
@@ -133,13 +141,8 @@ void f32_tile(const float* __restrict arow, const float* __restrict b, float* __
 template <bool KAHAN, bool BLOCK>
 void f32_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mf,
                 const cpd::FormatF& af) {
-  const int64_t tiles = (d.N + kTile - 1) / kTile, tasks = d.B * d.M * tiles;
-  at::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t row = t / tiles, j0 = (t % tiles) * kTile, bi = row / d.M;
-      f32_tile<KAHAN, BLOCK>(a + row * d.K, b + bi * d.K * d.N, y + row * d.N, j0, std::min(kTile, d.N - j0), d,
-                             mf, af);
-    }
+  for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t, int64_t j0, int64_t jt) {
+    f32_tile<KAHAN, BLOCK>(ar, bm, yr, j0, jt, d, mf, af);
   });
 }
 
@@ -196,12 +199,8 @@ void h16_tile(const float* __restrict arow, const float* __restrict b, float* __
 
 template <bool KAHAN, bool BLOCK>
 void h16_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mf) {
-  const int64_t tiles = (d.N + kTile - 1) / kTile, tasks = d.B * d.M * tiles;
-  at::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t row = t / tiles, j0 = (t % tiles) * kTile, bi = row / d.M;
-      h16_tile<KAHAN, BLOCK>(a + row * d.K, b + bi * d.K * d.N, y + row * d.N, j0, std::min(kTile, d.N - j0), d, mf);
-    }
+  for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t, int64_t j0, int64_t jt) {
+    h16_tile<KAHAN, BLOCK>(ar, bm, yr, j0, jt, d, mf);
   });
 }
 #else
@@ -266,13 +265,8 @@ void sr_tile(const float* __restrict arow, const float* __restrict b, float* __r
 template <bool MUL, bool KAHAN, bool BLOCK>
 void sr_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatD& mg,
                const cpd::FormatD& ag, uint64_t seed, uint64_t offset) {
-  const int64_t tiles = (d.N + kTile - 1) / kTile, tasks = d.B * d.M * tiles;
-  at::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t row = t / tiles, j0 = (t % tiles) * kTile, bi = row / d.M;
-      sr_tile<MUL, KAHAN, BLOCK>(a + row * d.K, b + bi * d.K * d.N, y + row * d.N, row * d.N + j0, j0,
-                                 std::min(kTile, d.N - j0), d, mg, ag, seed, offset);
-    }
+  for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t o0, int64_t j0, int64_t jt) {
+    sr_tile<MUL, KAHAN, BLOCK>(ar, bm, yr, o0, j0, jt, d, mg, ag, seed, offset);
   });
 }
 
