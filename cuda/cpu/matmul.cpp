@@ -151,7 +151,8 @@ void f32_matmul(const float* a, const float* b, float* y, const Dims& d, const c
 // saturation), its round-to-nearest additions are the processor's binary16 additions (IEEE 754
 // rounds each once; the exact-zero sign and inf - inf are the standard's too), 32 lanes per
 // AVX-512 FP16 op. The products (values of acc, float32 lanes as above) convert exactly:
-//   k loop:  p[jj] = mul_f(a, b)  ->  ph = binary16(p)  ->  s = s + ph (or Kahan, in binary16)
+//   for each run of 16 k:  p[k][jj] = mul_f(a, b) -> ph = binary16(p);  then in k order
+//   s = s + ph (or Kahan, or blocked, in binary16)
 bool h16_applies(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode) {
   return f32_applies(has_mul, mf, af, mode) && af.exp == 5 && af.man == 10 && af.bias == 15 &&
          af.specials == cpd::SPECIALS_IEEE && af.subnormals && af.outward_bits == cpd::INF_BITS;
@@ -167,28 +168,36 @@ inline void kahan_h(_Float16& s, _Float16& c, _Float16 p) {
 template <bool KAHAN, bool BLOCK>
 void h16_tile(const float* __restrict arow, const float* __restrict b, float* __restrict out, int64_t j0,
               int64_t jt, const Dims& d, const cpd::FormatF& mf0) {
+  constexpr int64_t kRun = 16;  // products of kRun steps are formed, then added (the adds in k order)
   const cpd::FormatF mf = mf0;
-  alignas(64) float p[kTile], o[kTile];
-  alignas(64) _Float16 ph[kTile], s[kTile], c[kTile], bs[kTile];
+  alignas(64) float p[kRun][kTile], o[kTile];
+  alignas(64) _Float16 ph[kRun][kTile], s[kTile], c[kTile], bs[kTile];
   for (int64_t jj = 0; jj < kTile; ++jj) s[jj] = c[jj] = bs[jj] = (_Float16)0.0f;
-  for (int64_t jj = 0; jj < kTile; ++jj) p[jj] = 0.0f;
-  for (int64_t k = 0; k < d.K; ++k) {
-    const float av = arow[k];
-    const float* __restrict br = b + k * d.N + j0;
-    for (int64_t jj = 0; jj < jt; ++jj) p[jj] = cpd::float_of(cpd::mul_f(av, br[jj], mf));
-    for (int64_t jj = 0; jj < kTile; jj += 16)  // exact: every p is a binary16 value (or NaN)
-      _mm256_store_si256((__m256i*)(ph + jj),
-                         _mm512_cvtps_ph(_mm512_load_ps(p + jj), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    for (int64_t jj = 0; jj < kTile; ++jj) {
-      if (BLOCK) bs[jj] = bs[jj] + ph[jj];
-      else if (KAHAN) kahan_h(s[jj], c[jj], ph[jj]);
-      else s[jj] = s[jj] + ph[jj];
+  for (int64_t kk = 0; kk < kRun; ++kk)
+    for (int64_t jj = 0; jj < kTile; ++jj) p[kk][jj] = 0.0f;
+  for (int64_t k0 = 0; k0 < d.K; k0 += kRun) {
+    const int64_t kr = std::min(kRun, d.K - k0);
+    for (int64_t kk = 0; kk < kr; ++kk) {
+      const float av = arow[k0 + kk];
+      const float* __restrict br = b + (k0 + kk) * d.N + j0;
+      for (int64_t jj = 0; jj < jt; ++jj) p[kk][jj] = cpd::float_of(cpd::mul_f(av, br[jj], mf));
+      for (int64_t jj = 0; jj < kTile; jj += 16)  // exact: every p is a binary16 value (or NaN)
+        _mm256_store_si256((__m256i*)&ph[kk][jj], _mm512_cvtps_ph(_mm512_load_ps(&p[kk][jj]),
+                                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
-    if (BLOCK && ((k + 1) % d.L == 0 || k + 1 == d.K)) {
+    for (int64_t kk = 0; kk < kr; ++kk) {
       for (int64_t jj = 0; jj < kTile; ++jj) {
-        if (KAHAN) kahan_h(s[jj], c[jj], bs[jj]);
-        else s[jj] = s[jj] + bs[jj];
-        bs[jj] = (_Float16)0.0f;
+        if (BLOCK) bs[jj] = bs[jj] + ph[kk][jj];
+        else if (KAHAN) kahan_h(s[jj], c[jj], ph[kk][jj]);
+        else s[jj] = s[jj] + ph[kk][jj];
+      }
+      const int64_t k = k0 + kk;
+      if (BLOCK && ((k + 1) % d.L == 0 || k + 1 == d.K)) {
+        for (int64_t jj = 0; jj < kTile; ++jj) {
+          if (KAHAN) kahan_h(s[jj], c[jj], bs[jj]);
+          else s[jj] = s[jj] + bs[jj];
+          bs[jj] = (_Float16)0.0f;
+        }
       }
     }
   }
