@@ -167,7 +167,7 @@ class Adaptive(Compressor):
     feedback): the ``ceil(k+/π)`` largest entries are sent as the positive class and the
     ``ceil(k-/π)`` smallest (most negative) as the negative class ("we want to send the largest
     k/π of them"; the paper's footnote: a proportion 1/π of each class; cpd rounds k/π up so a
-    non-empty class always sends something). Ties are broken by row order (stable sort). The
+    non-empty class always sends something). Ties are broken by row order (the lower row is sent). The
     reconstruction values are the means of the sent entries of each class (float32), sent per
     column.
 
@@ -210,12 +210,17 @@ class Adaptive(Compressor):
         if rows > _MAX_INDEX + 1:
             raise ValueError(f"x has {rows} rows; adaptive quantization's 31-bit row indices allow 2**31")
         if self.sample is None:
-            k_pos = (m >= 0).sum(0)
+            pos = m >= 0
+            k_pos = pos.sum(0)
             n_pos, n_neg = self._counts(k_pos), self._counts(rows - k_pos)
-            order = torch.argsort(m, dim=0, descending=True, stable=True)
-            rank = torch.empty_like(order).scatter_(0, order, torch.arange(rows).unsqueeze(1).expand(rows, cols))
-            send_p = rank < n_pos
-            send_n = (rows - 1 - rank) < n_neg
+            # One stable sort of the key -v (non-negative) / v (negative): each class in order of
+            # decreasing magnitude, ties by row; a running count gives each entry's rank in its class.
+            order = torch.argsort(torch.where(pos, -m, m), dim=0, stable=True)
+            spos = pos.gather(0, order)
+            rank = torch.where(spos, spos.cumsum(0), (~spos).cumsum(0)) - 1
+            chosen = torch.where(spos, rank < n_pos, rank < n_neg)
+            send = torch.zeros_like(pos).scatter_(0, order, chosen)
+            send_p, send_n = send & pos, send & ~pos
             mp, mn = _masked_mean(m, send_p, n_pos), _masked_mean(m, send_n, n_neg)
         else:
             s = _sample_columns(m, self.sample, self.generator)
