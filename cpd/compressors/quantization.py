@@ -61,6 +61,16 @@ def _sample_columns(m: torch.Tensor, s: int, generator) -> torch.Tensor:
     return m.gather(0, idx)
 
 
+def _column_of_words(counts: torch.Tensor) -> torch.Tensor:
+    """``repeat_interleave(arange(C), counts)`` by a cumulative sum of column starts (cheaper than
+    repeat_interleave on the many small chunks of an emulated allreduce)."""
+    total = int(counts.sum())
+    starts = counts.cumsum(0) - counts
+    marks = torch.zeros(total + 1, dtype=torch.int64)
+    marks.index_add_(0, starts, torch.ones_like(starts))
+    return marks[:total].cumsum(0) - 1
+
+
 def _masked_mean(m: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """Per-column float64 mean of the masked entries, rounded to float32 (0 for an empty column)."""
     s = torch.where(mask, m, 0).sum(0, dtype=torch.float64)
@@ -251,7 +261,7 @@ class Adaptive(Compressor):
         w = bytes_int(p.parts["words"]).to(torch.int64) & 0xFFFFFFFF
         counts = bytes_int(p.parts["counts"]).to(torch.int64)
         means = bytes_float(p.parts["means"]).view(-1, 2)
-        c_idx = torch.repeat_interleave(torch.arange(cols), counts)
+        c_idx = _column_of_words(counts)
         out = torch.zeros(rows, cols, dtype=torch.float32)
         out[w & _MAX_INDEX, c_idx] = torch.where((w >> 31).bool(), means[c_idx, 0], means[c_idx, 1])
         return out.reshape(shape)
