@@ -45,6 +45,7 @@ from cpd.demo import DigitsCNN, compression_table, load_digits_tensors, results_
 
 SMALL = os.environ.get("CPD_TUTORIAL_SMALL") == "1"
 EPOCHS = 2 if SMALL else 15
+WORKERS = 4 if SMALL else 8
 OUT = Path(os.environ.get("CPD_TUTORIAL_OUT") or tempfile.mkdtemp(prefix="cpd_tutorial_"))
 OUT.mkdir(parents=True, exist_ok=True)
 data = load_digits_tensors(seed=0)
@@ -97,24 +98,24 @@ print("relative error of the sum sent after 20 steps:", float((sent - total).nor
 # %% [markdown]
 # ## 3. Training with each compressor
 #
-# The same CNN, weights, batches and 8 emulated workers as the demo; only the gradient
+# The same CNN, weights, batches and 8 emulated workers (4 in the small run) as the demo; only the gradient
 # communication changes. `APSOptimizer(opt, compressor=...)` runs the compressed ring allreduce
 # (each worker quantizes its gradient with error feedback; the reduce step decodes, sums in float32
 # and re-encodes) and reports the bytes sent.
 
 # %%
 configs = ["dynamic_tree", "linear", "static_tree", "mantissa8:0", "onebit", "threshold:0.001", "adaptive:8"]
-results = [run_config("fp32", cpd.FP32, None, data, epochs=EPOCHS)]
-results.append(run_config("e5m2 aps", cpd.E5M2, "aps", data, epochs=EPOCHS))
+results = [run_config("fp32", cpd.FP32, None, data, epochs=EPOCHS, workers=WORKERS)]
+results.append(run_config("e5m2 aps", cpd.E5M2, "aps", data, epochs=EPOCHS, workers=WORKERS))
 for name in configs:
-    results.append(run_config(name, None, None, data, epochs=EPOCHS, compressor=get(name)))
+    results.append(run_config(name, None, None, data, epochs=EPOCHS, workers=WORKERS, compressor=get(name)))
 print(results_table(results))
 print()
 print(compression_table([r for r in results if r.get("bytes")]))
 
 # %% [markdown]
 # The per-layer view of the last step shows where the bytes go: small layers are split into chunks
-# of a few columns across the 8 workers, and the per-column reconstruction values of one-bit and
+# of a few columns across the workers, and the per-column reconstruction values of one-bit and
 # adaptive quantization weigh more there than on large layers.
 
 # %%
