@@ -253,7 +253,7 @@ def _compressed(tensors, fmt, algorithm, group_size, kahan, rounding, saturate, 
     from .compressors import compressed_allreduce
 
     given = [n for n, v, d in (("fmt", fmt, None), ("group_size", group_size, None), ("kahan", kahan, False),
-                               ("rounding", rounding, "nearest"), ("saturate", saturate, False),
+                               ("rounding", Rounding.parse(rounding), Rounding.NEAREST), ("saturate", saturate, False),
                                ("generator", generator, None), ("inputs_in_fmt", inputs_in_fmt, False)) if v != d]
     if given:
         raise ValueError(f"{', '.join(given)}: not used with compressor= (the compressor defines the wire format); "

@@ -449,6 +449,9 @@ class APSOptimizer(_WrappedOptimizer):
         sd = self.opt.state_dict()
         sd["cpd_aps"] = {"steps": self.steps, "skipped_steps": self.skipped_steps,
                          "loss_scaler": None if self.loss_scaler is None else self.loss_scaler.state_dict()}
+        if self.compressor_states:  # error-feedback residuals: {layer: [per-worker float64 residual]}
+            sd["cpd_aps"]["compressor_residuals"] = {n: [None if s.residual is None else s.residual.clone()
+                                                         for s in v] for n, v in self.compressor_states.items()}
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -457,6 +460,14 @@ class APSOptimizer(_WrappedOptimizer):
         self.opt.load_state_dict(state_dict)
         self.steps = int(extra.get("steps", 0))
         self.skipped_steps = int(extra.get("skipped_steps", 0))
+        if "compressor_residuals" in extra:
+            from .compressors import CompressorState
+            self.compressor_states = {}
+            for n, rs in extra["compressor_residuals"].items():
+                states = [CompressorState() for _ in rs]
+                for s, r in zip(states, rs):
+                    s.residual = None if r is None else r.clone()
+                self.compressor_states[n] = states
         ls = extra.get("loss_scaler")
         if ls is not None and self.loss_scaler is not None:
             self.loss_scaler.load_state_dict(ls)

@@ -197,3 +197,12 @@ def test_demo_compressor_runs(capsys, tmp_path):
     assert float(row[-1]) > 2        # 8-bit codes: about 4x fewer bytes than float32, minus the small chunks
     with pytest.raises(SystemExit, match="--compressor"):
         main(p.parse_args(["--fast", "--compressor", "twobit"]))
+
+
+def test_optimizer_state_dict_keeps_residuals():
+    model, opt = _train(dict(compressor="onebit"))
+    sd = opt.state_dict()
+    model2, opt2 = _train(dict(compressor="onebit"), steps=1)
+    opt2.load_state_dict(sd)
+    for n, states in opt.compressor_states.items():
+        assert all(torch.equal(a.residual, b.residual) for a, b in zip(states, opt2.compressor_states[n]))

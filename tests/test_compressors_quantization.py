@@ -325,3 +325,18 @@ def test_registry_names():
         assert c.decode(c.encode(x)).shape == x.shape
     assert get("threshold:0.5").tau == 0.5 and get("adaptive:16").pi == 16
     assert get("static_tree:2").offset == 2 and get("e4m3").fmt == cpd.E4M3
+
+
+@pytest.mark.parametrize("name", ["onebit", "threshold:0.5", "adaptive:4", "linear", "mantissa8", "e5m2", "E2M1",
+                                  "bitpack16"])
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (), (5, 0, 2), (7,), (3, 2, 2)])
+def test_edge_shapes_round_trip(name, shape):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(10))
+    c = get(name)
+    y, p = c.roundtrip(x)
+    assert y.shape == x.shape and y.dtype == torch.float32
+    if x.numel() == 0:  # only a scale byte / absmax, or the column-wise methods' per-column values
+        cols = 1 if len(shape) < 2 else math.prod(shape[1:])
+        assert p.nbytes <= 5 or (c.columnwise and p.nbytes == (8 if name == "onebit" else 12) * cols), p
+    if name == "bitpack16":
+        assert torch.equal(y, bitunpack(bitpack(x, 2), 2).reshape(shape))

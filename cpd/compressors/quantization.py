@@ -39,7 +39,14 @@ def matrix_view(x: torch.Tensor) -> torch.Tensor:
         return x.reshape(1, 1)
     if x.dim() == 1:
         return x.reshape(-1, 1)
-    return x.reshape(x.shape[0], -1)
+    return x.reshape(x.shape[0], math.prod(x.shape[1:]))
+
+
+def _rows_cols(shape) -> tuple[int, int]:
+    """(rows, columns) of :func:`matrix_view` for a tensor shape."""
+    if len(shape) == 0:
+        return 1, 1
+    return shape[0], (math.prod(shape[1:]) if len(shape) >= 2 else 1)
 
 
 def _check_sample(sample, generator):
@@ -105,7 +112,7 @@ class OneBit(Compressor):
     def _encode(self, x: torch.Tensor) -> Payload:
         m = matrix_view(x)
         pos = m >= 0
-        if self.sample is None:
+        if self.sample is None or m.numel() == 0:
             cnt_p = pos.sum(0)
             mp, mn = _masked_mean(m, pos, cnt_p), _masked_mean(m, ~pos, m.shape[0] - cnt_p)
         else:
@@ -118,8 +125,7 @@ class OneBit(Compressor):
 
     def _decode(self, p: Payload) -> torch.Tensor:
         shape = p.shape
-        rows = shape[0] if len(shape) >= 1 else 1
-        cols = p.numel // rows if rows else 0
+        rows, cols = _rows_cols(shape)
         means = bytes_float(p.parts["means"]).view(-1, 2)
         bits = unpack_bits(p.parts["signs"], rows * cols).view(cols, rows).t().bool()
         return torch.where(bits, means[:, 0], means[:, 1]).reshape(shape)
@@ -219,7 +225,7 @@ class Adaptive(Compressor):
         rows, cols = m.shape
         if rows > _MAX_INDEX + 1:
             raise ValueError(f"x has {rows} rows; adaptive quantization's 31-bit row indices allow 2**31")
-        if self.sample is None:
+        if self.sample is None or m.numel() == 0:
             pos = m >= 0
             k_pos = pos.sum(0)
             n_pos, n_neg = self._counts(k_pos), self._counts(rows - k_pos)
@@ -256,8 +262,7 @@ class Adaptive(Compressor):
 
     def _decode(self, p: Payload) -> torch.Tensor:
         shape = p.shape
-        rows = shape[0] if len(shape) >= 1 else 1
-        cols = p.numel // rows if rows else 0
+        rows, cols = _rows_cols(shape)
         w = bytes_int(p.parts["words"]).to(torch.int64) & 0xFFFFFFFF
         counts = bytes_int(p.parts["counts"]).to(torch.int64)
         means = bytes_float(p.parts["means"]).view(-1, 2)
