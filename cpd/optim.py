@@ -273,6 +273,8 @@ class APSOptimizer(_WrappedOptimizer):
                 raise ValueError(f"scaling={scaling!r} applies to fmt= communication; with compressor= use None")
             if algorithm not in COMPRESSED:
                 raise ValueError(f"with compressor=, algorithm must be one of {list(COMPRESSED)}, got {algorithm!r}")
+            if kahan is not False or Rounding.parse(rounding) is not Rounding.NEAREST:
+                raise ValueError("kahan and rounding apply to fmt= communication, not to compressor=")
             self.compressor, scaling, ALGORITHMS = get(compressor), None, COMPRESSED
         elif self.fmt is None:
             raise TypeError("fmt is required (use cpd.FP32 for float32 communication), or give compressor=")

@@ -175,6 +175,8 @@ def test_optimizer_errors():
         make(compressor="onebit", scaling="aps")
     with pytest.raises(ValueError, match="algorithm"):
         make(compressor="onebit", algorithm="tree")
+    with pytest.raises(ValueError, match="kahan and rounding"):
+        make(compressor="onebit", kahan=True)
     with pytest.raises(TypeError, match="fmt is required"):
         make()
     with pytest.raises(ValueError, match="unknown"):
