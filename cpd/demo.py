@@ -107,14 +107,14 @@ def run_config(name, fmt, scaling, data, *, workers=8, algorithm="ring", group_s
     return {"name": name, "fmt": opt.fmt, "scaling": scaling, "hist": hist, "report": opt.last_report,
             "skipped": opt.skipped_steps, "steps": opt.steps, "seconds": time.perf_counter() - t0,
             "test_acc": hist["test_acc"][-1], "test_loss": hist["test_loss"][-1],
-            "train_loss": hist["train_loss"][-1], "comm": opt.compressor.name if compressor is not None else opt.fmt.name,
-            "bytes": sent[0], "fp32_bytes": sent[1]}
+            "train_loss": hist["train_loss"][-1], "bytes": sent[0], "fp32_bytes": sent[1],
+            "comm": opt.compressor.name if compressor is not None else opt.fmt.name}
 
 
 def results_table(results) -> str:
     header = ["config", "comm", "scaling", "test_acc", "test_loss", "train_loss", "skipped", "seconds"]
-    rows = [[r["name"], r.get("comm") or r["fmt"].name, str(r["scaling"]), f"{100 * r['test_acc']:.2f}%", f"{r['test_loss']:.4f}",
-             f"{r['train_loss']:.4f}", f"{r['skipped']}/{r['steps']}", f"{r['seconds']:.1f}"] for r in results]
+    rows = [[r["name"], r.get("comm") or r["fmt"].name, str(r["scaling"]), f"{100 * r['test_acc']:.2f}%",
+             f"{r['test_loss']:.4f}", f"{r['train_loss']:.4f}", f"{r['skipped']}/{r['steps']}", f"{r['seconds']:.1f}"] for r in results]
     widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
 
     def line(cells):

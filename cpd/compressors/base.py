@@ -93,7 +93,10 @@ class CompressorState:
         self.steps += 1
 
     def __repr__(self) -> str:
-        r = None if self.residual is None else f"{tuple(self.residual.shape)} |r|max={float(self.residual.abs().max()) if self.residual.numel() else 0:.3g}"
+        r = None
+        if self.residual is not None:
+            top = float(self.residual.abs().max()) if self.residual.numel() else 0.0
+            r = f"{tuple(self.residual.shape)} |r|max={top:.3g}"
         return f"CompressorState(steps={self.steps}, residual={r})"
 
 
