@@ -144,10 +144,18 @@ def _sequential_rows(acc: _Acc, x: torch.Tensor):
     return s, c
 
 
-def allreduce(tensors, fmt, *, algorithm: str = "ring", group_size: int | None = None, kahan: bool = False,
+def allreduce(tensors, fmt=None, *, algorithm: str = "ring", group_size: int | None = None, kahan: bool = False,
               rounding="nearest", saturate: bool = False, generator: torch.Generator | None = None,
-              inputs_in_fmt: bool = False) -> torch.Tensor:
+              inputs_in_fmt: bool = False, compressor=None, states=None) -> torch.Tensor:
     """Emulate a low-precision allreduce (sum) of W workers' tensors; return what every worker gets.
+
+    With ``compressor=`` (a :class:`cpd.compressors.Compressor` or a name such as ``"onebit"``,
+    ``"dynamic_tree"``) instead of ``fmt``, every link carries that compressor's payloads: each
+    worker quantizes its tensor once (with error feedback when ``states``, a list of W
+    :class:`cpd.compressors.CompressorState`, is given), and the reduce step decodes, sums in float32
+    and re-encodes; ``algorithm`` is then ``"ring"`` or ``"pairwise"`` and the other options do not
+    apply. The order is in :mod:`cpd.compressors.reduce`; to get the bytes sent as well, call
+    :func:`cpd.compressors.compressed_allreduce`.
 
     Args:
         tensors: a list of W same-shape float32 tensors (float16/bfloat16 are upcast exactly), one
@@ -207,6 +215,13 @@ def allreduce(tensors, fmt, *, algorithm: str = "ring", group_size: int | None =
         ValueError: empty list, shape or device mismatch, unknown algorithm, bad group_size.
         TypeError: non-tensor or non-float inputs, bad argument types.
     """
+    if compressor is not None:  # ------------------------------ compressed path (cpd.compressors)
+        return _compressed(tensors, fmt, algorithm, group_size, kahan, rounding, saturate, generator,
+                           inputs_in_fmt, compressor, states)
+    if states is not None:
+        raise ValueError("states (error-feedback states) only apply with compressor=, got compressor=None")
+    if fmt is None:
+        raise TypeError("allreduce() needs fmt (the accumulation format) or compressor=")
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r} is unknown; allowed: {', '.join(map(repr, ALGORITHMS))}")
     for name, v in (("kahan", kahan), ("saturate", saturate), ("inputs_in_fmt", inputs_in_fmt)):
@@ -230,6 +245,20 @@ def allreduce(tensors, fmt, *, algorithm: str = "ring", group_size: int | None =
 
     with torch.no_grad():
         return _allreduce(x, shape, fmt, mode, algorithm, group_size, kahan, saturate, generator, inputs_in_fmt)
+
+
+def _compressed(tensors, fmt, algorithm, group_size, kahan, rounding, saturate, generator, inputs_in_fmt,
+                compressor, states):
+    """allreduce(..., compressor=...): the options of the fmt path must keep their defaults."""
+    from .compressors import compressed_allreduce
+
+    given = [n for n, v, d in (("fmt", fmt, None), ("group_size", group_size, None), ("kahan", kahan, False),
+                               ("rounding", Rounding.parse(rounding), Rounding.NEAREST), ("saturate", saturate, False),
+                               ("generator", generator, None), ("inputs_in_fmt", inputs_in_fmt, False)) if v != d]
+    if given:
+        raise ValueError(f"{', '.join(given)}: not used with compressor= (the compressor defines the wire format); "
+                         "leave them at their defaults")
+    return compressed_allreduce(tensors, compressor, algorithm=algorithm, states=states)[0]
 
 
 def _allreduce(x, shape, fmt, mode, algorithm, group_size, kahan, saturate, generator, inputs_in_fmt):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DigitsCNN", "load_digits_tensors", "run_config", "main", "setup_parser"]
+__all__ = ["DigitsCNN", "load_digits_tensors", "run_config", "main", "setup_parser", "compression_table"]
 
 DEFAULT_FORMATS = ("e5m2", "e4m3", "e3m0")
 
@@ -61,16 +61,21 @@ def _evaluate(model, x, y):
 
 
 def run_config(name, fmt, scaling, data, *, workers=8, algorithm="ring", group_size=None, epochs=40,
-               batch_size=128, lr=0.1, seed=0, fp32_layers=(), progress=None):
-    """Train one configuration; returns a dict of curves, final metrics and the last report."""
+               batch_size=128, lr=0.1, seed=0, fp32_layers=(), progress=None, compressor=None):
+    """Train one configuration; returns a dict of curves, final metrics and the last report.
+
+    With ``compressor`` (then ``fmt`` and ``scaling`` are None) the gradients travel through
+    :class:`cpd.APSOptimizer`'s compressed allreduce; the result also holds ``bytes`` (bytes sent
+    over all steps) and ``fp32_bytes`` (the same transfers in float32)."""
     import cpd
 
     x_tr, y_tr, x_te, y_te = data
     torch.manual_seed(seed)
     model = DigitsCNN()
-    opt = cpd.APSOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), fmt=fmt, workers=workers,
-                           algorithm=algorithm, group_size=group_size, scaling=scaling, model=model,
-                           fp32_layers=fp32_layers)
+    comm = dict(compressor=compressor, scaling=None) if compressor is not None else dict(fmt=fmt, scaling=scaling)
+    opt = cpd.APSOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), workers=workers,
+                           algorithm=algorithm, group_size=group_size, model=model, fp32_layers=fp32_layers, **comm)
+    sent = [0, 0]
     gen = torch.Generator().manual_seed(seed + 1)
     hist = {"epoch": [], "train_loss": [], "test_acc": [], "test_loss": []}
     t0 = time.perf_counter()
@@ -87,6 +92,9 @@ def run_config(name, fmt, scaling, data, *, workers=8, algorithm="ring", group_s
                 opt.collect()
                 wl.append(loss.item())
             opt.step()
+            if compressor is not None:
+                sent[0] += opt.last_report.bytes
+                sent[1] += opt.last_report.fp32_bytes
             losses.append(sum(wl) / len(wl))
         acc, tl = _evaluate(model, x_te, y_te)
         hist["epoch"].append(epoch + 1)
@@ -99,17 +107,30 @@ def run_config(name, fmt, scaling, data, *, workers=8, algorithm="ring", group_s
     return {"name": name, "fmt": opt.fmt, "scaling": scaling, "hist": hist, "report": opt.last_report,
             "skipped": opt.skipped_steps, "steps": opt.steps, "seconds": time.perf_counter() - t0,
             "test_acc": hist["test_acc"][-1], "test_loss": hist["test_loss"][-1],
-            "train_loss": hist["train_loss"][-1]}
+            "train_loss": hist["train_loss"][-1], "bytes": sent[0], "fp32_bytes": sent[1],
+            "comm": opt.compressor.name if compressor is not None else opt.fmt.name}
 
 
 def results_table(results) -> str:
     header = ["config", "comm", "scaling", "test_acc", "test_loss", "train_loss", "skipped", "seconds"]
-    rows = [[r["name"], r["fmt"].name, str(r["scaling"]), f"{100 * r['test_acc']:.2f}%", f"{r['test_loss']:.4f}",
-             f"{r['train_loss']:.4f}", f"{r['skipped']}/{r['steps']}", f"{r['seconds']:.1f}"] for r in results]
+    rows = [[r["name"], r.get("comm") or r["fmt"].name, str(r["scaling"]), f"{100 * r['test_acc']:.2f}%",
+             f"{r['test_loss']:.4f}", f"{r['train_loss']:.4f}", f"{r['skipped']}/{r['steps']}", f"{r['seconds']:.1f}"] for r in results]
     widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
 
     def line(cells):
         return "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def compression_table(results) -> str:
+    """config, test accuracy, bytes sent, float32 bytes and their ratio of compressed runs."""
+    header = ["config", "test_acc", "bytes", "fp32_bytes", "ratio"]
+    rows = [[r["name"], f"{100 * r['test_acc']:.2f}%", str(r["bytes"]), str(r["fp32_bytes"]),
+             f"{r['fp32_bytes'] / r['bytes']:.2f}" if r["bytes"] else "inf"] for r in results]
+    widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
@@ -161,8 +182,13 @@ def _fmt_arg(s):
 def setup_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", dest="formats", type=_fmt_arg, action="append", metavar="FMT",
                    help="communication format, e.g. e3m0 or e5m2 (repeat for several; default e5m2, e4m3, e3m0)")
+    p.add_argument("--compressor", dest="compressors", action="append", metavar="NAME",
+                   help="gradient compressor instead of formats: dynamic_tree, static_tree, linear, mantissa8, "
+                        "onebit, threshold[:tau], adaptive[:pi], bitpack16, or a format name (repeat for several; "
+                        "see cpd.compressors)")
     p.add_argument("--workers", type=int, default=8, help="emulated workers (default 8)")
-    p.add_argument("--algorithm", default="ring", choices=["ring", "hierarchical", "tree", "sequential"])
+    p.add_argument("--algorithm", default="ring", choices=["ring", "hierarchical", "tree", "sequential", "pairwise"],
+                   help="allreduce order (pairwise: compressed runs only)")
     p.add_argument("--group-size", type=int, default=None, help="workers per group (hierarchical)")
     p.add_argument("--epochs", type=int, default=None, help="epochs (default 40; 2 with --fast)")
     p.add_argument("--batch-size", type=int, default=128, help="global batch size (default 128)")
@@ -181,7 +207,17 @@ def main(args: argparse.Namespace) -> int:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover
         tqdm = None
-    formats = args.formats or [cpd.FloatFormat.parse(f) for f in DEFAULT_FORMATS]
+    compressors = []
+    for c in getattr(args, "compressors", None) or ():
+        try:
+            compressors.append(cpd.compressors.get(c))
+        except (TypeError, ValueError) as exc:
+            raise SystemExit(f"cpd demo: --compressor: {exc}") from None
+    if compressors and args.algorithm not in cpd.compressors.ALGORITHMS:
+        raise SystemExit(f"cpd demo: with --compressor, --algorithm must be one of {list(cpd.compressors.ALGORITHMS)}")
+    if args.algorithm == "pairwise" and not compressors:
+        raise SystemExit("cpd demo: --algorithm pairwise applies to --compressor runs only")
+    formats = args.formats or ([] if compressors else [cpd.FloatFormat.parse(f) for f in DEFAULT_FORMATS])
     epochs = args.epochs if args.epochs is not None else (2 if args.fast else 40)
     if epochs < 1 or args.workers < 1:
         raise SystemExit("cpd demo: --epochs and --workers must be >= 1")
@@ -198,6 +234,7 @@ def main(args: argparse.Namespace) -> int:
     configs = [("fp32", cpd.FP32, None)]
     for f in formats:
         configs += [(f"{f.name} aps", f, "aps"), (f"{f.name} none", f, None)]
+    configs += [(c.name, None, None, c) for c in compressors]
     gs = f", group size {args.group_size}" if args.group_size else ""
     print(f"cpd demo: data-parallel training of a small CNN on scikit-learn's 8x8 digits "
           f"({len(data[0])} train / {len(data[2])} test images)")
@@ -209,22 +246,29 @@ def main(args: argparse.Namespace) -> int:
     bar = tqdm(total=epochs * len(configs), desc="training", unit="epoch") if tqdm else None
     results = []
     try:
-        for name, f, scaling in configs:
-            results.append(run_config(name, f, scaling, data, workers=args.workers, algorithm=args.algorithm,
+        for name, f, scaling, *comp in configs:
+            alg = args.algorithm if comp or args.algorithm in cpd.ALLREDUCE_ALGORITHMS else "ring"
+            results.append(run_config(name, f, scaling, data, workers=args.workers, algorithm=alg,
                                       group_size=args.group_size, epochs=epochs, batch_size=args.batch_size,
-                                      lr=args.lr, seed=args.seed, progress=bar,
+                                      lr=args.lr, seed=args.seed, progress=bar, compressor=comp[0] if comp else None,
                                       fp32_layers=("fc",) if args.fp32_last and f != cpd.FP32 else ()))
     finally:
         if bar is not None:
             bar.close()
     print("\nResults (final epoch; test set of held-out digits; skipped = steps skipped for inf/NaN)\n")
     print(results_table(results))
-    last = [r for r in results if r["fmt"] == formats[-1]]
-    print(f"\nPer-layer round-off of the last step's allreduce, {formats[-1].name} "
-          "(eq5 = the APS paper's Eq. 5 mean relative error; underflow = gradients flushed to 0):\n")
-    for r in last:
-        print(r["report"])
-        print()
+    if compressors:
+        print("\nBytes on the wire (all steps, all links; fp32 = the same transfers in float32)\n")
+        print(compression_table([r for r in results if r.get("bytes")]))
+        print(f"\nPer-layer bytes and error of the last step's allreduce, {compressors[-1].name}:\n")
+        print(results[-1]["report"])
+    if formats:
+        last = [r for r in results if r["fmt"] == formats[-1]]
+        print(f"\nPer-layer round-off of the last step's allreduce, {formats[-1].name} "
+              "(eq5 = the APS paper's Eq. 5 mean relative error; underflow = gradients flushed to 0):\n")
+        for r in last:
+            print(r["report"])
+            print()
     if not args.no_plot:
         args.out.mkdir(parents=True, exist_ok=True)
         path = plot(results, formats, args.out / "cpd_demo.png")

@@ -190,6 +190,7 @@ class QuantizedOptimizer(_WrappedOptimizer):
 
 
 _SCALINGS = ("aps", "loss", None)
+_AUTO = object()  # scaling's default: "aps" with fmt=, None with compressor=
 
 
 class APSOptimizer(_WrappedOptimizer):
@@ -239,11 +240,20 @@ class APSOptimizer(_WrappedOptimizer):
         hybrid_steps: float32 communication for the first N steps (the paper's hybrid precision).
         loss_scaler: the :class:`cpd.LossScaler` of ``scaling="loss"`` (default ``LossScaler()``).
         model: the module, to name parameters by ``named_parameters()``.
+        compressor: instead of ``fmt``, a gradient compressor (a :class:`cpd.compressors.Compressor`
+            or a name: ``"onebit"``, ``"dynamic_tree"``, ``"adaptive"``, ...): step 1 becomes
+            :func:`cpd.compressors.reduce_layers` (compressed allreduce, ``algorithm`` ``"ring"`` or
+            ``"pairwise"``, with one error-feedback state per parameter per worker in
+            :attr:`compressor_states` when the compressor uses error feedback) and
+            :attr:`last_report` a :class:`cpd.compressors.CompressionReport`. ``scaling`` must be
+            None (its default then); ``fp32_layers`` and ``hybrid_steps`` send those layers and steps
+            uncompressed.
     """
 
-    def __init__(self, opt: torch.optim.Optimizer, *, fmt, workers: int = 8, algorithm: str = "ring",
-                 group_size: int | None = None, kahan: bool = False, rounding="nearest", scaling="aps",
-                 fp32_layers=(), hybrid_steps: int = 0, loss_scaler=None, model: torch.nn.Module | None = None):
+    def __init__(self, opt: torch.optim.Optimizer, *, fmt=None, workers: int = 8, algorithm: str = "ring",
+                 group_size: int | None = None, kahan: bool = False, rounding="nearest", scaling=_AUTO,
+                 fp32_layers=(), hybrid_steps: int = 0, loss_scaler=None, model: torch.nn.Module | None = None,
+                 compressor=None):
         from .collectives import ALGORITHMS
         from .scaling import LossScaler
 
@@ -251,8 +261,25 @@ class APSOptimizer(_WrappedOptimizer):
             raise TypeError(f"opt must be a torch.optim.Optimizer, got {type(opt).__name__}")
         self.opt = opt
         self.fmt = _fmt(fmt, "fmt")
-        if self.fmt is None:
-            raise TypeError("fmt is required (use cpd.FP32 for float32 communication)")
+        #: The gradient compressor (None: fmt-based communication).
+        self.compressor = None
+        #: {layer name: W error-feedback states} of the compressor.
+        self.compressor_states: dict = {}
+        if compressor is not None:  # compressed communication: see cpd.compressors
+            from .compressors import ALGORITHMS as COMPRESSED, get
+            if self.fmt is not None:
+                raise ValueError("give fmt= or compressor=, not both")
+            if scaling is not _AUTO and scaling is not None:
+                raise ValueError(f"scaling={scaling!r} applies to fmt= communication; with compressor= use None")
+            if algorithm not in COMPRESSED:
+                raise ValueError(f"with compressor=, algorithm must be one of {list(COMPRESSED)}, got {algorithm!r}")
+            if kahan is not False or Rounding.parse(rounding) is not Rounding.NEAREST:
+                raise ValueError("kahan and rounding apply to fmt= communication, not to compressor=")
+            self.compressor, scaling, ALGORITHMS = get(compressor), None, COMPRESSED
+        elif self.fmt is None:
+            raise TypeError("fmt is required (use cpd.FP32 for float32 communication), or give compressor=")
+        if scaling is _AUTO:
+            scaling = "aps"
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
         if algorithm not in ALGORITHMS:
@@ -387,13 +414,17 @@ class APSOptimizer(_WrappedOptimizer):
                   fp32_layers=fp32)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # inf/NaN is handled here: the step is skipped
-            if self.scaling == "aps":
+            if self.compressor is not None:
+                from .compressors import reduce_layers
+                out, report = reduce_layers(layers, self.compressor, self.compressor_states,
+                                            algorithm=self.algorithm, fp32_layers=fp32)
+            elif self.scaling == "aps":
                 out, report = aps_allreduce(layers, self.fmt, **kw)
             elif self.scaling == "loss":
                 out, report = self.loss_scaler.allreduce(layers, self.fmt, **kw)
             else:
                 out, report = scaled_allreduce(layers, self.fmt, 0, **kw)
-        if self.fmt == FP32 or hybrid:
+        if self.compressor is None and (self.fmt == FP32 or hybrid):
             report.method += " (fp32 communication)" if self.fmt == FP32 else " (hybrid fp32 phase)"
         self.last_report = report
         self.steps += 1
@@ -420,6 +451,9 @@ class APSOptimizer(_WrappedOptimizer):
         sd = self.opt.state_dict()
         sd["cpd_aps"] = {"steps": self.steps, "skipped_steps": self.skipped_steps,
                          "loss_scaler": None if self.loss_scaler is None else self.loss_scaler.state_dict()}
+        if self.compressor_states:  # error-feedback residuals: {layer: [per-worker float64 residual]}
+            sd["cpd_aps"]["compressor_residuals"] = {n: [None if s.residual is None else s.residual.clone()
+                                                         for s in v] for n, v in self.compressor_states.items()}
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -428,6 +462,14 @@ class APSOptimizer(_WrappedOptimizer):
         self.opt.load_state_dict(state_dict)
         self.steps = int(extra.get("steps", 0))
         self.skipped_steps = int(extra.get("skipped_steps", 0))
+        if "compressor_residuals" in extra:
+            from .compressors import CompressorState
+            self.compressor_states = {}
+            for n, rs in extra["compressor_residuals"].items():
+                states = [CompressorState() for _ in rs]
+                for s, r in zip(states, rs):
+                    s.residual = None if r is None else r.clone()
+                self.compressor_states[n] = states
         ls = extra.get("loss_scaler")
         if ls is not None and self.loss_scaler is not None:
             self.loss_scaler.load_state_dict(ls)
@@ -435,6 +477,7 @@ class APSOptimizer(_WrappedOptimizer):
 
     def __repr__(self) -> str:
         gs = f", group_size={self.group_size}" if self.group_size else ""
-        return (f"APSOptimizer({self.opt.__class__.__name__}, fmt={self.fmt.name}, workers={self.workers}, "
+        comm = f"compressor={self.compressor!r}" if self.compressor is not None else f"fmt={self.fmt.name}"
+        return (f"APSOptimizer({self.opt.__class__.__name__}, {comm}, workers={self.workers}, "
                 f"algorithm={self.algorithm}{gs}, scaling={self.scaling}, fp32_layers={list(self.fp32_layers)}, "
                 f"hybrid_steps={self.hybrid_steps}, steps={self.steps}, skipped_steps={self.skipped_steps})")
