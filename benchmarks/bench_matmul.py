@@ -2,6 +2,10 @@
 
     python benchmarks/bench_matmul.py [--size 256] [--repeat 3] [--threads N]
 
+Paths (cuda/cpu/matmul.cpp lanes_for): E5M2 into (5,10) = binary16 runs on binary16 lanes where
+the CPU has AVX512-FP16 (float32 lanes otherwise), E5M2 into (6,7) on float32 lanes, E4M3 into
+BF16 and the fma cases on float64 lanes.
+
 Prints one line per (mul, acc, options): the best of ``repeat`` runs of cpd.matmul, the best of
 many runs of torch.mm (timed before and after, to be robust to a busy machine), and the ratio.
 """
@@ -18,6 +22,8 @@ import cpd
 CASES = [
     ("E5M2", "(5,10)", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10))),
     ("E5M2", "(5,10) kahan", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10), kahan=True)),
+    ("E5M2", "(6,7)", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(6, 7))),
+    ("E5M2", "(6,7) kahan", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(6, 7), kahan=True)),
     ("E4M3", "BF16", dict(mul=cpd.E4M3, acc=cpd.BF16)),
     ("None", "FP16 fma", dict(acc=cpd.FP16, fma=True)),
     ("E5M2", "(5,10) block=32", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10), block=32)),
