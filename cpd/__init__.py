@@ -19,6 +19,7 @@ from .collectives import ALGORITHMS as ALLREDUCE_ALGORITHMS, allreduce, cost_mod
 from .report import LayerReport, RoundoffReport
 from .scaling import LossScaler, aps_allreduce, aps_exponent, scaled_allreduce
 from .optim import APSOptimizer
+from . import distributed
 
 __version__ = "0.1.0"
 
@@ -28,5 +29,5 @@ __all__ = [
     "cast", "encode", "decode", "bits", "code_dtype", "add", "mul", "fma", "matmul", "sum",
     "Quantizer", "quantizer", "nn", "optim",
     "allreduce", "ALLREDUCE_ALGORITHMS", "cost_model", "aps_allreduce", "aps_exponent", "scaled_allreduce",
-    "LossScaler", "RoundoffReport", "LayerReport", "APSOptimizer",
+    "LossScaler", "RoundoffReport", "LayerReport", "APSOptimizer", "distributed",
 ]
