@@ -101,10 +101,9 @@ def _spawned(rank: int, world: int, port: int, args: argparse.Namespace) -> None
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
-    try:
-        _rank_main(rank, world, args)
-    finally:
-        dist.destroy_process_group()
+    _rank_main(rank, world, args)
+    dist.barrier()  # every rank done before the groups are torn down
+    dist.destroy_process_group()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -116,10 +115,9 @@ def main(args: argparse.Namespace) -> int:
                          "use ring or hierarchical")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
-        try:
-            _rank_main(dist.get_rank(), dist.get_world_size(), args)
-        finally:
-            dist.destroy_process_group()
+        _rank_main(dist.get_rank(), dist.get_world_size(), args)
+        dist.barrier()
+        dist.destroy_process_group()
         return 0
     if args.nproc < 1:
         raise SystemExit(f"cpd launch-demo: --nproc={args.nproc} must be >= 1")

@@ -50,8 +50,11 @@ def _entry(rank: int, world: int, port: int, job: str, out: str, args) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    backend = os.environ.get("CPD_TEST_BACKEND", "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=60))
         res = JOBS[job](rank, world, *args)
     except BaseException:  # noqa: BLE001 - reported to the parent
@@ -155,17 +158,19 @@ def job_hook(rank: int, world: int, cases: list) -> list:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     results = []
+    cuda = os.environ.get("CPD_TEST_BACKEND") == "nccl"
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
     for seed, case in enumerate(cases):
-        model = Toy()
-        ddp = DDP(model, bucket_cap_mb=case.get("bucket_cap_mb", 25))
+        model = Toy().to(dev)
+        ddp = DDP(model, bucket_cap_mb=case.get("bucket_cap_mb", 25), device_ids=[rank] if cuda else None)
         state = _hook_state(case, model)
         ddp.register_comm_hook(state, cpd.distributed.aps_hook)
-        mine = synthetic(rank, seed)
+        mine = {k: v.to(dev) for k, v in synthetic(rank, seed).items()}
         ddp(mine).backward()
         every = {k: [synthetic(r, seed)[k] for r in range(world)] for k in SIZES}
         ref = emulate(every, case, world)
         f32 = {k: torch.stack(v).sum(0) / world for k, v in every.items()}
-        got = {k: p.grad.clone() for k, p in model.named_parameters()}
+        got = {k: p.grad.cpu() for k, p in model.named_parameters()}
         results.append({"case": case, "equal": {k: _same(got[k], ref[k]) for k in SIZES},
                         "differs_from_fp32": any(not torch.equal(got[k], f32[k]) for k in SIZES),
                         "report": state.report, "found_inf": state.found_inf,
@@ -452,8 +457,11 @@ def job_nccl(rank: int, world: int) -> list:  # pragma: no cover - needs 2 GPUs
 def test_nccl_hook_bit_identical(tmp_path):  # pragma: no cover - needs GPUs
     if torch.cuda.device_count() < 2:
         pytest.skip("NCCL needs one GPU per process: 2 GPUs")
-    os.environ["CPD_TEST_BACKEND"] = "nccl"
-    res = spawn("nccl", 2, tmp_path)
+    os.environ["CPD_TEST_BACKEND"] = "nccl"  # inherited by the spawned processes
+    try:
+        res = spawn("nccl", 2, tmp_path)
+    finally:
+        del os.environ["CPD_TEST_BACKEND"]
     for cases in res:
         for r in cases:
             assert all(r["equal"].values()), r["case"]
