@@ -27,6 +27,11 @@ def setup_parser(p: argparse.ArgumentParser) -> None:
     from .demo import setup_parser as demo_parser
 
     demo_parser(p)
+    for action in p._actions:  # the real path's algorithms; W is --nproc
+        if action.dest == "algorithm":
+            action.choices = ("ring", "hierarchical", "one_rounding")
+        if action.dest == "workers":
+            action.help = "ignored: every process is one worker (see --nproc)"
     p.add_argument("--nproc", type=int, default=4, help="local processes (workers) to spawn (default 4)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a rank waits for a peer (default 120)")
     p.set_defaults(no_plot=True)
