@@ -179,17 +179,22 @@ class _Wire:
         return decode(b.clone().view(torch.int16 if self.bits <= 16 else torch.int32), self.fmt)
 
 
-def float32_ring_bytes(numels, world: int) -> int:
-    """Bytes one rank sends in a float32 ring allreduce of layers of ``numels`` elements (each
-    layer chunked into ``world`` chunks; reduce-scatter and allgather each send every chunk but
-    one): ``2 * sum_l (n_l - |chunk|)`` float32 values; the baseline of :attr:`StepReport.ratio`."""
+def float32_ring_bytes(numels, world: int, rank: int = 0, itemsize: int = 4) -> int:
+    """Bytes rank ``rank`` sends in a ring allreduce of layers of ``numels`` elements of
+    ``itemsize`` bytes (float32: 4), each layer chunked into ``world`` chunks (numpy.array_split).
+
+    In the reduce-scatter rank r sends every chunk but ``(r+1) % W``, in the allgather every chunk
+    but ``(r+2) % W``; summed over the ranks this is ``2 (W-1) n`` values. The baseline of
+    :attr:`StepReport.ratio`, and the model of the exponent exchange (int32: same size).
+    """
     if world == 1:
         return 0
     total = 0
     for n in numels:
         b = chunk_bounds(n, world)
-        total += 2 * (n - (b[0][1] - b[0][0]))  # the smallest chunk a rank keeps is at most one longer
-    return 4 * total
+        size = lambda c: b[c % world][1] - b[c % world][0]  # noqa: E731
+        total += 2 * n - size(rank + 1) - size(rank + 2)
+    return itemsize * total
 
 
 # --------------------------------------------------------------------------------------- reports
@@ -454,7 +459,7 @@ class _Engine:
             ex_dev = ex.to(self.device)
             dist.all_reduce(ex_dev, op=dist.ReduceOp.MAX, group=self.pg, async_op=True).wait(self.timeout)
             ex = ex_dev.cpu()
-            exp_bytes = float32_ring_bytes([len(codes)], w)  # int32: same size as float32
+            exp_bytes = float32_ring_bytes([len(codes)], w, self.pos)  # int32: same size as float32
         else:
             exp_bytes = 0
         ex = ex.tolist()
@@ -520,7 +525,7 @@ class _Engine:
         rep.bytes_sent = self._sent + exp_bytes
         rep.bytes_received = self._recv + exp_bytes
         rep.exponent_bytes = exp_bytes
-        rep.float32_bytes = float32_ring_bytes([f.numel() for f in flat if f is not None], w)
+        rep.float32_bytes = float32_ring_bytes([f.numel() for f in flat if f is not None], w, self.pos)
         return [None if o is None else o.reshape(sh) for o, sh in zip(out, shapes)], rep
 
     def _allreduce(self, specs):
@@ -589,19 +594,23 @@ class _Engine:
                 x = st.x[st.idx[cr]]
                 cx = st.c[st.idx[cr]] if (kahan and carry_c) else None
                 st.acc_s, st.acc_c = st.acc.merge(s_in, c_in, x, cx)
-        own = (pos + 1) % p
+        return self._allgather(streams, [st.acc_s for st in streams], members, pos, (pos + 1) % p)
+
+    def _allgather(self, streams, owned, members, pos, own):
+        """Ring allgather: this rank holds chunk ``own`` (values ``owned`` per stream) and passes the
+        most recently completed chunk on, W-1 times; returns every stream's full vector."""
+        p = len(members)
+        nxt, prv = members[(pos + 1) % p], members[(pos - 1) % p]
         results = []
-        for st in streams:
+        for st, v in zip(streams, owned):
             r = torch.empty(st.n, dtype=torch.float32)
-            r[st.idx[own]] = st.acc_s
+            r[st.idx[own]] = v
             results.append(r)
-        # Allgather: pass the most recently completed chunk on, W-1 times.
         have = own
-        for h in range(1, p):
+        for _ in range(1, p):
             cr = (have - 1) % p
             send = torch.cat([st.wire.to_bytes(r[st.idx[have]]) for st, r in zip(streams, results)])
-            buf = torch.empty(self._nbytes(streams, cr, False), dtype=torch.uint8)
-            buf = self._p2p(send, nxt, buf, prv)
+            buf = self._p2p(send, nxt, torch.empty(self._nbytes(streams, cr, False), dtype=torch.uint8), prv)
             for (s_in, _), st, r in zip(self._decode(streams, buf, cr, False), streams, results):
                 r[st.idx[cr]] = s_in
             have = cr
@@ -688,30 +697,14 @@ class _Engine:
         rows = [self._decode(streams, recv[r * my:(r + 1) * my], pos, False) for r in range(w)]
         acc = _Acc(False, FP32, Rounding.NEAREST, False, None)
         f32 = []
-        for si, st in enumerate(streams):
+        for si, st in enumerate(streams):  # float32 sum of chunk `pos` in worker order 0..W-1
             s = rows[0][si][0]
             for r in range(1, w):
                 s = acc.add(s, rows[r][si][0])
-            f = _Stream(FP32, [], torch.zeros(0), 1)
-            f.n, f.idx, f.wire = st.n, st.idx, _Wire(FP32)
-            f.acc_s = s
-            f32.append(f)
-        # Allgather of the float32 chunks (ring, as the ring algorithm's second half).
-        nxt, prv = self.ranks[(pos + 1) % w], self.ranks[(pos - 1) % w]
-        results = []
-        for f in f32:
-            r = torch.empty(f.n, dtype=torch.float32)
-            r[f.idx[pos]] = f.acc_s
-            results.append(r)
-        have = pos
-        for h in range(1, w):
-            cr = (have - 1) % w
-            send = torch.cat([f.wire.to_bytes(r[f.idx[have]]) for f, r in zip(f32, results)])
-            buf = self._p2p(send, nxt, torch.empty(self._nbytes(f32, cr, False), dtype=torch.uint8), prv)
-            for (s_in, _), f, r in zip(self._decode(f32, buf, cr, False), f32, results):
-                r[f.idx[cr]] = s_in
-            have = cr
-        return results
+            f = _Stream(FP32, [], st.x[:0], w)
+            f.n, f.idx = st.n, st.idx  # same chunks, float32 on the wire
+            f32.append((f, s))
+        return self._allgather([f for f, _ in f32], [s for _, s in f32], self.ranks, pos, pos)
 
 
 def _ceil_log2(v: float) -> int:

@@ -375,8 +375,11 @@ def test_bytes_on_the_wire(hook_results, world):
         if plain_ring and not case.get("fp32_layers"):
             bits = cpd.FloatFormat.parse(case["fmt"]).bits
             expo = sum(r.exponent_bytes for r in reps)
-            assert expo == world * 2 * (len(SIZES) - math.ceil(len(SIZES) / world)) * 4 * (world > 1) or expo > 0
+            assert expo == 2 * (world - 1) * len(SIZES) * 4, case  # one int32 per layer, ring-allreduced
             assert sent - expo == _ring_total(hook_results[world][0][i]["numels"], world, bits), case
+        if "bucket_cap_mb" not in case:  # one bucket: the float32 baseline is 2(W-1) n float32 values
+            n = sum(hook_results[world][0][i]["numels"].values())
+            assert sum(r.float32_bytes for r in reps) == 2 * (world - 1) * n * 4, case
 
 
 def test_packing_round_trips_every_width():
