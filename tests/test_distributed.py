@@ -291,6 +291,17 @@ def job_faults(rank: int, world: int) -> dict:
     o2.step()
     res["opt_skipped"] = o2.skipped_steps
     res["opt_weights_untouched"] = all(bool((p == 0).all()) for p in m2.parameters())
+    try:
+        next(o2.split(torch.zeros(6, 2)))
+        res["split_error"] = None
+    except RuntimeError as exc:
+        res["split_error"] = str(exc)
+    try:
+        cpd.APSOptimizer(torch.optim.SGD(m2.parameters(), lr=1.0), fmt="e5m2", workers=world + 1,
+                         process_group=dist.group.WORLD)
+        res["workers_error"] = None
+    except ValueError as exc:
+        res["workers_error"] = str(exc)
     # 3. Rank 1 raises in the middle of a step (after its forward, before its backward) and
     #    lingers (its connections stay open): the others must time out with a clear error.
     timeout = 4.0
@@ -308,7 +319,7 @@ def job_faults(rank: int, world: int) -> dict:
             loss.backward()
         except KeyError:
             res["raised"] = True
-            time.sleep(3 * timeout)
+            time.sleep(timeout + 3)  # linger past the others' timeout
             return res
         except Exception as exc:  # noqa: BLE001
             res["fault_error"] = f"{type(exc).__name__}: {exc}"
@@ -319,7 +330,27 @@ def job_faults(rank: int, world: int) -> dict:
     return res
 
 
-JOBS = {"hook": job_hook, "train": job_train, "faults": job_faults}
+def job_die(rank: int, world: int) -> dict:
+    """Rank 1 dies (os._exit) after its forward of step 1; rank 0 must fail fast with a clear error."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = Toy()
+    state = cpd.distributed.APSHookState("e4m3", model=model, timeout=20)
+    ddp = DDP(model)
+    ddp.register_comm_hook(state, cpd.distributed.aps_hook)
+    for step in range(2):
+        loss = ddp(synthetic(rank, step))
+        if rank == 1 and step == 1:
+            os._exit(1)
+        t0 = time.monotonic()
+        try:
+            loss.backward()
+        except Exception as exc:  # noqa: BLE001
+            return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - t0}
+    return {"error": None}
+
+
+JOBS = {"hook": job_hook, "train": job_train, "faults": job_faults, "die": job_die}
 
 # ------------------------------------------------------------------------------------ cases
 E43 = cpd.FloatFormat(3, 0)
@@ -435,12 +466,24 @@ def test_faults(tmp_path):
         assert r["nan_found_inf"] and r["nan_status"]["b"] == "nonfinite", r
         assert r["nan_visible"] and r["other_layers_finite"]
         assert r["opt_skipped"] == 1 and r["opt_weights_untouched"]
+        assert "process_group" in r["split_error"] and f"workers={len(res) + 1}" in r["workers_error"]
     assert res[1].get("raised")
     for rank in (0, 2):
         err = res[rank]["fault_error"]
         assert err is not None and "cpd.distributed" in err, err
         assert "timed out" in err.lower() or "timeout" in err.lower(), err
         assert res[rank]["fault_seconds"] < 2 * res[rank]["timeout"] + 2, res[rank]
+
+
+def test_a_dying_rank_fails_the_others_fast(tmp_path):
+    import torch.multiprocessing as mp  # noqa: F401 - the harness expects rank 1 to write nothing
+
+    out = tmp_path / "die-2"
+    with pytest.raises(AssertionError, match="rank 1 of die wrote no result"):
+        spawn("die", 2, tmp_path)
+    r = torch.load(out / "0.pt", weights_only=False)
+    assert r["error"] is not None and "cpd.distributed" in r["error"], r
+    assert r["seconds"] < 20, r  # gloo sees the closed connection before the timeout
 
 
 def test_state_needs_initialized_process_group():
