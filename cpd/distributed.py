@@ -226,6 +226,12 @@ class StepReport:
     status: dict = dataclasses.field(default_factory=dict)
     #: Per layer: the power-of-two scale exponent s (None: no scaling applied).
     scale_exp: dict = dataclasses.field(default_factory=dict)
+    #: With ``roundoff=True``: the per-layer round-off :class:`cpd.RoundoffReport` of the step (the
+    #: emulator's report, computed from an extra float32 all_gather of the gradients; its bytes are
+    #: in :attr:`diagnostic_bytes`, not in :attr:`bytes_sent`). None otherwise.
+    roundoff: object = None
+    #: Bytes this rank sent for the optional round-off report.
+    diagnostic_bytes: int = 0
 
     @property
     def ratio(self) -> float:
@@ -433,7 +439,8 @@ class _Engine:
 
     # ---- the exchange
     @torch.no_grad()
-    def reduce(self, grads: list, names: list[str], shapes: list, *, step: int, scale_exp: int | None = None):
+    def reduce(self, grads: list, names: list[str], shapes: list, *, step: int, scale_exp: int | None = None,
+               roundoff: bool = False):
         """Sum the W ranks' ``grads`` (one tensor or None per layer, of ``shapes``) as the emulator
         would (a None gradient counts as zeros; a layer None on every rank is skipped).
 
@@ -522,11 +529,49 @@ class _Engine:
                 rows = [flat[i]]
             out[i] = torch.stack([r.cpu() for r in rows]).sum(0)
         rep.found_inf = bool(nonfinite) or any(o is not None and not bool(torch.isfinite(o).all()) for o in out)
+        if roundoff:
+            rep.roundoff, rep.diagnostic_bytes = self._roundoff(names, flat, out, rep, scales)
         rep.bytes_sent = self._sent + exp_bytes
         rep.bytes_received = self._recv + exp_bytes
         rep.exponent_bytes = exp_bytes
         rep.float32_bytes = float32_ring_bytes([f.numel() for f in flat if f is not None], w, self.pos)
         return [None if o is None else o.reshape(sh) for o, sh in zip(out, shapes)], rep
+
+    def _roundoff(self, names, flat, out, rep, scales):
+        """The emulator's per-layer report rows (cpd.report.layer_stats) from every rank's float32
+        gradients (one all_gather, off the hot path)."""
+        from .report import RoundoffReport, layer_stats
+
+        w, cfg = self.world, self.cfg
+        present = [i for i, f in enumerate(flat) if f is not None]
+        mine = torch.cat([flat[i] for i in present]) if present else torch.zeros(0)
+        rows = [torch.empty_like(mine, device=self.device) for _ in range(w)]
+        if w > 1 and mine.numel():
+            dist.all_gather(rows, mine.to(self.device), group=self.pg, async_op=True).wait(self.timeout)
+        else:
+            rows = [mine]
+        every = torch.stack([r.cpu() for r in rows])
+        layers, off = {}, 0
+        for i, name in enumerate(names):
+            status = rep.status[name]
+            if flat[i] is None:
+                layers[name] = layer_stats(name, "skipped", torch.zeros(max(w, 1), 0), torch.zeros(0), cfg.fmt)
+                continue
+            n = flat[i].numel()
+            x, off = every[:, off:off + n], off + n
+            res = out[i].reshape(-1)
+            if status in ("nonfinite", "fp32"):
+                layers[name] = layer_stats(name, status, x, res, cfg.fmt)
+            elif status == "zero":
+                layers[name] = layer_stats(name, "zero", x, res, cfg.fmt, None, x, res.new_zeros(x.shape))
+            else:
+                s = scales[i]
+                scaled = (x.double() * 2.0 ** s).to(torch.float32)
+                low = cast(scaled, cfg.fmt, cfg.rounding, saturate=cfg.saturate)
+                layers[name] = layer_stats(name, "lowp", x, res, cfg.fmt, s, scaled, low)
+        method = {"aps": "aps", "loss": "loss-scaled"}.get(cfg.scaling, "unscaled")
+        report = RoundoffReport(layers, cfg.fmt, cfg.algorithm, w, method, cfg.group_size)
+        return report, (w - 1) * mine.numel() * 4
 
     def _allreduce(self, specs):
         """specs: [(fmt, layer sizes, flat values already in fmt)]; returns the reduced flat vectors."""
@@ -751,14 +796,21 @@ class APSHookState:
         model: the module (or the DDP wrapper) whose ``named_parameters()`` name the layers.
         process_group: the ranks that reduce together (default the world).
         timeout: seconds (or a timedelta) any wait may last before :class:`CommunicationError`.
+        roundoff: also compute the emulator's per-layer round-off report of every step
+            (``state.report.roundoff``, a :class:`cpd.RoundoffReport`); costs one float32
+            all_gather of the gradients per bucket (counted in ``diagnostic_bytes``): a diagnostic,
+            off by default.
     """
 
     def __init__(self, fmt, algorithm: str = "ring", *, group_size: int | None = None, kahan: bool = False,
                  rounding="nearest", saturate: bool = False, scaling="aps", margin: int = 0, fp32_layers=(),
                  hybrid_steps: int = 0, loss_scaler=None, model: torch.nn.Module | None = None,
-                 process_group=None, timeout=120.0):
+                 process_group=None, timeout=120.0, roundoff: bool = False):
         from .scaling import LossScaler
 
+        if not isinstance(roundoff, bool):
+            raise TypeError(f"roundoff must be a bool, got {type(roundoff).__name__}")
+        self.roundoff = roundoff
         self.config = _check_config(fmt, algorithm, group_size, kahan, rounding, saturate, scaling, margin,
                                     fp32_layers, hybrid_steps)
         if loss_scaler is not None and scaling != "loss":
@@ -803,7 +855,8 @@ class APSHookState:
         if index == 0:
             self._current = None
         exp = self.loss_scaler.scale_exp if self.loss_scaler is not None else None
-        sums, rep = eng.reduce(grads, names, [g.shape for g in grads], step=self.steps, scale_exp=exp)
+        sums, rep = eng.reduce(grads, names, [g.shape for g in grads], step=self.steps, scale_exp=exp,
+                               roundoff=self.roundoff)
         w = eng.world
         exact = (w & (w - 1)) == 0
         inv = 1.0 / w
@@ -813,8 +866,11 @@ class APSHookState:
         if cur is None:
             self._current = cur = rep
         else:
-            for f in ("bytes_sent", "bytes_received", "exponent_bytes", "float32_bytes", "buckets"):
+            for f in ("bytes_sent", "bytes_received", "exponent_bytes", "float32_bytes", "buckets",
+                      "diagnostic_bytes"):
                 setattr(cur, f, getattr(cur, f) + getattr(rep, f))
+            if rep.roundoff is not None:
+                cur.roundoff.layers.update(rep.roundoff.layers)
             cur.found_inf = cur.found_inf or rep.found_inf
             cur.status.update(rep.status)
             cur.scale_exp.update(rep.scale_exp)

@@ -119,8 +119,8 @@ def synthetic(rank: int, seed: int) -> dict:
     return g
 
 
-def emulate(layers: dict, case: dict, world: int) -> dict:
-    """The emulator's averaged result: the specification of the real path."""
+def emulate(layers: dict, case: dict, world: int, with_report: bool = False):
+    """The emulator's averaged result: the specification of the real path (and its report)."""
     fmt = cpd.FloatFormat.parse(case["fmt"])
     alg = case.get("algorithm", "ring")
     kw = dict(kahan=case.get("kahan", False), fp32_layers=case.get("fp32_layers", ()))
@@ -136,16 +136,17 @@ def emulate(layers: dict, case: dict, world: int) -> dict:
             out[k] = (cpd.allreduce(low, cpd.FP32, algorithm="sequential", inputs_in_fmt=True).double()
                       / 2.0 ** s).float()
     elif case.get("scaling", "aps") == "aps":
-        out, _ = cpd.aps_allreduce(layers, fmt, algorithm=alg, group_size=case.get("group_size"), **kw)
+        out, report = cpd.aps_allreduce(layers, fmt, algorithm=alg, group_size=case.get("group_size"), **kw)
     else:
         e = case.get("scale_exp", 0)
-        out, _ = cpd.scaled_allreduce(layers, fmt, e, algorithm=alg, group_size=case.get("group_size"), **kw)
+        out, report = cpd.scaled_allreduce(layers, fmt, e, algorithm=alg, group_size=case.get("group_size"), **kw)
     exact = (world & (world - 1)) == 0
-    return {k: v * (1.0 / world) if exact else v / world for k, v in out.items()}
+    avg = {k: v * (1.0 / world) if exact else v / world for k, v in out.items()}
+    return (avg, report) if with_report else avg
 
 
 def _hook_state(case: dict, model):
-    kw = {k: case[k] for k in ("group_size", "kahan", "fp32_layers") if k in case}
+    kw = {k: case[k] for k in ("group_size", "kahan", "fp32_layers", "roundoff") if k in case}
     scaling = case.get("scaling", "aps")
     if scaling == "loss":
         kw["loss_scaler"] = cpd.LossScaler(2.0 ** case["scale_exp"])
@@ -171,7 +172,12 @@ def job_hook(rank: int, world: int, cases: list) -> list:
         ref = emulate(every, case, world)
         f32 = {k: torch.stack(v).sum(0) / world for k, v in every.items()}
         got = {k: p.grad.cpu() for k, p in model.named_parameters()}
-        results.append({"case": case, "equal": {k: _same(got[k], ref[k]) for k in SIZES},
+        equal = {k: _same(got[k], ref[k]) for k in SIZES}
+        if case.get("roundoff"):  # the optional per-layer report equals the emulator's
+            _, emu_report = emulate(every, case, world, with_report=True)
+            real = repr(state.report.roundoff.to_dict()["layers"])
+            equal["roundoff report"] = real == repr(emu_report.to_dict()["layers"])
+        results.append({"case": case, "equal": equal,
                         "differs_from_fp32": any(not torch.equal(got[k], f32[k]) for k in SIZES),
                         "report": state.report, "found_inf": state.found_inf,
                         "numels": {k: math.prod(s) for k, s in SIZES.items()}})
@@ -358,7 +364,7 @@ HOOK_CASES = {
     2: [dict(fmt="e5m2"), dict(fmt="e4m3", kahan=True), dict(fmt=E43, bucket_cap_mb=1e-4),
         dict(fmt="e4m3", algorithm="one_rounding"), dict(fmt="e5m2", scaling="loss", scale_exp=8),
         dict(fmt="e4m3", algorithm="hierarchical", group_size=2, kahan=True)],
-    3: [dict(fmt="e5m2", kahan=True), dict(fmt=E43, algorithm="one_rounding"), dict(fmt="e4m3", fp32_layers=("c",)),
+    3: [dict(fmt="e5m2", kahan=True, roundoff=True), dict(fmt=E43, algorithm="one_rounding"), dict(fmt="e4m3", fp32_layers=("c",)),
         dict(fmt=E43, kahan=True, bucket_cap_mb=1e-4), dict(fmt="e5m2", algorithm="hierarchical", group_size=1),
         dict(fmt="e4m3", scaling=None)],
     4: [dict(fmt="e4m3"), dict(fmt=E43), dict(fmt="e5m2", algorithm="hierarchical", group_size=2),
