@@ -339,7 +339,6 @@ class _Engine:
         self.cfg = cfg
         self.timeout = _timedelta(timeout)
         pg = process_group if process_group is not None else dist.group.WORLD
-        self.user_group = pg
         self.ranks = list(dist.get_process_group_ranks(pg))
         self.rank = dist.get_rank()
         if self.rank not in self.ranks:
@@ -368,7 +367,8 @@ class _Engine:
     def _fail(self, exc: BaseException, what: str) -> CommunicationError:
         err = exc if isinstance(exc, (CommunicationError, ValueError)) else CommunicationError(
             f"cpd.distributed: {what} failed on rank {self.rank} (W={self.world}, timeout "
-            f"{self.timeout.total_seconds():g} s): {exc} (a connection closed or a timeout means a peer process raised, died or stalled)")
+            f"{self.timeout.total_seconds():g} s): {exc} (a closed connection or a timeout means that a peer "
+            "process raised, died or stalled)")
         if err is not exc:
             err.__cause__ = exc
         self.error = err
@@ -400,7 +400,7 @@ class _Engine:
             try:
                 res = fn()
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
-                fut.set_exception(self._fail(exc, "the gradient exchange"))
+                fut.set_exception(exc if exc is self.error else self._fail(exc, "the gradient exchange"))
             else:
                 fut.set_result(res)
 
@@ -438,14 +438,24 @@ class _Engine:
             self.checked = True
 
     # ---- the exchange
-    @torch.no_grad()
     def reduce(self, grads: list, names: list[str], shapes: list, *, step: int, scale_exp: int | None = None,
                roundoff: bool = False):
         """Sum the W ranks' ``grads`` (one tensor or None per layer, of ``shapes``) as the emulator
         would (a None gradient counts as zeros; a layer None on every rank is skipped).
 
         Returns ``(sums, report)``: one float32 tensor (or None) per layer and a :class:`StepReport`.
+        Raises :class:`CommunicationError` when a peer fails (and for every later call), ValueError
+        when the ranks' layers differ.
         """
+        if self.error is not None:
+            raise CommunicationError(f"cpd.distributed: an earlier exchange failed: {self.error}")
+        try:
+            return self._reduce(grads, names, shapes, step, scale_exp, roundoff)
+        except Exception as exc:
+            raise self._fail(exc, "the gradient exchange") from (None if exc is self.error else exc)
+
+    @torch.no_grad()
+    def _reduce(self, grads, names, shapes, step, scale_exp, roundoff):
         cfg, w = self.cfg, self.world
         if not self.checked:  # the first exchange also checks that the ranks reduce the same layers
             self.check({"layers": [(n, tuple(sh)) for n, sh in zip(names, shapes)]})
@@ -576,23 +586,21 @@ class _Engine:
     def _allreduce(self, specs):
         """specs: [(fmt, layer sizes, flat values already in fmt)]; returns the reduced flat vectors."""
         alg = self.cfg.algorithm
+        if alg == "hierarchical":
+            return self._hierarchical(specs)
+        streams = [_Stream(f, sizes, v, self.world) for f, sizes, v in specs]
         if alg == "ring":
-            parts = self.world
-            streams = [_Stream(f, sizes, v, parts) for f, sizes, v in specs]
             return self._ring(streams, self.ranks, self.pos, carry_c=False)
-        if alg == "one_rounding":
-            streams = [_Stream(f, sizes, v, self.world) for f, sizes, v in specs]
-            return self._one_rounding(streams)
-        return self._hierarchical(specs)
+        return self._one_rounding(streams)
 
     def _acc(self, fmt: FloatFormat) -> _Acc:
         return _Acc(self.cfg.kahan, fmt, self.cfg.rounding, self.cfg.saturate, None)
 
-    def _encode(self, streams, chunk: int, with_c: bool, which="acc") -> torch.Tensor:
+    def _encode(self, streams, with_c: bool) -> torch.Tensor:
+        """One hop's message: every stream's travelling partial sums (and compensations), as bytes."""
         parts = []
         for st in streams:
-            s = st.acc_s if which == "acc" else st.x[st.idx[chunk]]
-            parts.append(st.wire.to_bytes(s))
+            parts.append(st.wire.to_bytes(st.acc_s))
             if with_c:
                 parts.append(st.wire.to_bytes(st.acc_c))
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
@@ -628,9 +636,9 @@ class _Engine:
             st.acc_c = (st.c[st.idx[pos]] if carry_c else None) if kahan else None
             st.acc = self._acc(st.fmt)
         for h in range(1, p):
-            cs, cr = (pos - h + 1) % p, (pos - h) % p
+            cr = (pos - h) % p  # receive chunk cr; send the partial sum of chunk (pos - h + 1) % p
             with_c = kahan and (carry_c or h > 1)
-            send = self._encode(streams, cs, with_c)
+            send = self._encode(streams, with_c)
             buf = torch.empty(self._nbytes(streams, cr, with_c), dtype=torch.uint8)
             buf = self._p2p(send, nxt, buf, prv)
             for st, (s_in, c_in) in zip(streams, self._decode(streams, buf, cr, with_c)):
