@@ -341,8 +341,11 @@ class _Engine:
         pg = process_group if process_group is not None else dist.group.WORLD
         self.ranks = list(dist.get_process_group_ranks(pg))
         self.rank = dist.get_rank()
-        if self.rank not in self.ranks:
-            raise ValueError(f"process_group does not contain this rank {self.rank} (ranks {self.ranks})")
+        if sorted(self.ranks) != list(range(dist.get_world_size())):
+            # Creating the state's own groups is collective over the default group; a strict
+            # subgroup would need every non-member to join that call (not supported yet).
+            raise ValueError(f"process_group must hold every rank of the default group (ranks 0.."
+                             f"{dist.get_world_size() - 1}), got ranks {self.ranks}")
         self.world = len(self.ranks)
         self.pos = self.ranks.index(self.rank)
         if cfg.algorithm == "hierarchical" and self.world % cfg.group_size:
@@ -802,7 +805,8 @@ class APSHookState:
         hybrid_steps: float32 communication for the first N steps.
         loss_scaler: the :class:`cpd.LossScaler` of ``scaling="loss"`` (default ``LossScaler()``).
         model: the module (or the DDP wrapper) whose ``named_parameters()`` name the layers.
-        process_group: the ranks that reduce together (default the world).
+        process_group: the ranks that reduce together, in worker order (default the world; a group
+            of every rank in another order is allowed, a strict subgroup is not yet supported).
         timeout: seconds (or a timedelta) any wait may last before :class:`CommunicationError`.
         roundoff: also compute the emulator's per-layer round-off report of every step
             (``state.report.roundoff``, a :class:`cpd.RoundoffReport`); costs one float32
