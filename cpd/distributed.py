@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import math
 import queue
 import threading
@@ -319,15 +320,22 @@ class _Stream:
         self.n = values.numel()
         self.x = values
         self.c = None
-        idx = [[] for _ in range(parts)]
-        off = 0
-        for n in sizes:
-            for c, (a, b) in enumerate(chunk_bounds(n, parts)):
-                if b > a:
-                    idx[c].append(torch.arange(off + a, off + b, device=values.device))
-            off += n
-        empty = torch.zeros(0, dtype=torch.long, device=values.device)
-        self.idx = [torch.cat(i) if i else empty for i in idx]
+        self.idx = _chunk_indices(tuple(sizes), parts)
+
+
+@functools.lru_cache(maxsize=256)
+def _chunk_indices(sizes: tuple, parts: int) -> list[torch.Tensor]:
+    """Element indices of chunk c (0..parts-1) of a flat vector of layers of ``sizes``: chunk c
+    of every layer (numpy.array_split), layer after layer. Cached: DDP's buckets repeat."""
+    idx = [[] for _ in range(parts)]
+    off = 0
+    for n in sizes:
+        for c, (a, b) in enumerate(chunk_bounds(n, parts)):
+            if b > a:
+                idx[c].append(torch.arange(off + a, off + b))
+        off += n
+    empty = torch.zeros(0, dtype=torch.long)
+    return [torch.cat(i) if i else empty for i in idx]
 
 
 class _Engine:
@@ -467,12 +475,12 @@ class _Engine:
         # 1. Local layer codes, then one MAX exchange.
         codes = []
         for g in flat:
+            m = float(g.abs().max()) if g is not None and g.numel() else 0.0  # NaN if any NaN, inf if any inf
             if g is None:
                 codes.append(_NONE)
-            elif g.numel() and not bool(torch.isfinite(g).all()):
+            elif not math.isfinite(m):
                 codes.append(_NONFINITE)
             else:
-                m = float(g.abs().max()) if g.numel() else 0.0
                 codes.append(_ZERO if m == 0.0 else _ceil_log2(m * w))
         ex = torch.tensor(codes, dtype=torch.int32)
         if w > 1 and len(codes):
@@ -522,6 +530,7 @@ class _Engine:
         if f32_layers:
             streams.append((f32_layers, FP32, [flat[i] for i in f32_layers]))
         out = [None] * len(grads)
+        overflow = False
         if streams:
             reduced = self._allreduce([(fmt, [v.numel() for v in vals], torch.cat(vals)) for _, fmt, vals in streams])
             for (layers, fmt, vals), red in zip(streams, reduced):
@@ -531,6 +540,7 @@ class _Engine:
                     off += v.numel()
                     s = scales.get(i, 0)
                     out[i] = (r.double() / 2.0 ** s).to(torch.float32) if s else r.clone()
+                    overflow = overflow or not bool(torch.isfinite(out[i]).all())  # possible without APS
         # 4. inf/NaN layers: the float32 sum over workers (the emulator's x.sum(0)), visible, flagged.
         for i in nonfinite:
             rows = [torch.empty_like(flat[i], device=self.device) for _ in range(w)]
@@ -541,7 +551,7 @@ class _Engine:
             else:
                 rows = [flat[i]]
             out[i] = torch.stack([r.cpu() for r in rows]).sum(0)
-        rep.found_inf = bool(nonfinite) or any(o is not None and not bool(torch.isfinite(o).all()) for o in out)
+        rep.found_inf = bool(nonfinite) or overflow
         if roundoff:
             rep.roundoff, rep.diagnostic_bytes = self._roundoff(names, flat, out, rep, scales)
         rep.bytes_sent = self._sent + exp_bytes
