@@ -218,6 +218,7 @@ def job_train(rank: int, world: int, cases: list) -> list:
     for case in cases:
         steps, fmt, alg = case["steps"], case["fmt"], case.get("algorithm", "ring")
         gs, scaling, fp32 = case.get("group_size"), case.get("scaling", "aps"), case.get("fp32_layers", ())
+        hybrid = case.get("hybrid_steps", 0)
 
         def fresh():
             torch.manual_seed(0)
@@ -230,19 +231,19 @@ def job_train(rank: int, world: int, cases: list) -> list:
         m1 = fresh()
         ddp = DDP(m1)
         state = cpd.distributed.APSHookState(fmt, alg, group_size=gs, scaling=scaling, fp32_layers=fp32, model=m1,
-                                             loss_scaler=scaler(), timeout=30)
+                                             loss_scaler=scaler(), hybrid_steps=hybrid, timeout=30)
         ddp.register_comm_hook(state, cpd.distributed.aps_hook)
         o1 = torch.optim.SGD(m1.parameters(), lr=0.5, momentum=0.9)
         # 2. APSOptimizer in real mode.
         m2 = fresh()
         o2 = cpd.APSOptimizer(torch.optim.SGD(m2.parameters(), lr=0.5, momentum=0.9), fmt=fmt, algorithm=alg,
                               group_size=gs, scaling=scaling, fp32_layers=fp32, model=m2, loss_scaler=scaler(),
-                              process_group=dist.group.WORLD, timeout=30)
+                              hybrid_steps=hybrid, process_group=dist.group.WORLD, timeout=30)
         # 3. Emulated APSOptimizer (every rank runs it; rank 0's copy is compared).
         m3 = fresh()
         o3 = cpd.APSOptimizer(torch.optim.SGD(m3.parameters(), lr=0.5, momentum=0.9), fmt=fmt, workers=world,
                               algorithm=alg, group_size=gs, scaling=scaling, fp32_layers=fp32, model=m3,
-                              loss_scaler=scaler())
+                              loss_scaler=scaler(), hybrid_steps=hybrid)
         skipped = []
         for step in range(steps):
             x, y = _batch(step)
@@ -253,8 +254,17 @@ def job_train(rank: int, world: int, cases: list) -> list:
                 o1.step()
             skipped.append(state.found_inf)
             o2.zero_grad()
-            torch.nn.functional.cross_entropy(m2(wx), wy).backward()
-            o2.step()
+
+            def closure():
+                loss = torch.nn.functional.cross_entropy(m2(wx), wy)
+                loss.backward()
+                return loss
+
+            if step % 2:
+                closure()
+                o2.step()
+            else:
+                o2.step(closure)  # real mode: the standard closure, this process's forward and backward
             o3.zero_grad()
             for ex, ey in o3.split(x, y):
                 torch.nn.functional.cross_entropy(m3(ex), ey).backward()
@@ -438,7 +448,7 @@ def test_packing_round_trips_every_width():
         cpd.distributed.pack_codes(torch.zeros(3, dtype=torch.uint8), 9)
 
 
-TRAIN_CASES = [dict(fmt="e4m3", steps=3), dict(fmt=E43, steps=3, algorithm="hierarchical", group_size=2),
+TRAIN_CASES = [dict(fmt="e4m3", steps=3, hybrid_steps=1), dict(fmt=E43, steps=3, algorithm="hierarchical", group_size=2),
                dict(fmt="e5m2", steps=3, scaling="loss", fp32_layers=("fc2",))]
 
 
@@ -450,6 +460,8 @@ def train_results(tmp_path_factory):
 def test_training_equals_emulated_training(train_results):
     for rank, cases in enumerate(train_results):
         for r in cases:
+            hybrid = r["case"].get("hybrid_steps", 0)
+            assert all(set(rep.status.values()) == {"fp32"} for rep in r["reports"][:hybrid]), r["case"]
             assert r["moved"], r["case"]
             assert all(r["ddp_eq"].values()), (rank, r["case"], r["ddp_eq"])
             assert all(r["opt_eq"].values()), (rank, r["case"], r["opt_eq"])
@@ -463,7 +475,8 @@ def test_training_bytes_ratio(train_results):
         if case.get("fp32_layers"):
             continue  # a float32 layer is sent as float32 on purpose
         limit = 0.15 if cpd.FloatFormat.parse(case["fmt"]).bits <= 4 else 0.27
-        for reports in ([r[i]["reports"][s] for r in train_results] for s in range(case["steps"])):
+        for reports in ([r[i]["reports"][s] for r in train_results]
+                        for s in range(case.get("hybrid_steps", 0), case["steps"])):  # after the float32 warm-up
             assert all(rep.exponent_bytes > 0 for rep in reports)
             ratio = sum(rep.bytes_sent for rep in reports) / sum(rep.float32_bytes for rep in reports)
             assert ratio <= limit, (case, ratio, str(reports[0]))
