@@ -51,8 +51,17 @@ process group created for the state, so it never interleaves with DDP's own coll
 Faults: every wait is bounded by ``timeout`` seconds; a rank that raises or dies makes the
 others raise :class:`CommunicationError` (from ``loss.backward()`` or ``step()``) within the
 timeout, never hang. After an error the state refuses further work. Mismatched configurations
-(format, algorithm, ..., world size) are detected at the first exchange by an ``all_gather_object``
-of the configuration, and every rank raises a ValueError naming the ranks and fields that differ.
+(format, algorithm, ..., world size) are detected when the state is created, and mismatched
+layers (names, shapes) at the first exchange, by an ``all_gather_object`` of the configuration:
+every rank raises a ValueError naming the fields and each rank's value.
+
+Reference: Han, Demmel, Si, You, "Auto-Precision Scaling for Distributed Deep Learning" (APS,
+and its CPD system, which communicates gradients in arbitrary low-precision formats): Algorithm
+1 (per-layer exponent, allreduce-MAX, scale, low-precision allreduce, unscale), the ring and
+hierarchical allreduce, Kahan summation and the FP32 last layer. Reading implemented where the
+paper is silent: the exponent is exchanged as an int32 allreduce-MAX (the paper's FINDMAXEXP of
+``grad * world_size``), the low-precision sum is rounded at every hop as the emulator specifies,
+and a Kahan compensation travels with the partial sum it belongs to.
 """
 
 from __future__ import annotations
