@@ -275,9 +275,7 @@ class APSOptimizer(_WrappedOptimizer):
             workers = 8
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-        if process_group is not None:
-            pass  # the algorithm is checked by cpd.distributed below
-        elif algorithm not in ALGORITHMS:
+        if process_group is None and algorithm not in ALGORITHMS:  # real mode: checked by cpd.distributed
             raise ValueError(f"algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
         if algorithm == "hierarchical":
             if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 \
