@@ -20,6 +20,7 @@ from .report import LayerReport, RoundoffReport
 from .scaling import LossScaler, aps_allreduce, aps_exponent, scaled_allreduce
 from .optim import APSOptimizer
 from . import compressors  # noqa: E402  (the literature's gradient compressors; see cpd/compressors)
+from . import distributed
 
 __version__ = "0.1.0"
 
@@ -29,5 +30,5 @@ __all__ = [
     "cast", "encode", "decode", "bits", "code_dtype", "add", "mul", "fma", "matmul", "sum",
     "Quantizer", "quantizer", "nn", "optim", "reference",
     "allreduce", "ALLREDUCE_ALGORITHMS", "cost_model", "aps_allreduce", "aps_exponent", "scaled_allreduce",
-    "LossScaler", "RoundoffReport", "LayerReport", "APSOptimizer", "compressors",
+    "LossScaler", "RoundoffReport", "LayerReport", "APSOptimizer", "compressors", "distributed",
 ]

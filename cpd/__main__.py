@@ -4,6 +4,9 @@ Commands:
     demo      the main job: emulated data-parallel training of a small CNN on scikit-learn's
               digits with float32 vs low-precision gradient communication, with and without APS
               (cpd/demo.py).
+    launch-demo
+              the demo for real: N local gloo processes (or torchrun's), gradients sent as
+              low-precision codes (cpd/distributed.py); the demo's table plus bytes saved.
     cast-demo the casting demo (format table, worked examples, bit views, stochastic rounding).
     report    the per-layer round-off table of an emulated (APS) allreduce of synthetic gradients
               or of a torch.save'd dict of per-worker gradients (--grads FILE).
@@ -175,6 +178,18 @@ def _run_demo(args: argparse.Namespace) -> int:
     return demo_main(args)
 
 
+def _setup_launch_demo(p: argparse.ArgumentParser) -> None:
+    from ._launch import setup_parser
+
+    setup_parser(p)
+
+
+def _run_launch_demo(args: argparse.Namespace) -> int:
+    from ._launch import main as launch_main
+
+    return launch_main(args)
+
+
 def _setup_report(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default="e5m2", help="communication format (default e5m2)")
     p.add_argument("--workers", type=int, default=8, help="workers of the synthetic gradients (default 8)")
@@ -311,6 +326,8 @@ class _Command:
 COMMANDS: list[_Command] = [
     _Command("demo", "the main job: emulated data-parallel training with low-precision gradient allreduce, "
              "with and without APS", _run_demo, _setup_demo),
+    _Command("launch-demo", "the demo across real local processes (gloo; or under torchrun): low-precision "
+             "codes on the wire, the same table plus bytes saved", _run_launch_demo, _setup_launch_demo),
     _Command("cast-demo", "casting demo (formats, rounding modes, bit views, stochastic rounding)",
              _run_cast_demo, _setup_cast_demo),
     _Command("report", "per-layer round-off table of an emulated allreduce of synthetic or saved gradients",

@@ -61,21 +61,35 @@ def _evaluate(model, x, y):
 
 
 def run_config(name, fmt, scaling, data, *, workers=8, algorithm="ring", group_size=None, epochs=40,
-               batch_size=128, lr=0.1, seed=0, fp32_layers=(), progress=None, compressor=None):
+               batch_size=128, lr=0.1, seed=0, fp32_layers=(), progress=None, compressor=None, process_group=None):
     """Train one configuration; returns a dict of curves, final metrics and the last report.
 
     With ``compressor`` (then ``fmt`` and ``scaling`` are None) the gradients travel through
     :class:`cpd.APSOptimizer`'s compressed allreduce; the result also holds ``bytes`` (bytes sent
-    over all steps) and ``fp32_bytes`` (the same transfers in float32)."""
+    over all steps) and ``fp32_bytes`` (the same transfers in float32).
+
+    With ``process_group`` (``python -m cpd launch-demo``) every process is one worker: it trains
+    on its ``torch.tensor_split`` share of each batch and the gradients travel between processes
+    (:mod:`cpd.distributed`); the curves are the emulated run's, bit for bit. The result then also
+    holds ``bytes_sent`` / ``float32_bytes``: this rank's bytes on the wire and what a float32 ring
+    allreduce would have sent.
+    """
     import cpd
+
+    if process_group is not None:
+        import torch.distributed as dist
+
+        workers, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
+        sent = f32 = 0
 
     x_tr, y_tr, x_te, y_te = data
     torch.manual_seed(seed)
     model = DigitsCNN()
     comm = dict(compressor=compressor, scaling=None) if compressor is not None else dict(fmt=fmt, scaling=scaling)
     opt = cpd.APSOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), workers=workers,
-                           algorithm=algorithm, group_size=group_size, model=model, fp32_layers=fp32_layers, **comm)
-    sent = [0, 0]
+                           algorithm=algorithm, group_size=group_size, model=model, fp32_layers=fp32_layers,
+                           process_group=process_group, **comm)
+    csent = [0, 0]
     gen = torch.Generator().manual_seed(seed + 1)
     hist = {"epoch": [], "train_loss": [], "test_acc": [], "test_loss": []}
     t0 = time.perf_counter()
@@ -86,6 +100,14 @@ def run_config(name, fmt, scaling, data, *, workers=8, algorithm="ring", group_s
             idx = perm[i:i + batch_size]
             opt.zero_grad()
             wl = []
+            if process_group is not None:  # this process is worker `rank`: its share, its backward
+                wx, wy = torch.tensor_split(x_tr[idx], workers)[rank], torch.tensor_split(y_tr[idx], workers)[rank]
+                loss = torch.nn.functional.cross_entropy(model(wx), wy)
+                loss.backward()
+                opt.step()
+                sent, f32 = sent + opt.last_report.bytes_sent, f32 + opt.last_report.float32_bytes
+                losses.append(loss.item())
+                continue
             for wx, wy in opt.split(x_tr[idx], y_tr[idx]):
                 loss = torch.nn.functional.cross_entropy(model(wx), wy)
                 loss.backward()
@@ -93,9 +115,13 @@ def run_config(name, fmt, scaling, data, *, workers=8, algorithm="ring", group_s
                 wl.append(loss.item())
             opt.step()
             if compressor is not None:
-                sent[0] += opt.last_report.bytes
-                sent[1] += opt.last_report.fp32_bytes
+                csent[0] += opt.last_report.bytes
+                csent[1] += opt.last_report.fp32_bytes
             losses.append(sum(wl) / len(wl))
+        if process_group is not None:  # the workers' losses, averaged in worker order as emulated
+            every = [None] * workers
+            dist.all_gather_object(every, losses, group=process_group)
+            losses = [sum(wl) / workers for wl in zip(*every)]
         acc, tl = _evaluate(model, x_te, y_te)
         hist["epoch"].append(epoch + 1)
         hist["train_loss"].append(sum(losses) / max(len(losses), 1))
@@ -104,11 +130,14 @@ def run_config(name, fmt, scaling, data, *, workers=8, algorithm="ring", group_s
         if progress is not None:
             progress.set_postfix_str(f"{name}: acc {100 * acc:.1f}%")
             progress.update(1)
-    return {"name": name, "fmt": opt.fmt, "scaling": scaling, "hist": hist, "report": opt.last_report,
-            "skipped": opt.skipped_steps, "steps": opt.steps, "seconds": time.perf_counter() - t0,
-            "test_acc": hist["test_acc"][-1], "test_loss": hist["test_loss"][-1],
-            "train_loss": hist["train_loss"][-1], "bytes": sent[0], "fp32_bytes": sent[1],
-            "comm": opt.compressor.name if compressor is not None else opt.fmt.name}
+    out = {"name": name, "fmt": opt.fmt, "scaling": scaling, "hist": hist, "report": opt.last_report,
+           "skipped": opt.skipped_steps, "steps": opt.steps, "seconds": time.perf_counter() - t0,
+           "test_acc": hist["test_acc"][-1], "test_loss": hist["test_loss"][-1],
+           "train_loss": hist["train_loss"][-1], "bytes": csent[0], "fp32_bytes": csent[1],
+           "comm": opt.compressor.name if compressor is not None else opt.fmt.name}
+    if process_group is not None:
+        out.update(bytes_sent=sent, float32_bytes=f32)
+    return out
 
 
 def results_table(results) -> str:

@@ -232,7 +232,7 @@ class APSOptimizer(_WrappedOptimizer):
     Args:
         opt: the inner optimizer.
         fmt: the communication format (e.g. ``cpd.E4M3``, ``"e5m2"``, ``cpd.FloatFormat(3, 0)``).
-        workers: W, the number of emulated workers.
+        workers: W, the number of emulated workers (default 8; in real mode the group size).
         algorithm, group_size, kahan, rounding: passed to the allreduce (see :func:`cpd.allreduce`).
         scaling: ``"aps"``, ``"loss"`` or None.
         fp32_layers: parameter-name prefixes reduced in float32 (the APS paper keeps the classifier
@@ -248,12 +248,21 @@ class APSOptimizer(_WrappedOptimizer):
             :attr:`last_report` a :class:`cpd.compressors.CompressionReport`. ``scaling`` must be
             None (its default then); ``fp32_layers`` and ``hybrid_steps`` send those layers and steps
             uncompressed.
+        process_group: real mode: a ``torch.distributed`` process group (e.g. ``dist.group.WORLD``);
+            each process is one worker (W = the group's size; ``workers`` may be omitted), its own
+            ``.grad`` is its gradient (no :meth:`split`/:meth:`collect`), and :meth:`step` sums
+            them across processes in low precision with the same bits as emulated mode
+            (:mod:`cpd.distributed`; ``rounding`` must be deterministic and ``algorithm`` one of
+            ``"ring"``, ``"hierarchical"``, ``"one_rounding"``). ``last_report`` is then a
+            :class:`cpd.distributed.StepReport` (bytes on the wire, per-layer decisions).
+        timeout: real mode: seconds any exchange may wait for a peer before
+            :class:`cpd.distributed.CommunicationError`.
     """
 
-    def __init__(self, opt: torch.optim.Optimizer, *, fmt=None, workers: int = 8, algorithm: str = "ring",
+    def __init__(self, opt: torch.optim.Optimizer, *, fmt=None, workers: int | None = None, algorithm: str = "ring",
                  group_size: int | None = None, kahan: bool = False, rounding="nearest", scaling=_AUTO,
                  fp32_layers=(), hybrid_steps: int = 0, loss_scaler=None, model: torch.nn.Module | None = None,
-                 compressor=None):
+                 compressor=None, process_group=None, timeout: float = 120.0):
         from .collectives import ALGORITHMS
         from .scaling import LossScaler
 
@@ -280,9 +289,22 @@ class APSOptimizer(_WrappedOptimizer):
             raise TypeError("fmt is required (use cpd.FP32 for float32 communication), or give compressor=")
         if scaling is _AUTO:
             scaling = "aps"
+        self._engine = None
+        if process_group is not None:  # real mode: W = the group's size
+            import torch.distributed as dist
+
+            if self.compressor is not None:
+                raise ValueError("compressor= runs in emulated mode only; process_group= sends fmt codes "
+                                 "(cpd.distributed)")
+            group_workers = dist.get_world_size(process_group)
+            if workers is not None and workers != group_workers:
+                raise ValueError(f"workers={workers} differs from the process group's size {group_workers}")
+            workers = group_workers
+        elif workers is None:
+            workers = 8
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-        if algorithm not in ALGORITHMS:
+        if process_group is None and algorithm not in ALGORITHMS:  # real mode: checked by cpd.distributed
             raise ValueError(f"algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
         if algorithm == "hierarchical":
             if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 \
@@ -324,6 +346,12 @@ class APSOptimizer(_WrappedOptimizer):
             if not any(self._match(n, prefix) for n in self._names.values()):
                 raise ValueError(f"fp32_layers prefix {prefix!r} matches no parameter; names are "
                                  f"{sorted(self._names.values())}")
+        if process_group is not None:
+            from .distributed import _check_config, _Engine
+
+            cfg = _check_config(self.fmt, algorithm, group_size, kahan, self.rounding, False, scaling, 0,
+                                self.fp32_layers, hybrid_steps)
+            self._engine = _Engine(cfg, process_group, timeout)
         #: Steps taken (applied or skipped); the hybrid schedule counts these.
         self.steps = 0
         #: Steps skipped because of inf/NaN.
@@ -350,6 +378,7 @@ class APSOptimizer(_WrappedOptimizer):
         """Split a batch (one or more tensors, along dim 0) across the workers; yields one tuple per
         worker (one tensor if a single tensor is given). Uses ``torch.tensor_split``: sizes differ
         by at most one when W does not divide the batch."""
+        self._emulated_only("split")
         if not tensors:
             raise TypeError("split needs at least one tensor")
         n = len(tensors[0])
@@ -365,6 +394,7 @@ class APSOptimizer(_WrappedOptimizer):
     def collect(self) -> None:
         """Store this worker's gradients (a copy of each communicated parameter's ``.grad``) and
         clear ``.grad`` for the next worker."""
+        self._emulated_only("collect")
         if self._collected >= self.workers:
             raise RuntimeError(f"collect() called more than workers={self.workers} times before step()")
         for p in self._params():
@@ -387,11 +417,32 @@ class APSOptimizer(_WrappedOptimizer):
             layers[name] = None if grads is None or all(g is None for g in grads) else grads
         return layers, params
 
+    def _emulated_only(self, what: str) -> None:
+        if self._engine is not None:
+            raise RuntimeError(f"{what}() is for emulated workers; with process_group each process is one worker "
+                               "and step() reduces its own .grad")
+
+    @torch.no_grad()
+    def _step_real(self, closure):
+        """Real mode: this process's ``.grad`` summed across the process group (cpd.distributed)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = {self.name_of(p): p for p in self._params()}
+        grads = [p.grad for p in params.values()]
+        exp = self.loss_scaler.scale_exp if self.loss_scaler is not None else None
+        sums, report = self._engine.reduce(grads, list(params), [p.shape for p in params.values()],
+                                           step=self.steps, scale_exp=exp)
+        return self._apply(dict(zip(params, sums)), params, report, loss)
+
     @torch.no_grad()
     def step(self, closure=None):
         from .formats import FP32
         from .scaling import aps_allreduce, scaled_allreduce
 
+        if self._engine is not None:
+            return self._step_real(closure)
         loss = None
         if closure is not None:
             if self._collected:
@@ -426,9 +477,13 @@ class APSOptimizer(_WrappedOptimizer):
                 out, report = scaled_allreduce(layers, self.fmt, 0, **kw)
         if self.compressor is None and (self.fmt == FP32 or hybrid):
             report.method += " (fp32 communication)" if self.fmt == FP32 else " (hybrid fp32 phase)"
+        self._grads, self._collected = {}, 0
+        return self._apply(out, params, report, loss)
+
+    def _apply(self, out: dict, params: dict, report, loss):
+        """Record the report; skip on inf/NaN; write the averages to ``.grad``; run the inner step."""
         self.last_report = report
         self.steps += 1
-        self._grads, self._collected = {}, 0
         ok = not report.found_inf
         if self.loss_scaler is not None:
             ok = self.loss_scaler.update(report.found_inf) and ok
