@@ -63,17 +63,13 @@ def _rank_main(rank: int, world: int, args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     import cpd
-    from .demo import DEFAULT_FORMATS, load_digits_tensors, results_table, run_config
+    from .demo import DEFAULT_FORMATS, demo_configs, demo_data, results_table, run_config
 
     torch.set_num_threads(1)
     formats = args.formats or [cpd.FloatFormat.parse(f) for f in DEFAULT_FORMATS]
     epochs = args.epochs if args.epochs is not None else (2 if args.fast else 40)
-    data = load_digits_tensors(args.seed)
-    if args.fast:
-        data = (data[0][:512], data[1][:512], data[2], data[3])
-    configs = [("fp32", cpd.FP32, None)]
-    for f in formats:
-        configs += [(f"{f.name} aps", f, "aps"), (f"{f.name} none", f, None)]
+    data = demo_data(args.seed, args.fast)
+    configs = demo_configs(formats)
     if rank == 0:
         gs = f", group size {args.group_size}" if args.group_size else ""
         print(f"cpd launch-demo: {world} gloo processes on 127.0.0.1, {args.algorithm} allreduce{gs}; data-parallel "

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DigitsCNN", "load_digits_tensors", "run_config", "main", "setup_parser", "compression_table"]
+__all__ = ["DigitsCNN", "load_digits_tensors", "demo_data", "demo_configs", "run_config", "main", "setup_parser",
+           "compression_table"]
 
 DEFAULT_FORMATS = ("e5m2", "e4m3", "e3m0")
 
@@ -58,6 +59,22 @@ def load_digits_tensors(seed: int = 0, test_frac: float = 0.2):
 def _evaluate(model, x, y):
     out = model(x)
     return (out.argmax(1) == y).float().mean().item(), torch.nn.functional.cross_entropy(out, y).item()
+
+
+def demo_data(seed: int, fast: bool):
+    """The demo's (x_train, y_train, x_test, y_test); ``fast``: the first 512 training images."""
+    data = load_digits_tensors(seed)
+    return (data[0][:512], data[1][:512], data[2], data[3]) if fast else data
+
+
+def demo_configs(formats) -> list:
+    """(name, fmt, scaling) of the demo's runs: float32, then per format APS and unscaled."""
+    from .formats import FP32
+
+    configs = [("fp32", FP32, None)]
+    for f in formats:
+        configs += [(f"{f.name} aps", f, "aps"), (f"{f.name} none", f, None)]
+    return configs
 
 
 def run_config(name, fmt, scaling, data, *, workers=8, algorithm="ring", group_size=None, epochs=40,
@@ -257,13 +274,8 @@ def main(args: argparse.Namespace) -> int:
     if args.batch_size < args.workers:
         raise SystemExit("cpd demo: --batch-size must be >= --workers")
     torch.manual_seed(args.seed)
-    data = load_digits_tensors(args.seed)
-    if args.fast:
-        data = (data[0][:512], data[1][:512], data[2], data[3])
-    configs = [("fp32", cpd.FP32, None)]
-    for f in formats:
-        configs += [(f"{f.name} aps", f, "aps"), (f"{f.name} none", f, None)]
-    configs += [(c.name, None, None, c) for c in compressors]
+    data = demo_data(args.seed, args.fast)
+    configs = demo_configs(formats) + [(c.name, None, None, c) for c in compressors]
     gs = f", group size {args.group_size}" if args.group_size else ""
     print(f"cpd demo: data-parallel training of a small CNN on scikit-learn's 8x8 digits "
           f"({len(data[0])} train / {len(data[2])} test images)")
