@@ -7,22 +7,11 @@ Run: ``python benchmarks/bench_allreduce.py [--workers 64] [--log2n 20] [--repea
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from _timing import median_time
 
 import cpd
-
-
-def median_time(fn, repeat: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def main(argv=None) -> int:

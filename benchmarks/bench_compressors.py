@@ -8,23 +8,13 @@ Run: ``python benchmarks/bench_compressors.py [--rows 4096] [--cols 256] [--repe
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from _timing import median_time
 
 import cpd
 from cpd.compressors import Adaptive, CompressorState, get
 
-
-def median_time(fn, repeat: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def main(argv=None) -> int:
