@@ -16,7 +16,6 @@ import cpd
 from cpd.compressors import Adaptive, CompressorState, get
 
 
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=4096)
