@@ -261,7 +261,8 @@ class StepReport:
 
     def __str__(self) -> str:
         return (f"step {self.step}: rank {self.rank}/{self.world} {self.algorithm} {self.fmt}: sent "
-                f"{self.bytes_sent} B (exponents {self.exponent_bytes} B), received {self.bytes_received} B, "
+                f"{self.bytes_sent} B (exponents {self.exponent_bytes} B"
+                + (f", payload lengths {self.length_bytes} B" if self.length_bytes else "") + "), received {self.bytes_received} B, "
                 f"float32 ring would send {self.float32_bytes} B, ratio {self.ratio:.4f}; "
                 f"{len(self.status)} layers in {self.buckets} bucket(s)" + (", inf/NaN found" if self.found_inf else ""))
 

@@ -552,14 +552,15 @@ JOBS["nccl"] = job_nccl
 
 def test_launch_demo_prints_the_emulated_table_and_bytes(tmp_path):
     """``python -m cpd launch-demo --nproc 2`` (real gloo processes) prints the same table as the
-    emulated ``python -m cpd demo --workers 2`` (seconds aside) plus the bytes table."""
+    emulated ``python -m cpd demo --workers 2`` (seconds aside; formats and a compressor) plus the
+    bytes table."""
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])]),
                OMP_NUM_THREADS="1")
-    common = ["--fast", "--epochs", "1", "--format", "e3m0"]
+    common = ["--fast", "--epochs", "1", "--format", "e3m0", "--compressor", "onebit"]
     cmds = [[sys.executable, "-m", "cpd", "launch-demo", "--nproc", "2", *common],
             [sys.executable, "-m", "cpd", "demo", "--workers", "2", "--no-plot", *common]]
     procs = [subprocess.Popen(c, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -575,13 +576,15 @@ def test_launch_demo_prints_the_emulated_table_and_bytes(tmp_path):
     def table(text):
         lines = text.splitlines()
         i = next(i for i, ln in enumerate(lines) if ln.startswith("config") and "test_acc" in ln)
-        return [ln.split()[:-1] for ln in lines[i + 2:i + 5]]  # three configurations, without seconds
+        return [ln.split()[:-1] for ln in lines[i + 2:i + 6]]  # four configurations, without seconds
 
     real, emulated = table(outs[0][0]), table(outs[1][0])
-    assert real == emulated and len(real) == 3, (real, emulated)
+    assert real == emulated and len(real) == 4 and real[-1][0] == "onebit", (real, emulated)
     rows = {ln.split()[0] + " " + ln.split()[1]: ln.split() for ln in outs[0][0].splitlines()
             if ln.startswith(("fp32 ", "e3m0 ")) and " B " in ln}
     assert float(rows["e3m0 aps"][-2]) <= 0.15 and float(rows["fp32 e8m23"][-2]) > 0.99, rows
+    onebit = next(ln.split() for ln in outs[0][0].splitlines() if ln.startswith("onebit ") and " B " in ln)
+    assert float(onebit[-2]) < 0.25, onebit  # 1 bit per element plus two float32 means per column
 
 
 # ------------------------------------------------------------------------------------ compressors
