@@ -644,7 +644,8 @@ COMP_HOOK_CASES = {
         dict(comp="adaptive:4", bucket_cap_mb=1e-4, nan_step=1), dict(comp="adaptive:4", algorithm="pairwise"),
         dict(comp="dynamic_tree", algorithm="pairwise", nan_step=2), dict(comp="dynamic_tree"),
         dict(comp="e5m2"), dict(comp="e5m2", algorithm="pairwise", fp32_layers=("a",))],
-    4: [dict(comp="onebit", algorithm="pairwise"), dict(comp="adaptive:4"), dict(comp="threshold", algorithm="pairwise")],
+    4: [dict(comp="onebit", algorithm="pairwise"), dict(comp="adaptive:4"),
+        dict(comp="threshold", algorithm="pairwise")],
 }
 
 
@@ -760,7 +761,8 @@ def job_comp_train(rank: int, world: int, cases: list) -> dict:
 
 JOBS.update({"comp_hook": job_comp_hook, "comp_train": job_comp_train})
 
-COMP_TRAIN_CASES = [dict(comp="onebit", steps=3), dict(comp="adaptive:4", algorithm="pairwise", steps=3, hybrid_steps=1),
+COMP_TRAIN_CASES = [dict(comp="onebit", steps=3),
+                    dict(comp="adaptive:4", algorithm="pairwise", steps=3, hybrid_steps=1),
                     dict(comp="dynamic_tree", steps=2, fp32_layers=("fc2",)), dict(comp="threshold:0.01", steps=3)]
 
 
