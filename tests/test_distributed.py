@@ -747,14 +747,17 @@ def job_comp_train(rank: int, world: int, cases: list) -> dict:
             o3.step()
         p1, p2, p3 = (dict(m.named_parameters()) for m in (m1, m2, m3))
         emu_res = {k: v[rank].residual for k, v in o3.compressor_states.items()}
+        sd = o2.state_dict()
+        o2.load_state_dict(sd)  # real mode: this process's residuals, restored into the engine's states
         out.append({"case": case, "ddp_eq": {k: _same(p1[k].detach(), p3[k].detach()) for k in p3},
                     "opt_eq": {k: _same(p2[k].detach(), p3[k].detach()) for k in p3},
                     "moved": any(not torch.equal(p3[k].detach(), fresh().state_dict()[k]) for k in p3),
                     "res_eq": [sorted(st) == sorted(emu_res) and all(torch.equal(st[k].residual, emu_res[k])
                                                                      for k in emu_res)
-                               for st in (state.compressor_states, o2.compressor_states)],
+                               for st in (state.compressor_states, o2.compressor_states,
+                                          o2._engine.states)],
                     "has_residual": bool(emu_res), "report": o2.last_report,
-                    "state_dict": sorted(o2.state_dict()["cpd_aps"].get("compressor_residuals", {}))})
+                    "state_dict": sorted(sd["cpd_aps"].get("compressor_residuals", {}))})
     res["train"] = out
     return res
 
