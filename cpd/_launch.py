@@ -9,6 +9,11 @@ Every process is one data-parallel worker; the gradients travel as low-precision
 (:mod:`cpd.distributed`). Rank 0 prints the emulated demo's table (the same numbers as
 ``python -m cpd demo --workers N``: the real path gives the emulator's bits) and the bytes every
 configuration sent, against a float32 ring allreduce.
+
+``--compressor NAME`` (repeatable: ``onebit``, ``threshold:0.01``, ``adaptive``, ``dynamic_tree``,
+``e5m2``, ...) trains with that gradient compressor instead of the formats
+(``cpd.APSOptimizer(compressor=..., process_group=...)``; ``--algorithm ring`` or ``pairwise``):
+the compressor's payloads travel between the processes, with the emulated demo's bits.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ def setup_parser(p: argparse.ArgumentParser) -> None:
     demo_parser(p)
     for action in p._actions:  # the real path's algorithms; W is --nproc
         if action.dest == "algorithm":
-            action.choices = ("ring", "hierarchical", "one_rounding")
+            action.choices = ("ring", "hierarchical", "one_rounding", "pairwise")
         if action.dest == "workers":
             action.help = "ignored: every process is one worker (see --nproc)"
     p.add_argument("--nproc", type=int, default=4, help="local processes (workers) to spawn (default 4)")
@@ -50,7 +55,7 @@ def bytes_table(results, world: int) -> str:
     for r in results:
         sent, f32 = r["bytes_sent"], r["float32_bytes"]
         ratio = sent / f32 if f32 else float("nan")
-        rows.append([r["name"], r["fmt"].name, f"{sent:,} B", f"{f32:,} B", f"{ratio:.4f}", f"{100 * (1 - ratio):.1f}%"])
+        rows.append([r["name"], r["comm"], f"{sent:,} B", f"{f32:,} B", f"{ratio:.4f}", f"{100 * (1 - ratio):.1f}%"])
     widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
 
     def line(cells):
@@ -66,10 +71,11 @@ def _rank_main(rank: int, world: int, args: argparse.Namespace) -> None:
     from .demo import DEFAULT_FORMATS, demo_configs, demo_data, results_table, run_config
 
     torch.set_num_threads(1)
-    formats = args.formats or [cpd.FloatFormat.parse(f) for f in DEFAULT_FORMATS]
+    compressors = [cpd.compressors.get(c) for c in getattr(args, "compressors", None) or ()]
+    formats = args.formats or ([] if compressors else [cpd.FloatFormat.parse(f) for f in DEFAULT_FORMATS])
     epochs = args.epochs if args.epochs is not None else (2 if args.fast else 40)
     data = demo_data(args.seed, args.fast)
-    configs = demo_configs(formats)
+    configs = demo_configs(formats) + [(c.name, None, None, c) for c in compressors]
     if rank == 0:
         gs = f", group size {args.group_size}" if args.group_size else ""
         print(f"cpd launch-demo: {world} gloo processes on 127.0.0.1, {args.algorithm} allreduce{gs}; data-parallel "
@@ -77,10 +83,12 @@ def _rank_main(rank: int, world: int, args: argparse.Namespace) -> None:
         print(f"batch {args.batch_size} ({args.batch_size // world} per process), {epochs} epochs, SGD lr {args.lr} "
               f"momentum 0.9, seed {args.seed}; gradients travel as low-precision codes (cpd.distributed)\n", flush=True)
     results = []
-    for name, f, scaling in configs:
-        r = run_config(name, f, scaling, data, algorithm=args.algorithm, group_size=args.group_size, epochs=epochs,
+    for name, f, scaling, *comp in configs:
+        alg = "ring" if args.algorithm == "pairwise" and not comp else args.algorithm  # fp32: the ring
+        r = run_config(name, f, scaling, data, algorithm=alg, group_size=args.group_size, epochs=epochs,
                        batch_size=args.batch_size, lr=args.lr, seed=args.seed, process_group=dist.group.WORLD,
-                       fp32_layers=("fc",) if args.fp32_last and f != cpd.FP32 else ())
+                       fp32_layers=("fc",) if args.fp32_last and f != cpd.FP32 else (),
+                       compressor=comp[0] if comp else None)
         every = [None] * world
         dist.all_gather_object(every, (r["bytes_sent"], r["float32_bytes"]))
         r["bytes_sent"], r["float32_bytes"] = sum(e[0] for e in every), sum(e[1] for e in every)
@@ -111,7 +119,18 @@ def main(args: argparse.Namespace) -> int:
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    if args.algorithm not in ("ring", "hierarchical", "one_rounding"):
+    import cpd
+
+    try:
+        compressors = [cpd.compressors.get(c) for c in getattr(args, "compressors", None) or ()]
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"cpd launch-demo: --compressor: {exc}") from None
+    if compressors and args.algorithm not in cpd.compressors.ALGORITHMS:
+        raise SystemExit(f"cpd launch-demo: with --compressor, --algorithm must be one of "
+                         f"{list(cpd.compressors.ALGORITHMS)}")
+    if args.algorithm == "pairwise" and not compressors:
+        raise SystemExit("cpd launch-demo: --algorithm pairwise applies to --compressor runs only")
+    if args.algorithm not in ("ring", "hierarchical", "one_rounding", "pairwise"):
         raise SystemExit(f"cpd launch-demo: --algorithm {args.algorithm} has no real implementation; "
                          "use ring or hierarchical")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun

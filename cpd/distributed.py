@@ -32,6 +32,17 @@ What travels, per DDP bucket (or per optimizer step), on a dedicated process gro
 
 Integer codes are never summed with ``all_reduce(SUM)`` (uint8 codes would wrap around).
 
+With a gradient compressor (``APSHookState(compressor=...)``, ``APSOptimizer(compressor=...,
+process_group=...)``) the exchange is the emulator's ``cpd.compressors.reduce_layers`` instead: one
+``all_reduce(MAX)`` of per-layer flags (no gradient / finite / inf-NaN), each rank quantizes its
+layers once with its own error-feedback states (rank r keeps the emulator's worker-r state), then
+the ``"ring"`` or ``"pairwise"`` order of :mod:`cpd.compressors.reduce` over point-to-point
+messages and a ring allgather of the final payloads. A message concatenates the payloads' uint8
+parts in :meth:`cpd.compressors.Compressor.wire_layout` order; sizes that follow from the shapes
+are not sent, data-dependent ones (threshold/adaptive index words) go first as int32
+(:attr:`StepReport.length_bytes`). The sums equal ``cpd.allreduce(..., compressor=...)`` per layer
+bit for bit.
+
 Bit-identity contract: with the same format, algorithm, group size, Kahan flag, rounding and
 worker order (worker w = the w-th rank of the process group), the sums equal
 ``cpd.aps_allreduce(...)`` (``scaling="aps"``), ``cpd.scaled_allreduce(..., scale_exp)``
@@ -87,6 +98,7 @@ __all__ = ["APSHookState", "aps_hook", "CommunicationError", "StepReport", "pack
 #: The reduction algorithms of the real path.
 ALGORITHMS = ("ring", "hierarchical", "one_rounding")
 _SCALINGS = ("aps", "loss", None)
+_AUTO = object()  # APSHookState's scaling default: "aps" with fmt=, None with compressor=
 
 # Per-layer int32 codes of the exponent exchange, combined with MAX: inf/NaN anywhere wins, then
 # the largest real exponent, then "all zero", then "no gradient on any rank".
@@ -224,8 +236,12 @@ class StepReport:
     #: int32 values.
     bytes_sent: int = 0
     bytes_received: int = 0
-    #: Part of ``bytes_sent`` spent on the exponent exchange.
+    #: Part of ``bytes_sent`` spent on the exponent exchange (with a compressor: the exchange of
+    #: the per-layer "present / inf-NaN" flags, one int32 per layer, the same size).
     exponent_bytes: int = 0
+    #: Part of ``bytes_sent`` spent on the lengths (int32) of data-dependent compressor payload
+    #: parts, sent before the payloads (threshold and adaptive index lists); 0 without a compressor.
+    length_bytes: int = 0
     #: What this rank would send in a float32 ring allreduce of the same layers.
     float32_bytes: int = 0
     #: Buckets (DDP) or 1 (optimizer).
@@ -244,13 +260,21 @@ class StepReport:
     diagnostic_bytes: int = 0
 
     @property
+    def payload_bytes(self) -> int:
+        """``bytes_sent`` without the exponent (flag) exchange and the payload lengths: with a
+        compressor, summed over the ranks, the emulator's ``CompressionReport.bytes``."""
+        return self.bytes_sent - self.exponent_bytes - self.length_bytes
+
+    @property
     def ratio(self) -> float:
         """``bytes_sent / float32_bytes`` (nan when there is no float32 baseline, W = 1)."""
         return self.bytes_sent / self.float32_bytes if self.float32_bytes else math.nan
 
     def __str__(self) -> str:
         return (f"step {self.step}: rank {self.rank}/{self.world} {self.algorithm} {self.fmt}: sent "
-                f"{self.bytes_sent} B (exponents {self.exponent_bytes} B), received {self.bytes_received} B, "
+                f"{self.bytes_sent} B (exponents {self.exponent_bytes} B"
+                + (f", payload lengths {self.length_bytes} B" if self.length_bytes else "")
+                + f"), received {self.bytes_received} B, "
                 f"float32 ring would send {self.float32_bytes} B, ratio {self.ratio:.4f}; "
                 f"{len(self.status)} layers in {self.buckets} bucket(s)" + (", inf/NaN found" if self.found_inf else ""))
 
@@ -268,6 +292,8 @@ class _Config:
     margin: int
     fp32_layers: tuple
     hybrid_steps: int
+    #: A :class:`cpd.compressors.Compressor` (then fmt is FP32, for the float32 layers only).
+    compressor: object = None
 
 
 def _check_config(fmt, algorithm, group_size, kahan, rounding, saturate, scaling, margin, fp32_layers,
@@ -305,6 +331,44 @@ def _check_config(fmt, algorithm, group_size, kahan, rounding, saturate, scaling
     if isinstance(hybrid_steps, bool) or not isinstance(hybrid_steps, int) or hybrid_steps < 0:
         raise ValueError(f"hybrid_steps must be an int >= 0, got {hybrid_steps!r}")
     return _Config(fmt, algorithm, group_size, kahan, mode, saturate, scaling, margin, fp32_layers, hybrid_steps)
+
+
+def _check_compressor_config(compressor, algorithm, fp32_layers, hybrid_steps, fmt_options: dict) -> _Config:
+    """The configuration of compressed communication; ``fmt_options`` maps each option of the fmt
+    path to ``(value given, its default)``: anything but the default is an error."""
+    from .compressors import ALGORITHMS as COMPRESSED, get
+
+    given = [n for n, (v, d) in fmt_options.items() if v != d]
+    if given:
+        raise ValueError(f"{', '.join(given)}: apply to fmt= communication, not to compressor= (the compressor "
+                         "defines the wire format and the sums are float32); leave them at their defaults")
+    comp = get(compressor)
+    if not isinstance(algorithm, str) or algorithm not in COMPRESSED:
+        raise ValueError(f"with compressor=, algorithm must be one of {', '.join(map(repr, COMPRESSED))} (the orders "
+                         f"of cpd.compressors.compressed_allreduce), got {algorithm!r}")
+    if getattr(comp, "sample", None) is not None or getattr(comp, "rounding", None) is Rounding.STOCHASTIC:
+        raise ValueError(f"compressor={comp!r} draws random numbers from one generator shared by the emulated "
+                         "workers, which W processes cannot reproduce; across processes use a deterministic "
+                         "compressor (sample=None, rounding other than 'stochastic')")
+    cfg = _check_config(FP32, "ring", None, False, "nearest", False, None, 0, fp32_layers, hybrid_steps)
+    return dataclasses.replace(cfg, algorithm=algorithm, compressor=comp)
+
+
+def _describe(comp) -> str | None:
+    """A compressor's class and scalar settings: what must agree across ranks."""
+    if comp is None:
+        return None
+    import enum
+
+    attrs = []
+    for k, v in sorted(vars(comp).items()):
+        if isinstance(v, (enum.Enum)):
+            v = v.value
+        elif isinstance(v, FloatFormat):
+            v = v.name
+        if v is None or isinstance(v, (bool, int, float, str)):
+            attrs.append(f"{k}={v!r}")
+    return f"{type(comp).__name__}({', '.join(attrs)})"
 
 
 def _match(name: str, prefix: str) -> bool:
@@ -381,7 +445,11 @@ class _Engine:
         self.error: BaseException | None = None
         self._thread = None
         self._queue: queue.Queue | None = None
-        self._sent = self._recv = 0
+        self._sent = self._recv = self._lens = 0
+        #: Compressor mode: {layer name: this rank's CompressorState} (error feedback).
+        self.states: dict = {}
+        self._undo: dict = {}  # states changed since begin_step(): name -> (residual, steps)
+        self._layouts: dict = {}
 
     # ---- fault handling
     def _fail(self, exc: BaseException, what: str) -> CommunicationError:
@@ -444,7 +512,8 @@ class _Engine:
         mine = {"fmt": self.cfg.fmt.name, "algorithm": self.cfg.algorithm, "group_size": self.cfg.group_size,
                 "kahan": self.cfg.kahan, "rounding": self.cfg.rounding.value, "saturate": self.cfg.saturate,
                 "scaling": self.cfg.scaling, "margin": self.cfg.margin, "fp32_layers": self.cfg.fp32_layers,
-                "hybrid_steps": self.cfg.hybrid_steps, "world": self.world, **extra}
+                "hybrid_steps": self.cfg.hybrid_steps, "compressor": _describe(self.cfg.compressor),
+                "world": self.world, **extra}
         every = [None] * self.world
         dist.all_gather_object(every, mine, group=self.pg)
         bad = [(r, k) for r, o in enumerate(every) for k in mine if o.get(k) != every[0].get(k)]
@@ -453,7 +522,8 @@ class _Engine:
             desc = "; ".join(f"{k}: " + ", ".join(f"rank {self.ranks[r]}={o.get(k)!r}" for r, o in enumerate(every))
                              for k in fields)
             raise ValueError(f"cpd.distributed: the ranks' configurations differ ({desc}); every rank must use "
-                             "the same format, algorithm, group_size, kahan, rounding, scaling and layers")
+                             "the same format (or compressor), algorithm, group_size, kahan, rounding, scaling "
+                             "and layers")
         if extra:
             self.checked = True
 
@@ -470,6 +540,8 @@ class _Engine:
         if self.error is not None:
             raise CommunicationError(f"cpd.distributed: an earlier exchange failed: {self.error}")
         try:
+            if self.cfg.compressor is not None:
+                return self._reduce_compressed(grads, names, shapes, step)
             return self._reduce(grads, names, shapes, step, scale_exp, roundoff)
         except Exception as exc:
             raise self._fail(exc, "the gradient exchange") from (None if exc is self.error else exc)
@@ -604,6 +676,262 @@ class _Engine:
         method = {"aps": "aps", "loss": "loss-scaled"}.get(cfg.scaling, "unscaled")
         report = RoundoffReport(layers, cfg.fmt, cfg.algorithm, w, method, cfg.group_size)
         return report, (w - 1) * mine.numel() * 4
+
+    # ---- compressed communication (cpd.compressors)
+    def begin_step(self) -> None:
+        """Start a step: forget the error-feedback states saved for :meth:`rollback`."""
+        self._undo = {}
+
+    def rollback(self) -> None:
+        """Restore the error-feedback states changed since :meth:`begin_step` (a skipped step
+        leaves them untouched, as the emulator's ``reduce_layers`` does)."""
+        for name, (residual, steps) in self._undo.items():
+            st = self.states[name]
+            st.residual, st.steps = residual, steps
+        self._undo = {}
+
+    @torch.no_grad()
+    def _reduce_compressed(self, grads, names, shapes, step):
+        """The emulator's ``cpd.compressors.reduce_layers`` across processes (this rank = worker
+        ``self.pos``): flags exchange, then every compressed layer in the order of
+        :mod:`cpd.compressors.reduce`, all layers of one hop in one message."""
+        from .compressors import CompressorState
+        from .compressors.reduce import _chunks
+
+        cfg, w, comp = self.cfg, self.world, self.cfg.compressor
+        if not self.checked:
+            self.check({"layers": [(n, tuple(sh)) for n, sh in zip(names, shapes)]})
+        self._sent = self._recv = self._lens = 0
+        flat = [None if g is None else g.detach().to(torch.float32).cpu().reshape(tuple(sh))
+                for g, sh in zip(grads, shapes)]
+        all_fp32 = step < cfg.hybrid_steps
+        fp32 = [all_fp32 or any(_match(n, p) for p in cfg.fp32_layers) for n in names]
+        # 1. Per layer: error-feedback value v = g + residual (not committed yet), and one MAX
+        #    exchange of _NONE (no gradient) < 0 (finite) < 1 (v overflows float32) < _NONFINITE.
+        values, codes = {}, []
+        for i, (name, g) in enumerate(zip(names, flat)):
+            if g is None:
+                codes.append(_NONE)
+            elif g.numel() and not bool(torch.isfinite(g).all()):
+                codes.append(_NONFINITE)
+            else:
+                codes.append(0)
+                if not fp32[i]:
+                    values[i] = self._value(name, g)
+                    codes[-1] = int(not bool(torch.isfinite(values[i][1]).all()))
+        ex = torch.tensor(codes, dtype=torch.int32)
+        if w > 1 and len(codes):
+            ex_dev = ex.to(self.device)
+            dist.all_reduce(ex_dev, op=dist.ReduceOp.MAX, group=self.pg, async_op=True).wait(self.timeout)
+            ex = ex_dev.cpu()
+            flag_bytes = float32_ring_bytes([len(codes)], w, self.pos)
+        else:
+            flag_bytes = 0
+        ex = ex.tolist()
+        # 2. Per layer decision (reduce_layers: any inf/NaN anywhere -> every layer in float32).
+        found_inf = _NONFINITE in ex
+        rep = StepReport(step=step, world=w, rank=self.pos, algorithm=cfg.algorithm, fmt=comp.name, buckets=1,
+                         found_inf=found_inf)
+        low, f32, overflow = [], [], []
+        for i, (name, e) in enumerate(zip(names, ex)):
+            if e == _NONE:
+                rep.status[name], rep.scale_exp[name] = "skipped", None
+                continue
+            rep.scale_exp[name] = None
+            if flat[i] is None:  # no gradient here, one elsewhere: zeros (the emulator's zeros_like)
+                flat[i] = torch.zeros(tuple(shapes[i]), dtype=torch.float32)
+                if not fp32[i]:
+                    values[i] = self._value(name, flat[i])
+            if found_inf or fp32[i]:
+                rep.status[name] = "nonfinite" if found_inf else "fp32"
+                f32.append(i)
+            else:
+                rep.status[name] = "compressed"
+                low.append(i)
+                if e == 1:
+                    overflow.append(name)
+        if overflow:
+            raise ValueError(f"layers {overflow}: gradient + error-feedback residual is inf on some rank, which the "
+                             f"{comp.name} compressor cannot encode (the emulator raises too)")
+        out = [None] * len(grads)
+        # 3. float32 layers: allreduce(..., FP32, algorithm="ring" | "sequential"), as reduce_layers.
+        if f32:
+            st = _Stream(FP32, [flat[i].numel() for i in f32], torch.cat([flat[i].reshape(-1) for i in f32]), w)
+            red = (self._ring([st], self.ranks, self.pos, carry_c=False) if cfg.algorithm == "ring"
+                   else self._one_rounding([st]))[0]
+            off = 0
+            for i in f32:
+                n = flat[i].numel()
+                out[i] = red[off:off + n].reshape(tuple(shapes[i])).clone()
+                off += n
+        # 4. Compressed layers: quantize once (commit the error feedback), then reduce.
+        items = []
+        for i in low:
+            v64, v = values[i]
+            chunks, join = _chunks(comp, v, w)
+            pays = [comp._encode(c.contiguous()) if c.numel() else None for c in chunks]
+            dec = [comp._decode(p) if p is not None else c.clone() for p, c in zip(pays, chunks)]
+            q = join(dec)
+            if v64 is not None:
+                st = self.states.setdefault(names[i], CompressorState())
+                self._undo.setdefault(names[i], (st.residual, st.steps))
+                st.update(v64, q)
+            items.append((i, pays, _chunks(comp, q, w)[0], join))
+        if items:
+            for (i, _, _, join), chunks in zip(items, self._compressed_allreduce(items)):
+                out[i] = join(chunks).reshape(tuple(shapes[i]))
+        rep.length_bytes = self._lens
+        rep.bytes_sent = self._sent + flag_bytes
+        rep.bytes_received = self._recv + flag_bytes
+        rep.exponent_bytes = flag_bytes
+        rep.float32_bytes = float32_ring_bytes([f.numel() for f in flat if f is not None], w, self.pos)
+        return out, rep
+
+    def _value(self, name: str, g: torch.Tensor):
+        """(v64, v): ``g + residual`` in float64 (None without error feedback) and as encoded (float32)."""
+        comp = self.cfg.compressor
+        if not comp.error_feedback:
+            return None, g
+        st = self.states.get(name)
+        v64 = st.accumulate(g) if st is not None else g.to(torch.float64)
+        return v64, v64.to(torch.float32)
+
+    def _compressed_allreduce(self, items):
+        """items: per layer (index, this rank's W chunk payloads, its W decoded chunks, join).
+        Returns per layer the W reduced chunks (identical on every rank)."""
+        comp, w, pos = self.cfg.compressor, self.world, self.pos
+        if w == 1:
+            return [list(qs) for _, _, qs, _ in items]
+        nxt, prv = self.ranks[(pos + 1) % w], self.ranks[(pos - 1) % w]
+
+        def live(c):  # layers whose chunk c is not empty (nothing is sent for an empty chunk)
+            return [k for k, (_, _, qs, _) in enumerate(items) if qs[c].numel()]
+
+        def shape(k, c):
+            return items[k][2][c].shape
+
+        cur = {}  # layer -> the payload this rank holds for the chunk it sends next
+        if self.cfg.algorithm == "ring":
+            # Reduce-scatter: chunk c starts at worker c; hop h is done by worker (c + h) % W, which
+            # decodes the partial sum, adds its own quantized chunk (float32) and re-encodes.
+            for k in live(pos):
+                cur[k] = items[k][1][pos]
+            for h in range(1, w):
+                cs, cr = (pos - h + 1) % w, (pos - h) % w
+                got = self._exchange([(nxt, [cur[k] for k in live(cs)])], [(prv, [shape(k, cr) for k in live(cr)])])[0]
+                cur = {k: comp._encode(comp._decode(p) + items[k][2][cr]) for k, p in zip(live(cr), got)}
+            own = (pos + 1) % w
+        else:
+            # Pairwise exchange: every worker sends its payload of chunk c to worker c, which sums the
+            # W decoded chunks in worker order (float32) and encodes the result.
+            sends = [(self.ranks[c], [items[k][1][c] for k in live(c)]) for c in range(w) if c != pos]
+            srcs = [r for r in range(w) if r != pos]
+            got = self._exchange(sends, [(self.ranks[r], [shape(k, pos) for k in live(pos)]) for r in srcs])
+            rows = dict(zip(srcs, got))
+            for j, k in enumerate(live(pos)):
+                terms = [items[k][2][pos] if r == pos else comp._decode(rows[r][j]) for r in range(w)]
+                s = terms[0].clone()
+                for t in terms[1:]:
+                    s = s + t
+                cur[k] = comp._encode(s)
+            own = pos
+        # Allgather along the ring: the owner's final payload reaches the W-1 others; every worker
+        # (the owner too) decodes it.
+        final = [dict() for _ in items]
+        for k, p in cur.items():
+            final[k][own] = p
+        have = own
+        for _ in range(1, w):
+            cr = (have - 1) % w
+            got = self._exchange([(nxt, [final[k][have] for k in live(have)])],
+                                 [(prv, [shape(k, cr) for k in live(cr)])])[0]
+            for k, p in zip(live(cr), got):
+                final[k][cr] = p
+            have = cr
+        return [[comp._decode(final[k][c]) if c in final[k] else qs[c] for c in range(w)]
+                for k, (_, _, qs, _) in enumerate(items)]
+
+    def _layout(self, shape) -> tuple:
+        key = tuple(shape)
+        lay = self._layouts.get(key)
+        if lay is None:
+            lay = self._layouts[key] = tuple(self.cfg.compressor.wire_layout(torch.Size(key)))
+        return lay
+
+    def _exchange(self, sends, recvs):
+        """Send payloads and receive payloads of known shapes, point to point, in one batch per phase.
+
+        ``sends``: [(dst rank, [Payload])]; ``recvs``: [(src rank, [chunk shape])]. Each message is
+        the concatenation of its payloads' parts in :meth:`Compressor.wire_layout` order; the sizes
+        of data-dependent parts travel first, as int32, in a message of their own (counted in
+        ``length_bytes``). Returns, per ``recvs`` entry, the list of received Payloads.
+        """
+        from .compressors import Payload
+
+        comp = self.cfg.compressor
+        out_lens, out_bytes = [], []
+        for dst, pays in sends:
+            lens, parts = [], []
+            for p in pays:
+                lay = self._layout(p.shape)
+                if set(p.parts) != {n for n, _ in lay}:
+                    raise RuntimeError(f"compressor {comp.name}: payload parts {sorted(p.parts)} differ from its "
+                                       f"wire_layout {[n for n, _ in lay]}")
+                for name, size in lay:
+                    t = p.parts[name].reshape(-1)
+                    if size is None:
+                        lens.append(t.numel())
+                    elif t.numel() != size:
+                        raise RuntimeError(f"compressor {comp.name}: part {name!r} of a {tuple(p.shape)} payload has "
+                                           f"{t.numel()} bytes; its wire_layout says {size}")
+                    parts.append(t)
+            out_lens.append(torch.tensor(lens, dtype=torch.int32).view(torch.uint8))
+            out_bytes.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8))
+        layouts = [[self._layout(sh) for sh in shapes] for _, shapes in recvs]
+        ndyn = [sum(size is None for lay in lays for _, size in lay) for lays in layouts]
+        if any(lens.numel() for lens in out_lens) or any(ndyn):
+            before = self._sent
+            got = self._p2p_many([(t, dst) for t, (dst, _) in zip(out_lens, sends)],
+                                 [(4 * n, src) for n, (src, _) in zip(ndyn, recvs)])
+            self._lens += self._sent - before
+            in_lens = [g.view(torch.int32).tolist() if g.numel() else [] for g in got]
+        else:
+            in_lens = [[] for _ in recvs]
+        sizes = []
+        for lays, lens in zip(layouts, in_lens):
+            it = iter(lens)
+            sizes.append([[size if size is not None else next(it) for _, size in lay] for lay in lays])
+        got = self._p2p_many([(t, dst) for t, (dst, _) in zip(out_bytes, sends)],
+                             [(sum(map(sum, sz)), src) for sz, (src, _) in zip(sizes, recvs)])
+        result = []
+        for buf, (_, shapes), lays, sz in zip(got, recvs, layouts, sizes):
+            off, pays = 0, []
+            for sh, lay, ps in zip(shapes, lays, sz):
+                parts = {}
+                for (name, _), n in zip(lay, ps):
+                    parts[name] = buf[off:off + n].clone()  # clone: a part may start at any byte
+                    off += n
+                pays.append(Payload(comp.name, torch.Size(sh), parts))
+            result.append(pays)
+        return result
+
+    def _p2p_many(self, sends, recvs):
+        """One ``batch_isend_irecv`` of uint8 messages: sends [(tensor, dst)], recvs [(nbytes, src)];
+        returns the received tensors (bytes counted; empty messages are not sent)."""
+        ops, bufs = [], []
+        for t, dst in sends:
+            if t.numel():
+                ops.append(dist.P2POp(dist.isend, t.to(self.device), dst, group=self.pg))
+                self._sent += t.numel()
+        for n, src in recvs:
+            buf = torch.empty(n, dtype=torch.uint8, device=self.device)
+            bufs.append(buf)
+            if n:
+                ops.append(dist.P2POp(dist.irecv, buf, src, group=self.pg))
+                self._recv += n
+        if ops:
+            self._wait(dist.batch_isend_irecv(ops))
+        return [b.cpu() for b in bufs]
 
     def _allreduce(self, specs):
         """specs: [(fmt, layer sizes, flat values already in fmt)]; returns the reduced flat vectors."""
@@ -809,16 +1137,26 @@ class APSHookState:
     scale around the cast (as :meth:`cpd.LossScaler.allreduce`) and updates the scaler after each
     step on every rank (it backs off on inf/NaN, identically everywhere).
 
+    With ``compressor=`` (instead of ``fmt``) the gradients travel as that
+    :class:`cpd.compressors.Compressor`'s payloads (see :meth:`_Engine._reduce_compressed` and
+    docs/compressors.md): the sums equal ``cpd.compressors.reduce_layers`` / emulated
+    ``cpd.APSOptimizer(compressor=...)`` bit for bit, with one error-feedback state per layer on
+    each rank (:attr:`compressor_states`; rank r holds the emulator's worker r state). The inf/NaN
+    decision is taken per bucket (every layer of the bucket is then summed in float32), and a step
+    with :attr:`found_inf` leaves every error-feedback state as it was before the step.
+
     Args:
         fmt: the communication format (``cpd.E5M2``, ``"e4m3"``, ``cpd.FloatFormat(3, 0)``, ...;
-            ``cpd.FP32`` sends float32).
-        algorithm: ``"ring"``, ``"hierarchical"`` (with ``group_size``) or ``"one_rounding"``.
+            ``cpd.FP32`` sends float32). Exactly one of ``fmt`` and ``compressor``.
+        algorithm: ``"ring"``, ``"hierarchical"`` (with ``group_size``) or ``"one_rounding"``; with
+            ``compressor``: ``"ring"`` or ``"pairwise"`` (the orders of
+            :func:`cpd.compressors.compressed_allreduce`).
         group_size: hierarchical: ranks per group (consecutive ranks), dividing W.
         kahan: Kahan-compensated low-precision sums (the compensation travels with the sum).
         rounding: ``"nearest"``, ``"toward_zero"``, ``"up"`` or ``"down"``.
         saturate: clamp overflows to ±max (see :func:`cpd.cast`).
-        scaling: ``"aps"`` (per-layer power-of-two scaling), ``"loss"`` (one global scale from
-            ``loss_scaler``) or None.
+        scaling: ``"aps"`` (per-layer power-of-two scaling, the default with ``fmt``), ``"loss"``
+            (one global scale from ``loss_scaler``) or None (the only value with ``compressor``).
         margin: APS head room (see :func:`cpd.aps_allreduce`).
         fp32_layers: parameter-name prefixes reduced in float32 (needs ``model``).
         hybrid_steps: float32 communication for the first N steps.
@@ -830,20 +1168,38 @@ class APSHookState:
         roundoff: also compute the emulator's per-layer round-off report of every step
             (``state.report.roundoff``, a :class:`cpd.RoundoffReport`); costs one float32
             all_gather of the gradients per bucket (counted in ``diagnostic_bytes``): a diagnostic,
-            off by default.
+            off by default (fmt only).
+        compressor: a :class:`cpd.compressors.Compressor` or a name (``"onebit"``, ``"threshold:0.01"``,
+            ``"adaptive"``, ``"dynamic_tree"``, ``"e5m2"``, ...); then ``group_size``, ``kahan``,
+            ``rounding``, ``saturate``, ``scaling``, ``margin``, ``loss_scaler`` and ``roundoff`` keep
+            their defaults. Compressors that draw random numbers (``sample=``, stochastic rounding)
+            are refused.
     """
 
-    def __init__(self, fmt, algorithm: str = "ring", *, group_size: int | None = None, kahan: bool = False,
-                 rounding="nearest", saturate: bool = False, scaling="aps", margin: int = 0, fp32_layers=(),
+    def __init__(self, fmt=None, algorithm: str = "ring", *, group_size: int | None = None, kahan: bool = False,
+                 rounding="nearest", saturate: bool = False, scaling=_AUTO, margin: int = 0, fp32_layers=(),
                  hybrid_steps: int = 0, loss_scaler=None, model: torch.nn.Module | None = None,
-                 process_group=None, timeout=120.0, roundoff: bool = False):
+                 process_group=None, timeout=120.0, roundoff: bool = False, compressor=None):
         from .scaling import LossScaler
 
         if not isinstance(roundoff, bool):
             raise TypeError(f"roundoff must be a bool, got {type(roundoff).__name__}")
         self.roundoff = roundoff
-        self.config = _check_config(fmt, algorithm, group_size, kahan, rounding, saturate, scaling, margin,
-                                    fp32_layers, hybrid_steps)
+        if compressor is not None:
+            if fmt is not None:
+                raise ValueError("give fmt= or compressor=, not both")
+            self.config = _check_compressor_config(compressor, algorithm, fp32_layers, hybrid_steps, {
+                "group_size": (group_size, None), "kahan": (kahan, False),
+                "rounding": (Rounding.parse(rounding), Rounding.NEAREST), "saturate": (saturate, False),
+                "scaling": (None if scaling is _AUTO else scaling, None), "margin": (margin, 0),
+                "loss_scaler": (loss_scaler, None), "roundoff": (roundoff, False)})
+            scaling = None
+        else:
+            if fmt is None:
+                raise TypeError("fmt is required (use cpd.FP32 for float32 communication), or give compressor=")
+            scaling = "aps" if scaling is _AUTO else scaling
+            self.config = _check_config(fmt, algorithm, group_size, kahan, rounding, saturate, scaling, margin,
+                                        fp32_layers, hybrid_steps)
         if loss_scaler is not None and scaling != "loss":
             raise ValueError("loss_scaler is only used with scaling='loss'")
         if loss_scaler is not None and not isinstance(loss_scaler, LossScaler):
@@ -878,6 +1234,17 @@ class APSHookState:
     def world_size(self) -> int:
         return self.engine.world
 
+    @property
+    def compressor(self):
+        """The :class:`cpd.compressors.Compressor` (None with ``fmt``)."""
+        return self.config.compressor
+
+    @property
+    def compressor_states(self) -> dict:
+        """{layer name: this rank's :class:`cpd.compressors.CompressorState`} (error feedback; the
+        emulator's ``states[name][rank]``). Empty without a compressor or error feedback."""
+        return self.engine.states
+
     def _name(self, p, bucket_index: int, j: int) -> str:
         return self._names.get(id(p)) or f"bucket{bucket_index}.{j}"
 
@@ -885,6 +1252,7 @@ class APSHookState:
         eng = self.engine
         if index == 0:
             self._current = None
+            eng.begin_step()
         exp = self.loss_scaler.scale_exp if self.loss_scaler is not None else None
         sums, rep = eng.reduce(grads, names, [g.shape for g in grads], step=self.steps, scale_exp=exp,
                                roundoff=self.roundoff)
@@ -897,7 +1265,7 @@ class APSHookState:
         if cur is None:
             self._current = cur = rep
         else:
-            for f in ("bytes_sent", "bytes_received", "exponent_bytes", "float32_bytes", "buckets",
+            for f in ("bytes_sent", "bytes_received", "exponent_bytes", "length_bytes", "float32_bytes", "buckets",
                       "diagnostic_bytes"):
                 setattr(cur, f, getattr(cur, f) + getattr(rep, f))
             if rep.roundoff is not None:
@@ -907,6 +1275,8 @@ class APSHookState:
             cur.scale_exp.update(rep.scale_exp)
         if last:
             self.found_inf = cur.found_inf
+            if cur.found_inf:
+                eng.rollback()  # compressor: error feedback as if the step had not happened
             self.skipped_steps += int(cur.found_inf)
             if self.loss_scaler is not None:
                 self.loss_scaler.update(cur.found_inf)
@@ -917,6 +1287,9 @@ class APSHookState:
 
     def __repr__(self) -> str:
         c = self.config
+        if c.compressor is not None:
+            return (f"APSHookState(compressor={c.compressor!r}, algorithm={c.algorithm}, world={self.world_size}, "
+                    f"steps={self.steps}, skipped_steps={self.skipped_steps})")
         gs = f", group_size={c.group_size}" if c.group_size else ""
         return (f"APSHookState(fmt={c.fmt.name}, algorithm={c.algorithm}{gs}, kahan={c.kahan}, scaling={c.scaling}, "
                 f"world={self.world_size}, steps={self.steps}, skipped_steps={self.skipped_steps})")

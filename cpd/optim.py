@@ -254,7 +254,11 @@ class APSOptimizer(_WrappedOptimizer):
             them across processes in low precision with the same bits as emulated mode
             (:mod:`cpd.distributed`; ``rounding`` must be deterministic and ``algorithm`` one of
             ``"ring"``, ``"hierarchical"``, ``"one_rounding"``). ``last_report`` is then a
-            :class:`cpd.distributed.StepReport` (bytes on the wire, per-layer decisions).
+            :class:`cpd.distributed.StepReport` (bytes on the wire, per-layer decisions). With
+            ``compressor=`` the compressor's payloads travel between the processes (``algorithm``
+            ``"ring"`` or ``"pairwise"``) with the emulated mode's bits, and
+            :attr:`compressor_states` maps a layer name to this process's one error-feedback state
+            (the emulated mode's ``compressor_states[name][rank]``).
         timeout: real mode: seconds any exchange may wait for a peer before
             :class:`cpd.distributed.CommunicationError`.
     """
@@ -293,9 +297,6 @@ class APSOptimizer(_WrappedOptimizer):
         if process_group is not None:  # real mode: W = the group's size
             import torch.distributed as dist
 
-            if self.compressor is not None:
-                raise ValueError("compressor= runs in emulated mode only; process_group= sends fmt codes "
-                                 "(cpd.distributed)")
             group_workers = dist.get_world_size(process_group)
             if workers is not None and workers != group_workers:
                 raise ValueError(f"workers={workers} differs from the process group's size {group_workers}")
@@ -347,11 +348,16 @@ class APSOptimizer(_WrappedOptimizer):
                 raise ValueError(f"fp32_layers prefix {prefix!r} matches no parameter; names are "
                                  f"{sorted(self._names.values())}")
         if process_group is not None:
-            from .distributed import _check_config, _Engine
+            from .distributed import _check_compressor_config, _check_config, _Engine
 
-            cfg = _check_config(self.fmt, algorithm, group_size, kahan, self.rounding, False, scaling, 0,
-                                self.fp32_layers, hybrid_steps)
+            if self.compressor is not None:
+                cfg = _check_compressor_config(self.compressor, algorithm, self.fp32_layers, hybrid_steps, {})
+            else:
+                cfg = _check_config(self.fmt, algorithm, group_size, kahan, self.rounding, False, scaling, 0,
+                                    self.fp32_layers, hybrid_steps)
             self._engine = _Engine(cfg, process_group, timeout)
+            if self.compressor is not None:  # this rank's error-feedback states live in the engine
+                self.compressor_states = self._engine.states
         #: Steps taken (applied or skipped); the hybrid schedule counts these.
         self.steps = 0
         #: Steps skipped because of inf/NaN.
@@ -508,7 +514,8 @@ class APSOptimizer(_WrappedOptimizer):
                          "loss_scaler": None if self.loss_scaler is None else self.loss_scaler.state_dict()}
         if self.compressor_states:  # error-feedback residuals: {layer: [per-worker float64 residual]}
             sd["cpd_aps"]["compressor_residuals"] = {n: [None if s.residual is None else s.residual.clone()
-                                                         for s in v] for n, v in self.compressor_states.items()}
+                                                         for s in (v if isinstance(v, list) else [v])]
+                                                     for n, v in self.compressor_states.items()}
         return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -519,12 +526,19 @@ class APSOptimizer(_WrappedOptimizer):
         self.skipped_steps = int(extra.get("skipped_steps", 0))
         if "compressor_residuals" in extra:
             from .compressors import CompressorState
-            self.compressor_states = {}
+            real = self._engine is not None  # real mode: one state per layer (this process's), in place
+            if not real:
+                self.compressor_states = {}
+            else:
+                self.compressor_states.clear()
             for n, rs in extra["compressor_residuals"].items():
+                if real and len(rs) != 1:
+                    raise ValueError(f"state_dict holds {len(rs)} workers' residuals for layer {n!r}; a process "
+                                     "of real mode loads its own (one per layer)")
                 states = [CompressorState() for _ in rs]
                 for s, r in zip(states, rs):
                     s.residual = None if r is None else r.clone()
-                self.compressor_states[n] = states
+                self.compressor_states[n] = states[0] if real else states
         ls = extra.get("loss_scaler")
         if ls is not None and self.loss_scaler is not None:
             self.loss_scaler.load_state_dict(ls)

@@ -15,7 +15,16 @@ Invariants defended:
   gradient on one rank makes every rank report ``found_inf`` (and APSOptimizer skip the step);
   a rank that raises mid-step or dies makes the others raise CommunicationError within the
   timeout (the parent process enforces a deadline: nothing hangs);
-* sub-byte packing round-trips for every width 1..8.
+* sub-byte packing round-trips for every width 1..8;
+* compressors across processes (``APSHookState(compressor=...)``,
+  ``APSOptimizer(compressor=..., process_group=...)``): for onebit, threshold, adaptive,
+  dynamic_tree and e5m2, ring and pairwise, W = 2, 3, 4, every step's averaged gradients equal
+  ``cpd.compressors.reduce_layers`` (the emulator of ``cpd.allreduce(..., compressor=...)``) / W
+  bit for bit and differ from the float32 sum, each rank's error-feedback residuals equal the
+  emulator's worker-r residuals after every step (a step with inf/NaN leaves them untouched), the
+  payload bytes summed over the ranks equal the emulator's count (lengths of data-dependent
+  payloads and the flag exchange counted apart), training equals emulated training, and
+  mismatched compressors raise a ValueError naming the field on every rank.
 
 Spawning is slow, so each spawned group runs a list of cases and returns results to the parent.
 """
@@ -543,14 +552,15 @@ JOBS["nccl"] = job_nccl
 
 def test_launch_demo_prints_the_emulated_table_and_bytes(tmp_path):
     """``python -m cpd launch-demo --nproc 2`` (real gloo processes) prints the same table as the
-    emulated ``python -m cpd demo --workers 2`` (seconds aside) plus the bytes table."""
+    emulated ``python -m cpd demo --workers 2`` (seconds aside; formats and a compressor) plus the
+    bytes table."""
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])]),
                OMP_NUM_THREADS="1")
-    common = ["--fast", "--epochs", "1", "--format", "e3m0"]
+    common = ["--fast", "--epochs", "1", "--format", "e3m0", "--compressor", "onebit"]
     cmds = [[sys.executable, "-m", "cpd", "launch-demo", "--nproc", "2", *common],
             [sys.executable, "-m", "cpd", "demo", "--workers", "2", "--no-plot", *common]]
     procs = [subprocess.Popen(c, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -566,10 +576,245 @@ def test_launch_demo_prints_the_emulated_table_and_bytes(tmp_path):
     def table(text):
         lines = text.splitlines()
         i = next(i for i, ln in enumerate(lines) if ln.startswith("config") and "test_acc" in ln)
-        return [ln.split()[:-1] for ln in lines[i + 2:i + 5]]  # three configurations, without seconds
+        return [ln.split()[:-1] for ln in lines[i + 2:i + 6]]  # four configurations, without seconds
 
     real, emulated = table(outs[0][0]), table(outs[1][0])
-    assert real == emulated and len(real) == 3, (real, emulated)
+    assert real == emulated and len(real) == 4 and real[-1][0] == "onebit", (real, emulated)
     rows = {ln.split()[0] + " " + ln.split()[1]: ln.split() for ln in outs[0][0].splitlines()
             if ln.startswith(("fp32 ", "e3m0 ")) and " B " in ln}
     assert float(rows["e3m0 aps"][-2]) <= 0.15 and float(rows["fp32 e8m23"][-2]) > 0.99, rows
+    onebit = next(ln.split() for ln in outs[0][0].splitlines() if ln.startswith("onebit ") and " B " in ln)
+    assert float(onebit[-2]) < 0.25, onebit  # 1 bit per element plus two float32 means per column
+
+
+# ------------------------------------------------------------------------------------ compressors
+def job_comp_hook(rank: int, world: int, cases: list) -> list:
+    """Each case: a DDP Toy with the compressor hook for a few steps (rank-r gradients synthetic),
+    beside the emulator (reduce_layers with W error-feedback states) run on every rank."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from cpd.compressors import get, reduce_layers
+
+    results = []
+    for ci, case in enumerate(cases):
+        model = Toy()
+        ddp = DDP(model, bucket_cap_mb=case.get("bucket_cap_mb", 25))
+        alg = case.get("algorithm", "ring")
+        state = cpd.distributed.APSHookState(compressor=case["comp"], algorithm=alg, model=model, timeout=30,
+                                             fp32_layers=case.get("fp32_layers", ()))
+        ddp.register_comm_hook(state, cpd.distributed.aps_hook)
+        comp, states, steps = get(case["comp"]), {}, []
+        for step in range(case.get("steps", 3)):
+            every = [synthetic(r, 10 * ci + step) for r in range(world)]
+            if step == case.get("nan_step"):
+                every[1]["b"][2] = math.nan
+            for p in model.parameters():
+                p.grad = None
+            ddp(every[rank]).backward()
+            ref, emu = reduce_layers({k: [g[k] for g in every] for k in SIZES}, comp, states, algorithm=alg,
+                                     fp32_layers=case.get("fp32_layers", ()))
+            exact = (world & (world - 1)) == 0
+            avg = {k: v * (1.0 / world) if exact else v / world for k, v in ref.items()}
+            got = {k: p.grad.clone() for k, p in model.named_parameters()}
+            f32 = {k: torch.stack([g[k] for g in every]).sum(0) / world for k in SIZES}
+            rep = state.report
+            steps.append({"equal": {k: _same(got[k], avg[k]) for k in SIZES},
+                          "differs_from_fp32": any(not torch.equal(got[k], f32[k]) for k in SIZES),
+                          "found_inf": state.found_inf, "emu_found_inf": emu.found_inf,
+                          "residuals": sorted(state.compressor_states) == sorted(states) and all(
+                              torch.equal(state.compressor_states[k].residual, states[k][rank].residual)
+                              for k in states),
+                          "has_residual": bool(states),
+                          "payload": rep.payload_bytes, "lengths": rep.length_bytes, "flags": rep.exponent_bytes,
+                          "sent": rep.bytes_sent, "received": rep.bytes_received, "emu_bytes": emu.bytes,
+                          "status": dict(rep.status)})
+        results.append({"case": case, "steps": steps})
+    return results
+
+
+COMP_HOOK_CASES = {
+    2: [dict(comp="onebit"), dict(comp="onebit", algorithm="pairwise", bucket_cap_mb=1e-4),
+        dict(comp="threshold", bucket_cap_mb=1e-4), dict(comp="threshold:0.01", algorithm="pairwise"),
+        dict(comp="adaptive:4", nan_step=1), dict(comp="adaptive:4", algorithm="pairwise", bucket_cap_mb=1e-4,
+                                                  nan_step=1),
+        dict(comp="dynamic_tree"), dict(comp="dynamic_tree", algorithm="pairwise"),
+        dict(comp="e5m2", fp32_layers=("c",)), dict(comp="e5m2", algorithm="pairwise")],
+    3: [dict(comp="onebit", bucket_cap_mb=1e-4), dict(comp="onebit", algorithm="pairwise"),
+        dict(comp="threshold"), dict(comp="threshold", algorithm="pairwise", bucket_cap_mb=1e-4),
+        dict(comp="adaptive:4", bucket_cap_mb=1e-4, nan_step=1), dict(comp="adaptive:4", algorithm="pairwise"),
+        dict(comp="dynamic_tree", algorithm="pairwise", nan_step=2), dict(comp="dynamic_tree"),
+        dict(comp="e5m2"), dict(comp="e5m2", algorithm="pairwise", fp32_layers=("a",))],
+    4: [dict(comp="onebit", algorithm="pairwise"), dict(comp="adaptive:4"),
+        dict(comp="threshold", algorithm="pairwise")],
+}
+
+
+@pytest.fixture(scope="module")
+def comp_hook_results(tmp_path_factory):
+    return {w: spawn("comp_hook", w, tmp_path_factory.mktemp(f"comp{w}"), cases)
+            for w, cases in COMP_HOOK_CASES.items()}
+
+
+@pytest.mark.parametrize("world", sorted(COMP_HOOK_CASES))
+def test_compressed_hook_bit_identical_to_emulator(comp_hook_results, world):
+    """Every step, every rank: the averaged gradients are the emulator's bits (and not the float32
+    sum's), the error-feedback residuals are the emulator's worker-r residuals, found_inf agrees."""
+    for rank, cases in enumerate(comp_hook_results[world]):
+        for r in cases:
+            case, single_bucket = r["case"], "bucket_cap_mb" not in r["case"]
+            for step, s in enumerate(r["steps"]):
+                where = f"W={world} rank {rank} {case} step {step}"
+                assert s["found_inf"] == s["emu_found_inf"] == (step == case.get("nan_step")), where
+                assert s["residuals"], f"{where}: error-feedback residuals differ from the emulator's"
+                if s["found_inf"] and not single_bucket:
+                    continue  # per-bucket inf/NaN decision: only the skip and the residuals are specified
+                bad = [k for k, ok in s["equal"].items() if not ok]
+                assert not bad, f"{where}: layers {bad} differ from the emulator"
+                if not s["found_inf"]:
+                    assert s["differs_from_fp32"], f"{where}: equals the float32 sum; compressor not used?"
+                    assert set(s["status"].values()) <= {"compressed", "fp32"}, where
+            ef = cpd.compressors.get(case["comp"]).error_feedback
+            assert all(s["has_residual"] == ef for s in r["steps"]), case
+
+
+@pytest.mark.parametrize("world", sorted(COMP_HOOK_CASES))
+def test_compressed_hook_bytes(comp_hook_results, world):
+    """Payload bytes summed over the ranks equal the emulator's CompressionReport.bytes; lengths are
+    sent only for data-dependent payloads (threshold, adaptive); what is sent is received."""
+    for i, case in enumerate(COMP_HOOK_CASES[world]):
+        for step in range(len(comp_hook_results[world][0][i]["steps"])):
+            s = [comp_hook_results[world][r][i]["steps"][step] for r in range(world)]
+            assert sum(x["sent"] for x in s) == sum(x["received"] for x in s) > 0, (case, step)
+            if s[0]["found_inf"] and "bucket_cap_mb" in case:
+                continue  # per-bucket inf/NaN decision: the other buckets were compressed
+            assert sum(x["payload"] for x in s) == s[0]["emu_bytes"], (case, step, [x["payload"] for x in s])
+            assert all(x["flags"] > 0 for x in s), case
+            dynamic = case["comp"].split(":")[0] in ("threshold", "adaptive") and not s[0]["found_inf"]
+            assert (sum(x["lengths"] for x in s) > 0) == dynamic, (case, step)
+
+
+def job_comp_train(rank: int, world: int, cases: list) -> dict:
+    """Mismatched compressors first; then DDP + compressor hook and APSOptimizer(compressor=,
+    process_group=) against emulated APSOptimizer(compressor=) for a few steps."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    res = {"mismatch": []}
+    for mine in (("onebit", "threshold"), ("threshold:0.01", "threshold:0.02"), ("e5m2", None)):
+        spec = mine[0] if rank == 0 else mine[1]
+        try:
+            if spec is None:
+                cpd.distributed.APSHookState("e5m2", timeout=20)
+            else:
+                cpd.distributed.APSHookState(compressor=spec, timeout=20)
+            res["mismatch"].append(None)
+        except ValueError as exc:
+            res["mismatch"].append(str(exc))
+    out = []
+    for case in cases:
+        comp, alg, steps = case["comp"], case.get("algorithm", "ring"), case["steps"]
+        kw = dict(fp32_layers=case.get("fp32_layers", ()), hybrid_steps=case.get("hybrid_steps", 0))
+
+        def fresh():
+            torch.manual_seed(0)
+            return Net()
+
+        m1 = fresh()
+        ddp = DDP(m1)
+        state = cpd.distributed.APSHookState(compressor=comp, algorithm=alg, model=m1, timeout=30, **kw)
+        ddp.register_comm_hook(state, cpd.distributed.aps_hook)
+        o1 = torch.optim.SGD(m1.parameters(), lr=0.5, momentum=0.9)
+        m2 = fresh()
+        o2 = cpd.APSOptimizer(torch.optim.SGD(m2.parameters(), lr=0.5, momentum=0.9), compressor=comp,
+                              algorithm=alg, model=m2, process_group=dist.group.WORLD, timeout=30, **kw)
+        m3 = fresh()
+        o3 = cpd.APSOptimizer(torch.optim.SGD(m3.parameters(), lr=0.5, momentum=0.9), compressor=comp,
+                              workers=world, algorithm=alg, model=m3, **kw)
+        for step in range(steps):
+            x, y = _batch(step)
+            wx, wy = torch.tensor_split(x, world)[rank], torch.tensor_split(y, world)[rank]
+            o1.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(wx), wy).backward()
+            if not state.found_inf:
+                o1.step()
+            o2.zero_grad()
+            torch.nn.functional.cross_entropy(m2(wx), wy).backward()
+            o2.step()
+            o3.zero_grad()
+            for ex, ey in o3.split(x, y):
+                torch.nn.functional.cross_entropy(m3(ex), ey).backward()
+                o3.collect()
+            o3.step()
+        p1, p2, p3 = (dict(m.named_parameters()) for m in (m1, m2, m3))
+        emu_res = {k: v[rank].residual for k, v in o3.compressor_states.items()}
+        sd = o2.state_dict()
+        o2.load_state_dict(sd)  # real mode: this process's residuals, restored into the engine's states
+        out.append({"case": case, "ddp_eq": {k: _same(p1[k].detach(), p3[k].detach()) for k in p3},
+                    "opt_eq": {k: _same(p2[k].detach(), p3[k].detach()) for k in p3},
+                    "moved": any(not torch.equal(p3[k].detach(), fresh().state_dict()[k]) for k in p3),
+                    "res_eq": [sorted(st) == sorted(emu_res) and all(torch.equal(st[k].residual, emu_res[k])
+                                                                     for k in emu_res)
+                               for st in (state.compressor_states, o2.compressor_states,
+                                          o2._engine.states)],
+                    "has_residual": bool(emu_res), "report": o2.last_report,
+                    "state_dict": sorted(sd["cpd_aps"].get("compressor_residuals", {}))})
+    res["train"] = out
+    return res
+
+
+JOBS.update({"comp_hook": job_comp_hook, "comp_train": job_comp_train})
+
+COMP_TRAIN_CASES = [dict(comp="onebit", steps=3),
+                    dict(comp="adaptive:4", algorithm="pairwise", steps=3, hybrid_steps=1),
+                    dict(comp="dynamic_tree", steps=2, fp32_layers=("fc2",)), dict(comp="threshold:0.01", steps=3)]
+
+
+def test_compressed_training_equals_emulated_training(tmp_path):
+    res = spawn("comp_train", 3, tmp_path, COMP_TRAIN_CASES)
+    for rank, r in enumerate(res):
+        onebit, tau, fmt = r["mismatch"]
+        assert onebit is not None and "compressor" in onebit and "OneBit" in onebit and "Threshold" in onebit, onebit
+        assert tau is not None and "tau=0.0099999" in tau and "tau=0.0199999" in tau, tau
+        assert fmt is not None and "compressor" in fmt, fmt
+        for t in r["train"]:
+            assert t["moved"], t["case"]
+            assert all(t["ddp_eq"].values()), (rank, t["case"], t["ddp_eq"])
+            assert all(t["opt_eq"].values()), (rank, t["case"], t["opt_eq"])
+            assert all(t["res_eq"]), (rank, t["case"])
+            ef = cpd.compressors.get(t["case"]["comp"]).error_feedback
+            assert t["has_residual"] == ef and bool(t["state_dict"]) == ef, t["case"]
+            assert t["report"].fmt == cpd.compressors.get(t["case"]["comp"]).name
+
+
+def test_compressor_options_are_validated():
+    """Options of the fmt path, unknown orders and random compressors are refused before any
+    process group is needed."""
+    with pytest.raises(ValueError, match="not both"):
+        cpd.distributed.APSHookState("e5m2", compressor="onebit")
+    with pytest.raises(ValueError, match="kahan"):
+        cpd.distributed.APSHookState(compressor="onebit", kahan=True)
+    with pytest.raises(ValueError, match="scaling"):
+        cpd.distributed.APSHookState(compressor="onebit", scaling="aps")
+    with pytest.raises(ValueError, match="'ring', 'pairwise'"):
+        cpd.distributed.APSHookState(compressor="onebit", algorithm="one_rounding")
+    with pytest.raises(ValueError, match="random"):
+        cpd.distributed.APSHookState(compressor="adaptive:64:sample=16")
+    with pytest.raises(TypeError, match="fmt is required"):
+        cpd.distributed.APSHookState()
+
+
+def test_wire_layout_matches_payloads():
+    """The sizes a receiver expects (wire_layout) are the sizes every encode produces, for the
+    chunk shapes the compressed allreduce sends; None exactly for data-dependent parts."""
+    g = torch.Generator().manual_seed(3)
+    for name in ("onebit", "threshold", "adaptive:4", "dynamic_tree", "static_tree", "linear", "mantissa8",
+                 "e5m2", "e2m1", "fp16", "bitpack16"):
+        comp = cpd.compressors.get(name)
+        for shape in ((7, 5), (5,), (1,), (3, 2, 2), (9, 1)):
+            p = comp.encode(torch.randn(shape, generator=g) * 0.01)
+            lay = comp.wire_layout(torch.Size(shape))
+            assert [n for n, _ in lay] == sorted(p.parts, key=[n for n, _ in lay].index), (name, lay, p)
+            assert set(p.parts) == {n for n, _ in lay}, (name, lay, p)
+            for n, size in lay:
+                assert size is None or size == p.parts[n].numel(), (name, shape, n, size, p)
+            assert (None in dict(lay).values()) == (name.split(":")[0] in ("threshold", "adaptive")), name

@@ -87,6 +87,9 @@ class Bitpack(Compressor):
     def _encode(self, x: torch.Tensor) -> Payload:
         return self._payload(x.shape, bytes=bitpack(x, self.nbytes))
 
+    def wire_layout(self, shape) -> tuple:
+        return (("bytes", self.nbytes * math.prod(tuple(shape))),)
+
     def _decode(self, p: Payload) -> torch.Tensor:
         return bitunpack(p.parts["bytes"], self.nbytes, p.shape)
 

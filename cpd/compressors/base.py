@@ -162,6 +162,18 @@ class Compressor:
     def new_state(self) -> CompressorState:
         return CompressorState()
 
+    def wire_layout(self, shape) -> tuple:
+        """The parts of the payload of a tensor of ``shape``, in the order a real transport sends
+        them (:mod:`cpd.distributed` concatenates them): ``((name, nbytes), ...)``, ``nbytes`` None
+        when the size depends on the data (the sender then sends it first, as an int32).
+
+        The default learns the part names from the payload of zeros and declares every size
+        data-dependent; the built-in compressors override it with the sizes both ends know from
+        the shape (their docstrings' "Wire" paragraphs).
+        """
+        p = self._encode(torch.zeros(tuple(shape), dtype=torch.float32))
+        return tuple((k, None) for k in p.parts)
+
     def _encode(self, x: torch.Tensor) -> Payload:  # pragma: no cover - abstract
         raise NotImplementedError
 

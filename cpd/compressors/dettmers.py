@@ -161,6 +161,10 @@ class Dettmers8bit(Compressor):
             return torch.from_numpy(np.searchsorted(self._mids.numpy(), y.contiguous().numpy(), side="left"))
         return torch.bucketize(y, self._mids.to(y.device))
 
+    def wire_layout(self, shape) -> tuple:
+        n = math.prod(tuple(shape))
+        return (("codes", n), ("absmax", 4)) if self.normalized else (("codes", n),)
+
     def _decode(self, p: Payload) -> torch.Tensor:
         codes = p.parts["codes"]
         mag = self.table[(codes & 127).long()]

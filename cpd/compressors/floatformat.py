@@ -9,6 +9,8 @@ Wire: the codes packed as a bitstream of ``fmt.bits`` bits each (MSB first) for 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..formats import FloatFormat
@@ -77,6 +79,11 @@ class FormatCompressor(Compressor):
         else:
             parts["codes"] = codes.to(torch.int16 if b <= 16 else torch.int32).contiguous().view(torch.uint8)
         return self._payload(x.shape, **parts)
+
+    def wire_layout(self, shape) -> tuple:
+        b, n = self.fmt.bits, math.prod(tuple(shape))
+        codes = (n * b + 7) // 8 if b <= 4 else n * _code_bytes(b)
+        return ((("scale", 1),) if self.scale == "aps" else ()) + (("codes", codes),)
 
     def _decode(self, p: Payload) -> torch.Tensor:
         b, n = self.fmt.bits, p.numel

@@ -123,6 +123,10 @@ class OneBit(Compressor):
         return self._payload(x.shape, signs=pack_bits(pos.t().reshape(-1)),
                              means=float_bytes(torch.stack([mp, mn], 1)))
 
+    def wire_layout(self, shape) -> tuple:
+        rows, cols = _rows_cols(tuple(shape))
+        return (("signs", (rows * cols + 7) // 8), ("means", 8 * cols))
+
     def _decode(self, p: Payload) -> torch.Tensor:
         shape = p.shape
         rows, cols = _rows_cols(shape)
@@ -165,6 +169,9 @@ class Threshold(Compressor):
         word = idx | (up[idx].to(torch.int64) << 31)
         word = torch.where(word > _MAX_INDEX, word - (1 << 32), word)   # as a two's-complement int32
         return self._payload(x.shape, words=int_bytes(word))
+
+    def wire_layout(self, shape) -> tuple:
+        return (("words", None),)  # one word per entry beyond tau: data-dependent
 
     def _decode(self, p: Payload) -> torch.Tensor:
         w = bytes_int(p.parts["words"]).to(torch.int64) & 0xFFFFFFFF
@@ -259,6 +266,10 @@ class Adaptive(Compressor):
         counts = col_major.sum(1)
         return self._payload(x.shape, words=int_bytes(word), counts=int_bytes(counts),
                              means=float_bytes(torch.stack([mp, mn], 1)))
+
+    def wire_layout(self, shape) -> tuple:
+        _, cols = _rows_cols(tuple(shape))
+        return (("words", None), ("counts", 4 * cols), ("means", 8 * cols))  # the words: data-dependent
 
     def _decode(self, p: Payload) -> torch.Tensor:
         shape = p.shape
