@@ -310,30 +310,37 @@ def test_float32_lane_path_equals_generic_path(mul, acc):
     ext = _cpu.extension()
     assert ext.matmul_lanes(True, *cpd.ops._fmt_args(mul), *cpd.ops._fmt_args(acc), 0, False) in (16, 32)
     vals = torch.tensor(boundary_list(mul), dtype=torch.float32)
-    vals = torch.cat([vals, -vals, torch.tensor([math.nan])])
+    payload_nans = torch.tensor([0x7FC00123, -0x003FFEDD], dtype=torch.int32).view(torch.float32)  # +-NaN, payloads
+    vals = torch.cat([vals, -vals, torch.tensor([math.nan]), payload_nans])
     g = torch.Generator().manual_seed(11)
     scales = [2.0 ** e for e in range(-30, 31, 3)] + [1.5, 3.0, 5.0, 0.75, 1 / 3, -1.0, 0.0, math.inf]
     scales = torch.tensor(scales + torch.randn(12, generator=g).tolist(), dtype=torch.float32)
-    a, b = vals.reshape(1, -1, 1), scales.reshape(1, 1, -1)
-    gen = _ext_matmul(a, b, mul, acc, False, 0, "nearest", 1)
-    for path in (0, 3):  # automatic, float32 lanes (not binary16)
-        fast = _ext_matmul(a, b, mul, acc, False, 0, "nearest", path)
-        assert bits_equal(fast, gen), _bits_mismatch(fast, gen)
+    no_nan = lambda t: torch.where(torch.isnan(t), torch.zeros(()), t)  # noqa: E731
+
+    def check(a, b, kahan=False, block=0):
+        # NaN operands take the float32 lanes even where binary16 lanes apply (to keep NaN
+        # payloads), so every case also runs with its NaNs replaced by zeros
+        for a_ in (a, no_nan(a)):
+            gen = _ext_matmul(a_, b, mul, acc, kahan, block, "nearest", 1)
+            for path in (0, 3):  # automatic (binary16 lanes where they apply), float32 lanes
+                fast = _ext_matmul(a_, b, mul, acc, kahan, block, "nearest", path)
+                assert bits_equal(fast, gen), _bits_mismatch(fast, gen)
+
+    check(vals.reshape(1, -1, 1), scales.reshape(1, 1, -1))
     # sums of products that are values of mul (so ties and overflow in acc are common), and of
     # random products, at several magnitudes
     idx = torch.randint(0, len(vals) - 1, (3, 24, 97), generator=g)
     a = vals[idx]
     a = torch.where(torch.isfinite(a), a, torch.zeros(()))
     a[0, 0, 3] = math.inf
+    a[2, 0, 4] = -math.inf
     a[0, 1, 5] = math.nan
+    a[1, 2, 7] = payload_nans[0]  # a NaN operand with a payload: kept bit for bit on every path
     for b in (torch.ones(3, 97, 33), torch.randn(3, 97, 33, generator=g), 2.0 ** -12 * torch.randn(3, 97, 33, generator=g),
               torch.randint(-4, 5, (3, 97, 33), generator=g).float() * 0.5):
         for kahan in (False, True):
             for block in (0, 8):
-                gen = _ext_matmul(a, b, mul, acc, kahan, block, "nearest", 1)
-                for path in (0, 3):
-                    fast = _ext_matmul(a, b, mul, acc, kahan, block, "nearest", path)
-                    assert bits_equal(fast, gen), _bits_mismatch(fast, gen)
+                check(a, b, kahan, block)
 
 
 _FALLBACK_SCRIPT = r"""

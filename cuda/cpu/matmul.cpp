@@ -16,6 +16,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "cpd/numerics.h"
@@ -153,6 +154,8 @@ void f32_matmul(const float* a, const float* b, float* y, const Dims& d, const c
 // AVX-512 FP16 op. The products (values of acc, float32 lanes as above) convert exactly:
 //   for each run of 16 k:  p[k][jj] = mul_f(a, b) -> ph = binary16(p);  then in k order
 //   s = s + ph (or Kahan, or blocked, in binary16)
+// NaN operands send the whole call to the float32 lanes (matmul_out), so NaN results keep the
+// payload bits of the other paths (binary16 would keep only 10 of them).
 bool h16_applies(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode) {
   return f32_applies(has_mul, mf, af, mode) && af.exp == 5 && af.man == 10 && af.bias == 15 &&
          af.specials == cpd::SPECIALS_IEEE && af.subnormals && af.outward_bits == cpd::INF_BITS;
@@ -300,6 +303,17 @@ void generic_matmul(const float* a, const float* b, float* y, const Dims& d, con
   });
 }
 
+// Whether x[0 .. n) holds a NaN (one vectorized pass per span, in parallel).
+bool any_nan(const float* x, int64_t n) {
+  std::atomic<bool> found{false};
+  at::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+    uint32_t nan = 0;
+    for (int64_t i = lo; i < hi; ++i) nan |= (uint32_t)((cpd::bits_of(x[i]) & ~cpd::SIGN) > cpd::INF_BITS);
+    if (nan) found = true;
+  });
+  return found;
+}
+
 enum { LANES_GENERIC = 0, LANES_H16 = 16, LANES_F32 = 32, LANES_F64 = 64 };
 
 // Which loop runs (path: 0 automatic, 1 generic, 2 no float32 or binary16 lanes, 3 no binary16
@@ -343,7 +357,8 @@ void matmul_out(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& o
   const float* bp = b.data_ptr<float>();
   float* yp = out.data_ptr<float>();
   if (out.numel() == 0) return;
-  const int lanes = lanes_for(has_mul, mf, af, (int)mode, path);
+  int lanes = lanes_for(has_mul, mf, af, (int)mode, path);
+  if (lanes == LANES_H16 && (any_nan(ap, a.numel()) || any_nan(bp, b.numel()))) lanes = LANES_F32;
 #if defined(__AVX512FP16__)
   if (lanes == LANES_H16) {
     const cpd::FormatF mg = cpd::make_format_f(mf);
