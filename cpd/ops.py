@@ -603,10 +603,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
 
     Speed (CPU, 512^3, one core, ratio to ``torch.mm``; ``benchmarks/bench_matmul.py``): round to
     nearest with products that are values of an accumulator of at most 11 bits (E5M2 or E4M3
-    products into FP16, say) runs on float32 / binary16 lanes, about 25x (45x with Kahan); other
-    round-to-nearest cases, and stochastic rounding for formats of up to 19 mantissa bits, run a
-    float64-lane path, about 90-450x; the rest (directed modes, wider stochastic formats) a scalar
-    path over float32 bits, several times slower again. Every path gives the same bits.
+    products into FP16, say) runs on float32 / binary16 lanes, about 19-28x (24x with Kahan into
+    FP16); other round-to-nearest cases, and stochastic rounding for formats of up to 19 mantissa
+    bits, run a float64-lane path, about 90-450x; the rest (directed modes, wider stochastic
+    formats) a scalar path over float32 bits, several times slower again. Every path gives the
+    same bits.
 
     Args:
         a, b: the operands.
