@@ -1,10 +1,15 @@
 // CPU matmul over the core's accumulation steps (numerics.h, "Accumulation"). Bound into the
 // extension module by cast.cpp.
 //
-// Two paths, the same bits:
-//   * round-to-nearest: a tile of up to kTile outputs of one row (i, j0 .. j0 + kTile) keeps its
-//     accumulators as doubles in arrays; for each k the loop over j reads row k of b (contiguous)
-//     and applies round_d / add_d (branch-free, so GCC vectorizes it: 8 doubles per AVX-512 op).
+// Several loops, the same bits (lanes_for picks one; the tests compare each with the generic one):
+//   * binary16 lanes: round to nearest into an IEEE binary16 accumulator on CPUs with
+//     AVX512-FP16: products on float32 lanes (mul_f), sums in the processor's binary16 adds;
+//   * float32 lanes: round to nearest when products rounded to mul are values of an accumulator
+//     of at most 11 bits (mul_f, add_f: 16 floats per AVX-512 op);
+//   * float64 lanes, round to nearest otherwise: a tile of up to kTile outputs of one row
+//     (i, j0 .. j0 + kTile) keeps its accumulators as doubles in arrays; for each k the loop over
+//     j reads row k of b (contiguous) and applies round_d / add_d (branch-free, so GCC vectorizes
+//     it: 8 doubles per AVX-512 op);
 //   * stochastic rounding with formats of man <= 19: the same tiles, round_d_sr / add_d_sr, each
 //     lane computing its step's Philox words;
 //   * any mode (directed rounding, wide formats, and the reference for the tests): one output
@@ -13,7 +18,9 @@
 // depend only on its operands and (seed, offset, o, K), never on the split.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#if defined(__AVX512FP16__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
