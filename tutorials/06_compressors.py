@@ -41,16 +41,14 @@ import torch
 
 import cpd
 from cpd.compressors import AWP, CompressorState, get
-from cpd.demo import DigitsCNN, compression_table, load_digits_tensors, results_table, run_config
+from cpd.demo import DigitsCNN, compression_table, demo_data, results_table, run_config
 
 SMALL = os.environ.get("CPD_TUTORIAL_SMALL") == "1"
 EPOCHS = 2 if SMALL else 15
 WORKERS = 4 if SMALL else 8
 OUT = Path(os.environ.get("CPD_TUTORIAL_OUT") or tempfile.mkdtemp(prefix="cpd_tutorial_"))
 OUT.mkdir(parents=True, exist_ok=True)
-data = load_digits_tensors(seed=0)
-if SMALL:
-    data = (data[0][:512], data[1][:512], data[2], data[3])
+data = demo_data(seed=0, fast=SMALL)  # the small run: the demo's --fast subset (512 training digits)
 print(f"cpd {cpd.__version__}: {len(data[0])} training and {len(data[2])} test digits, {EPOCHS} epochs")
 
 # %% [markdown]
