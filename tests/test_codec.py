@@ -110,3 +110,15 @@ def test_codec_wide_formats_are_little_endian_code_words(name):
     assert bytes(data.tolist()) == struct.pack(fmt, *signed)
     assert torch.equal(codec.decode(data, 33), cpd.cast(x, f))
     assert torch.equal(codec.decode(data[0:0].new_tensor(data.tolist()), 33), cpd.cast(x, f))
+
+
+def test_one_bit_order_for_compressors_and_the_transport():
+    """FormatCompressor's code bytes and cpd.distributed's packed codes are the same bytes."""
+    for name in ("e2m1", "e3m0", "e2m3", "e4m3", "fp16"):
+        f = cpd.FloatFormat.parse(name)
+        x = cpd.cast(torch.randn(37, generator=torch.Generator().manual_seed(5)), f)
+        payload = cpd.compressors.FormatCompressor(f, scale=None).encode(x)
+        assert torch.equal(payload.parts["codes"], FormatCodec(f).encode(x)), name
+        if f.bits <= 8:
+            codes = cpd.encode(x, f)
+            assert torch.equal(payload.parts["codes"], cpd.distributed.pack_codes(codes, f.bits)), name
