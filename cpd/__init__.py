@@ -26,10 +26,10 @@ from . import distributed
 __version__ = "0.1.0"
 
 __all__ = [
-    "FloatFormat", "Specials", "Rounding", "PRESETS",
+    "FloatFormat", "Specials", "Rounding", "PRESETS", "ReduceConfig", "CompressedReduceConfig",
     "FP32", "TF32", "FP16", "BF16", "E5M2", "E4M3", "E4M3FN", "E3M2", "E2M3", "E2M1",
     "cast", "encode", "decode", "bits", "code_dtype", "add", "mul", "fma", "matmul", "sum",
     "Quantizer", "quantizer", "nn", "optim", "reference",
-    "allreduce", "ALLREDUCE_ALGORITHMS", "ReduceConfig", "CompressedReduceConfig", "cost_model", "aps_allreduce", "aps_exponent", "scaled_allreduce",
+    "allreduce", "ALLREDUCE_ALGORITHMS", "cost_model", "aps_allreduce", "aps_exponent", "scaled_allreduce",
     "LossScaler", "RoundoffReport", "LayerReport", "APSOptimizer", "compressors", "distributed",
 ]
