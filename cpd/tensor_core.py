@@ -253,7 +253,11 @@ _fused_dot_op.register_autograd(_backward, setup_context=_setup)
 
 
 def _cuda_matmul(a3: torch.Tensor, b3: torch.Tensor, p: _fused_dot_ref.Params) -> torch.Tensor:
-    """Launch cuda/kernels/fused_dot.cu (through cpd._cuda's NVRTC loader)."""
+    """Launch cuda/kernels/fused_dot.cu through cpd._cuda's NVRTC loader (one thread per output).
+
+    Works with both launch interfaces of cpd._cuda: ``launch(Launch, device)`` (the per-device
+    engines) and the older ``_launch(x, file, name, n, args)``.
+    """
     import ctypes
 
     from . import _cuda
@@ -261,10 +265,20 @@ def _cuda_matmul(a3: torch.Tensor, b3: torch.Tensor, p: _fused_dot_ref.Params) -
     B, M, K = a3.shape
     N = b3.shape[2]
     y = torch.empty((B, M, N), dtype=torch.float32, device=a3.device)
-    i, ll = ctypes.c_int, ctypes.c_longlong
-    _cuda._launch(a3, "fused_dot.cu", "cpd_fused_dot_matmul", y.numel(),
-                  [_cuda._ptr(a3), _cuda._ptr(b3), _cuda._ptr(y), (ll, B), (ll, M), (ll, K), (ll, N), (i, p.group),
-                   (i, p.frac), (i, p.out), (i, p.a_emin), (i, p.b_emin), (i, p.zero_exp)])
+    if y.numel() == 0:
+        return y
+    i, ll, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
+    args = [(ptr, a3.data_ptr()), (ptr, b3.data_ptr()), (ptr, y.data_ptr()), (ll, B), (ll, M), (ll, K), (ll, N),
+            (i, p.group), (i, p.frac), (i, p.out), (i, p.a_emin), (i, p.b_emin), (i, p.zero_exp)]
+    if hasattr(_cuda, "launch"):
+        from . import _kernels
+
+        sms = torch.cuda.get_device_properties(a3.device).multi_processor_count
+        blocks = max(1, min((y.numel() + 255) // 256, sms * 32))
+        _cuda.launch(_kernels.Launch("fused_dot.cu", "cpd_fused_dot_matmul", (blocks, 1, 1), (256, 1, 1),
+                                     tuple(args)), a3.device)
+    else:
+        _cuda._launch(a3, "fused_dot.cu", "cpd_fused_dot_matmul", y.numel(), args)
     return y
 
 
