@@ -28,14 +28,21 @@ __all__ = ["emulate", "scaled_dot_product_attention", "QuantMultiheadAttention"]
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _gemm(a, b, fwd: GemmConfig, bwd: GemmConfig):
+def _gemm(a, b, fwd: GemmConfig, bwd: GemmConfig, recipe=None):
     """a @ b through quant_matmul, 1-D operands promoted as torch.matmul does; the result in the
-    operands' dtype."""
+    operands' dtype. ``recipe``: a stateless scaling recipe (tensorwise or rowwise along k)."""
     dtype = torch.result_type(a, b)
     a1, b1 = a.dim() == 1, b.dim() == 1
-    a2 = a.unsqueeze(0) if a1 else a
-    b2 = b.unsqueeze(-1) if b1 else b
-    y = quant_matmul(a2.float(), b2.float(), fwd, bwd)
+    a2 = (a.unsqueeze(0) if a1 else a).float()
+    b2 = (b.unsqueeze(-1) if b1 else b).float()
+    if recipe is None:
+        y = quant_matmul(a2, b2, fwd, bwd)
+    else:
+        with torch.no_grad():
+            rows = recipe.kind == "rowwise"
+            sa = recipe.scale_from_amax(a2.abs().amax(dim=-1, keepdim=True) if rows else a2.abs().amax())
+            sb = recipe.scale_from_amax(b2.abs().amax(dim=-2, keepdim=True) if rows else b2.abs().amax())
+        y = quant_matmul(a2 * sa, b2 * sb, fwd, bwd) / sa / sb
     if a1:
         y = y.squeeze(-2)
     if b1:
@@ -83,6 +90,8 @@ class emulate(TorchFunctionMode):
             ``acc`` may be a :class:`cpd.FusedDot`.
         backward_mul, backward_acc: the backward GEMMs (default: the forward's).
         softmax: format the attention probabilities are rounded to (None: float32).
+        scaling: ``"tensorwise"``/``"rowwise"`` (or a stateless :class:`cpd.nn.recipes.ScalingRecipe`):
+            both operands of every routed GEMM are scaled before it and the result unscaled.
 
     Example::
 
@@ -92,8 +101,14 @@ class emulate(TorchFunctionMode):
     """
 
     def __init__(self, mul=None, acc=None, *, fma: bool = False, kahan: bool = False, block=None,
-                 rounding="nearest", backward_mul=_SAME, backward_acc=_SAME, softmax=None):
+                 rounding="nearest", backward_mul=_SAME, backward_acc=_SAME, softmax=None, scaling=None):
         super().__init__()
+        from .recipes import ScalingRecipe
+
+        self.scaling = ScalingRecipe.parse(scaling)
+        if self.scaling is not None and self.scaling.kind == "delayed":
+            raise ValueError("emulate(scaling='delayed') has no per-call-site state; use 'tensorwise' or 'rowwise' "
+                             "here, and convert(..., scaling='delayed') for Linear layers")
         self.gemm = GemmConfig(mul, acc, fma, kahan, block, rounding)
         bmul = mul if backward_mul is _SAME else backward_mul
         bacc = acc if backward_acc is _SAME else backward_acc
@@ -123,7 +138,7 @@ class emulate(TorchFunctionMode):
     def _linear(self, x, w, b):
         """F.linear: x @ w^T emulated, the bias added in the GEMM's epilogue format."""
         self._count("linear")
-        y = _gemm(x, w.t(), self.gemm, self.backward_gemm)
+        y = _gemm(x, w.t(), self.gemm, self.backward_gemm, self.scaling)
         if b is None:
             return y
         return y + b if self.gemm.exact else self.gemm.add_bias(y.float(), b.float()).to(y.dtype)
@@ -136,14 +151,14 @@ class emulate(TorchFunctionMode):
         fwd, bwd = self.gemm, self.backward_gemm
         if func in self._MATMULS and len(args) == 2 and not kwargs and self._ok(*args):
             self._count("matmul")
-            return _gemm(args[0], args[1], fwd, bwd)
+            return _gemm(args[0], args[1], fwd, bwd, self.scaling)
         if func is torch.Tensor.__rmatmul__ and len(args) == 2 and self._ok(*args):
             self._count("matmul")
-            return _gemm(args[1], args[0], fwd, bwd)
+            return _gemm(args[1], args[0], fwd, bwd, self.scaling)
         if func in self._ADDMMS and len(args) == 3 and self._ok(*args) and set(kwargs) <= {"beta", "alpha"}:
             self._count("addmm")
             beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-            y = _gemm(args[1], args[2], fwd, bwd)
+            y = _gemm(args[1], args[2], fwd, bwd, self.scaling)
             y = y if alpha == 1 else y * alpha
             return y if beta == 0 else y + (args[0] if beta == 1 else beta * args[0])
         if func is F.linear:
@@ -153,8 +168,10 @@ class emulate(TorchFunctionMode):
                 return self._linear(x, w, b)
         if func is F.multi_head_attention_forward and self._ok(*args[:3]):
             self._count("multi_head_attention")
-            return multi_head_attention(*args, **kwargs, linear=self._linear, gemm=lambda a, b: _gemm(a, b, fwd, bwd),
-                                        softmax=self.softmax)
+            def gemm(a, b):
+                return _gemm(a, b, fwd, bwd, self.scaling)
+
+            return multi_head_attention(*args, **kwargs, linear=self._linear, gemm=gemm, softmax=self.softmax)
         if func is F.scaled_dot_product_attention and self._ok(*args[:3]):
             self._count("sdpa")
             return scaled_dot_product_attention(*args, **kwargs, gemm=fwd, backward_gemm=bwd, softmax=self.softmax)
@@ -166,10 +183,11 @@ class QuantMultiheadAttention(torch.nn.MultiheadAttention):
     with this module's configuration (keywords of :class:`emulate` after the usual arguments)."""
 
     def __init__(self, *args, mul=None, acc=None, fma: bool = False, kahan: bool = False, block=None,
-                 rounding="nearest", backward_mul=_SAME, backward_acc=_SAME, softmax=None, **kwargs):
+                 rounding="nearest", backward_mul=_SAME, backward_acc=_SAME, softmax=None, scaling=None, **kwargs):
         super().__init__(*args, **kwargs)
         self._emulate_kw = dict(mul=mul, acc=acc, fma=fma, kahan=kahan, block=block, rounding=rounding,
-                                backward_mul=backward_mul, backward_acc=backward_acc, softmax=softmax)
+                                backward_mul=backward_mul, backward_acc=backward_acc, softmax=softmax,
+                                scaling=scaling)
         emulate(**self._emulate_kw)  # validate once
 
     def forward(self, *args, **kwargs):

@@ -248,16 +248,35 @@ class QuantLinear(torch.nn.Linear, _QuantMixin):
     (``kahan``, ``fma``, ``block``, ``rounding``), and the bias is added in ``acc`` (one more
     rounded addition). Backward: ``grad_x = g @ W`` and ``grad_W = g^T @ x`` are emulated with
     ``backward_mul``/``backward_acc`` (default: the forward's). Any format may be None (exact).
+
+    ``scaling`` (a :class:`cpd.nn.recipes.ScalingRecipe` or ``"tensorwise"``/``"delayed"``/
+    ``"rowwise"``): the input and the weight are multiplied by their scales before they are
+    rounded and multiplied, and the result divided by both afterwards (float32); the scales and
+    the overflow/underflow they cause are in :func:`cpd.nn.scaling_report`.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, mul=None, acc=None, weight=None,
                  activation=None, grad=None, backward_mul=_SAME, backward_acc=_SAME, kahan: bool = False,
-                 fma: bool = False, block: int | None = None, rounding="nearest", device=None, dtype=None):
+                 fma: bool = False, block: int | None = None, rounding="nearest", scaling=None, device=None,
+                 dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self._setup_quant(mul, acc, weight, activation, grad, backward_mul, backward_acc, kahan, fma, block, rounding)
+        from .recipes import ScalingRecipe, Scaler
+
+        recipe = ScalingRecipe.parse(scaling)
+        self.scaling = recipe
+        if recipe is not None:  # one state per operand (cpd.nn.recipes); see scaling_report
+            self.scale_activation = Scaler(recipe)
+            self.scale_weight = Scaler(recipe)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = quant_matmul(self.act(x), self._quant_weight(self.weight).t(), self.gemm, self.backward_gemm)
+        if self.scaling is None:
+            y = quant_matmul(self.act(x), self._quant_weight(self.weight).t(), self.gemm, self.backward_gemm)
+        else:  # scale, round, GEMM, unscale: y = (x sx)(W sw)^T / (sx sw)
+            xs, sx = self.scale_activation(x)
+            ws, sw = self.scale_weight(self.weight)
+            y = quant_matmul(self.act(xs), self._quant_weight(ws).t(), self.gemm, self.backward_gemm)
+            y = y / sx / sw.reshape(-1)
         if self.bias is None:
             return y
         return self.gemm.add_bias(y, self.bias)
