@@ -282,6 +282,15 @@ def _cuda_matmul(a3: torch.Tensor, b3: torch.Tensor, p: _fused_dot_ref.Params) -
     return y
 
 
+def _to_input(x: torch.Tensor, fmt: FloatFormat, rounding: str) -> torch.Tensor:
+    """x rounded to an input format: finite overflows saturate (FP8 recipes convert with
+    satfinite); infinities stay infinite where the format has them; NaN stays NaN."""
+    if fmt == FP32:
+        return x.to(torch.float32)
+    y = cast(x, fmt, rounding, saturate=True)
+    return torch.where(torch.isinf(x), x.to(torch.float32), y) if fmt.has_inf else y
+
+
 def _ensure_extension() -> None:
     _cpu.extension()  # loading the library registers torch.ops.cpd_fused_dot
 
@@ -290,8 +299,9 @@ def tensor_core_matmul(a: torch.Tensor, b: torch.Tensor, acc: FusedDot, **unused
     """``a @ b`` as the chain of ``acc``'s fused-dot steps (what ``cpd.matmul(a, b, acc=acc)`` runs).
 
     ``a`` (..., M, K) and ``b`` (..., K, N), float32 (float16/bfloat16 upcast exactly), batch dims
-    broadcast. Inputs are first rounded to ``acc.a`` / ``acc.b`` (values already in the formats
-    are unchanged). For each output, ``c = +0``, then for each k-group of ``acc.group`` in k
+    broadcast. Inputs are first rounded to ``acc.a`` / ``acc.b``, saturating (a finite overflow
+    gives ±max, as FP8 recipes convert with ``satfinite``; infinities stay infinite in formats
+    that have them, NaN stays NaN; values already in the formats are unchanged). For each output, ``c = +0``, then for each k-group of ``acc.group`` in k
     order ``c = round_out(c + sum a_k b_k)`` by the model's five steps (``fused_dot.h``). The
     result is float32 holding values of ``acc.out``. Autograd is straight-through (the
     gradients of the exact product, computed by ``torch.matmul``).
@@ -322,8 +332,8 @@ def tensor_core_matmul(a: torch.Tensor, b: torch.Tensor, acc: FusedDot, **unused
         _batch_shape(a.shape, b.shape)
     except RuntimeError as exc:
         raise ValueError(f"matmul: batch dims of shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast") from exc
-    a = a.to(torch.float32) if acc.a == FP32 else cast(a, acc.a, acc.a_rounding)
-    b = b.to(torch.float32) if acc.b == FP32 else cast(b, acc.b, acc.b_rounding)
+    a = _to_input(a, acc.a, acc.a_rounding)
+    b = _to_input(b, acc.b, acc.b_rounding)
     if a.device.type == "cpu":
         _ensure_extension()
     p = acc.params

@@ -329,6 +329,10 @@ def test_inputs_rounded_first_and_not_mutated():
     y = cpd.matmul(a, b, acc=acc)
     assert torch.equal(a, a0)
     assert y.item() == cpd.cast(a, cpd.E4M3FN).sum().item()
+    big = torch.tensor([[1000.0, -1e6]])  # finite overflow saturates to +-448 (satfinite), never NaN
+    assert cpd.matmul(big, torch.tensor([[1.0], [0.0]]), acc=acc).item() == 448.0
+    inf = tensor_core("hopper", a="e5m2")  # e5m2 has infinities: an infinite input stays infinite
+    assert cpd.matmul(torch.tensor([[float("inf"), 1e6]]), torch.tensor([[1.0], [0.0]]), acc=inf).isinf().all()
     t = tensor_core("ampere", a="tf32")
     x = torch.tensor([[1.0 + 2.0**-11 + 2.0**-20]])  # tf32 truncates: 1 + 2^-11 -> 1 (10 fraction bits)
     assert cpd.matmul(x, torch.ones(1, 1), acc=t).item() == 1.0

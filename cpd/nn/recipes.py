@@ -138,7 +138,7 @@ def scaling_report(model: torch.nn.Module) -> str:
     """A table of every :class:`Scaler` in ``model``: the layer, the operand, the recipe, the last
     scale (min..max for rowwise), the last amax and the fractions of elements that overflowed
     ``fmt.max`` or underflowed to zero since the layer was built."""
-    rows = [f"{'layer':28s} {'operand':10s} {'recipe':10s} {'scale':>21s} {'amax':>10s} {'overflow':>9s} "
+    rows = [f"{'layer':24s} {'operand':16s} {'recipe':10s} {'scale':>17s} {'amax':>10s} {'overflow':>9s} "
             f"{'underflow':>9s}"]
     for name, m in model.named_modules():
         if isinstance(m, Scaler):
@@ -146,7 +146,7 @@ def scaling_report(model: torch.nn.Module) -> str:
             layer, _, operand = name.rpartition(".")
             sc = st["scale"]
             sc = "-" if sc is None else (f"{sc:.4g}" if isinstance(sc, float) else f"{sc[0]:.3g}..{sc[1]:.3g}")
-            rows.append(f"{layer or '.':28s} {operand:10s} {st['recipe']:10s} {sc:>21s} {st['amax']:10.4g} "
+            rows.append(f"{layer or '.':24s} {operand:16s} {st['recipe']:10s} {sc:>17s} {st['amax']:10.4g} "
                         f"{st['overflow']:9.2%} {st['underflow']:9.2%}")
     return "\n".join(rows)
 

@@ -158,7 +158,17 @@ struct FdCarrier<double> {
   CPD_FD_MEMBER double pow2(int k) {
     return double_of((u64)(imin(imax(k, -1022), 1023) + 1023) << 52);
   }
-  CPD_FD_MEMBER double trunc(double x) { return __builtin_trunc(x); }
+  // trunc for |x| < 2^52 (every carrier term is below 2^(F + 2) <= 2^42): |x| + 2^52 - 2^52 is |x|
+  // rounded to an integer (exact adds), one less when that went up; then x's sign. Plain adds,
+  // compares and bit selects, so the loops vectorize (GCC vectorizes __builtin_trunc only with
+  // -fno-trapping-math, which the numerics contract does not allow). inf and NaN pass through.
+  CPD_FD_MEMBER double trunc(double x) {
+    u64 sign = dbits_of(x) & SIGN64;
+    double ax = double_of(dbits_of(x) ^ sign);
+    double r = (ax + 4503599627370496.0) - 4503599627370496.0;
+    u64 t = sel64((u64)(r > ax), dbits_of(r - 1.0), dbits_of(r));
+    return double_of(t | sign);
+  }
   // e(c) of a carrier value (a float32 value of the output, or a non-finite that is selected away)
   CPD_FD_MEMBER int exp_of(double c, int emin, int zero_exp) {
     return fd_exp(bits_of((float)c), emin, zero_exp);
@@ -171,7 +181,14 @@ struct FdCarrier<float> {
   CPD_FD_MEMBER float pow2(int k) {
     return float_of((u32)(imin(imax(k, -126), 127) + 127) << 23);
   }
-  CPD_FD_MEMBER float trunc(float x) { return __builtin_truncf(x); }
+  // as FdCarrier<double>::trunc, for |x| < 2^23 (fd_float_applies keeps the terms below 2^22)
+  CPD_FD_MEMBER float trunc(float x) {
+    u32 sign = bits_of(x) & SIGN;
+    float ax = float_of(bits_of(x) ^ sign);
+    float r = (ax + 8388608.0f) - 8388608.0f;
+    u32 t = sel((u32)(r > ax), bits_of(r - 1.0f), bits_of(r));
+    return float_of(t | sign);
+  }
   CPD_FD_MEMBER int exp_of(float c, int emin, int zero_exp) {
     return fd_exp(bits_of(c), emin, zero_exp);
   }
