@@ -392,3 +392,19 @@ def test_gpu_matches_cpu(arch, ka, out):
     a = values_of(acc.a, 64 * 100, gen, specials=True).reshape(64, 100)
     b = values_of(acc.b, 100 * 48, gen, specials=True).reshape(100, 48)
     assert same(cpd.matmul(a.cuda(), b.cuda(), acc=acc).cpu(), cpd.matmul(a, b, acc=acc))
+
+
+def test_public_fallback_without_extension(monkeypatch):
+    """CPD_NO_EXTENSION=1: cpd.matmul(acc=FusedDot) runs the pure-torch fallback, same bits."""
+    acc = tensor_core("hopper", a="e4m3")
+    gen = torch.Generator().manual_seed(21)
+    a = values_of(acc.a, 3 * 70, gen).reshape(3, 70)
+    b = values_of(acc.b, 70 * 4, gen).reshape(70, 4)
+    want = cpd.matmul(a, b, acc=acc)
+    monkeypatch.setenv("CPD_NO_EXTENSION", "1")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = cpd.matmul(a, b, acc=acc)
+    assert same(got, want)
