@@ -22,6 +22,7 @@ from .scaling import LossScaler, aps_allreduce, aps_exponent, scaled_allreduce
 from .optim import APSOptimizer
 from . import compressors  # noqa: E402  (the literature's gradient compressors; see cpd/compressors)
 from . import distributed
+from .tensor_core import FusedDot, tensor_core  # noqa: E402  (issue 15: matrix-unit accumulators)
 
 __version__ = "0.1.0"
 
@@ -32,4 +33,5 @@ __all__ = [
     "Quantizer", "quantizer", "nn", "optim", "reference",
     "allreduce", "ALLREDUCE_ALGORITHMS", "cost_model", "aps_allreduce", "aps_exponent", "scaled_allreduce",
     "LossScaler", "RoundoffReport", "LayerReport", "APSOptimizer", "compressors", "distributed",
+    "FusedDot", "tensor_core",
 ]
