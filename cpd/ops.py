@@ -103,8 +103,8 @@ def draw_seed(generator: torch.Generator | None = None, device: torch.device | s
             idx = dev.index if dev.index is not None else torch.cuda.current_device()
             generator = torch.cuda.default_generators[idx]
         generator = _cpu_twin(generator)
-    elif dev.type != "cpu":
-        raise ValueError(f"generator/device {dev}: cpd draws seeds on cpu or cuda generators")
+    elif dev.type != "cpu":  # meta (shape tracing) and others: the CPU default generator
+        generator = None
     return torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, generator=generator)
 
 

@@ -66,13 +66,13 @@ class FormatCompressor(Compressor):
         if self.scale == "aps":
             s = aps_exponent(x, self.fmt, self.workers)
             s = 0 if s is None else max(-128, min(127, s))
-            parts["scale"] = torch.tensor([s & 0xFF], dtype=torch.uint8)
+            parts["scale"] = torch.tensor([s & 0xFF], dtype=torch.uint8, device=x.device)
             x = (x.double() * 2.0 ** s).to(torch.float32)
         codes = _encode_codes(x, self.fmt, self.rounding, saturate=self.saturate, generator=self.generator)
         codes = codes.reshape(-1)
         b = self.fmt.bits
         if b <= 4:
-            shifts = torch.arange(b - 1, -1, -1, dtype=torch.uint8)
+            shifts = torch.arange(b - 1, -1, -1, dtype=torch.uint8, device=codes.device)
             parts["codes"] = pack_bits(((codes.view(-1, 1) >> shifts) & 1).reshape(-1))
         elif b <= 8:
             parts["codes"] = codes.to(torch.uint8)
@@ -90,7 +90,7 @@ class FormatCompressor(Compressor):
         raw = p.parts["codes"]
         if b <= 4:
             bits = unpack_bits(raw, n * b).view(n, b).to(torch.int64)
-            weights = 1 << torch.arange(b - 1, -1, -1)
+            weights = 1 << torch.arange(b - 1, -1, -1, device=raw.device)
             codes = (bits * weights).sum(1).to(torch.uint8)
         elif b <= 8:
             codes = raw
