@@ -37,7 +37,7 @@ from . import _kernels
 from ._cpu import source_dir
 
 __all__ = ["available", "nvrtc_version", "supported_archs", "target_for", "compile_source", "launch", "engine",
-           "geometry", "unusable_reason", "NVRTC_OPTIONS"]
+           "geometry", "unusable_reason", "cpu_twin", "NVRTC_OPTIONS"]
 
 #: FMA contraction changes results (Kahan, exact emulation); the float multiply in compose()
 #: must stay a plain multiply. -default-device is not used: kernels are explicit.
@@ -149,6 +149,24 @@ def compile_source(kernel_file: str = "cast.cu", arch: str = "sm_80", *, use_cac
     tmp.write_bytes(image)
     tmp.replace(path)  # atomic: concurrent processes never read a half-written file
     return image
+
+
+_twins: dict = {}
+
+
+def cpu_twin(g) -> torch.Generator:
+    """The CPU generator standing for CUDA generator ``g`` in cpd.ops.draw_seed (see there): seeded
+    with ``g.initial_seed()`` when g's offset is 0, else from (seed, offset); g's offset advances
+    by 4 per draw, so a state cpd did not leave behind restarts the twin instead of repeating it."""
+    with _lock:
+        seed, offset = int(g.initial_seed()), int(g.get_offset())
+        entry = _twins.get(id(g))
+        if entry is None or entry[0] is not g or entry[2] != (seed, offset):
+            start = seed if offset == 0 else (seed * 0x9E3779B97F4A7C15 + offset) % (1 << 64)
+            entry = (g, torch.Generator().manual_seed(start), None)
+        g.set_offset(offset + 4)
+        _twins[id(g)] = (g, entry[1], (seed, offset + 4))
+        return entry[1]
 
 
 # --------------------------------------------------------------------------------------- driver

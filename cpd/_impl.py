@@ -28,7 +28,8 @@ from .formats import FloatFormat
 from .rounding import Rounding
 
 __all__ = ["fmt_tuple", "fmt_of", "code_dtype_of", "Extension", "Fallback", "Kernels", "cast", "cast_out", "encode",
-           "decode", "arith", "matmul", "batch_shape"]
+           "decode", "arith", "matmul", "batch_shape", "register",
+           "register_cpu"]
 
 _SPECIALS = {0: "ieee", 1: "fn", 2: "finite"}
 _warned: set = set()
@@ -213,3 +214,37 @@ def matmul(engine, a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bi
     engine.matmul(a3, b3, out, fmt_tuple(mul), fmt_tuple(acc), kahan, block, rounding, saturate, sr_bits,
                   *_seed_pair(seed, rounding))
     return out.reshape(*batch, M, N)
+
+
+# --------------------------------------------------------------------------------------- registration
+def _bind(body, engine_of):
+    def kernel(*args):
+        return body(engine_of(args), *args)
+
+    kernel.__name__ = kernel.__qualname__ = body.__name__
+    return kernel
+
+
+def register_cpu(impls, kernels_on_host: bool = False) -> None:
+    """CPU tensors: the extension or fallback (default), or the CUDA kernels run by the host shim
+    (cpd._shim.on_host)."""
+    if kernels_on_host:
+        from . import _shim
+
+        def engine_of(args):
+            return Kernels(_shim.launcher, _shim.geometry())
+    else:
+        def engine_of(args):
+            return host_engine()
+    for op, body, _ in impls:
+        op.register_kernel("cpu")(_bind(body, engine_of))
+
+
+def register(impls) -> None:
+    """Register each op's body per device type: ``((op, body, index of the tensor whose device
+    picks the CUDA engine), ...)``."""
+    from . import _cuda
+
+    register_cpu(impls)
+    for op, body, i in impls:
+        op.register_kernel("cuda")(_bind(body, lambda args, i=i: _cuda.engine(args[i].device)))

@@ -15,7 +15,6 @@ core (``cuda/include/cpd/``).
 from __future__ import annotations
 
 import math
-import threading
 
 import torch
 
@@ -102,27 +101,10 @@ def draw_seed(generator: torch.Generator | None = None, device: torch.device | s
         if generator is None:
             idx = dev.index if dev.index is not None else torch.cuda.current_device()
             generator = torch.cuda.default_generators[idx]
-        generator = _cpu_twin(generator)
+        generator = _cuda.cpu_twin(generator)
     elif dev.type != "cpu":  # meta (shape tracing) and others: the CPU default generator
         generator = None
     return torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, generator=generator)
-
-
-_TWINS: dict = {}
-_TWIN_LOCK = threading.Lock()
-
-
-def _cpu_twin(g) -> torch.Generator:
-    """The CPU generator standing for CUDA generator ``g`` in draw_seed (see there)."""
-    with _TWIN_LOCK:
-        seed, offset = int(g.initial_seed()), int(g.get_offset())
-        entry = _TWINS.get(id(g))
-        if entry is None or entry[0] is not g or entry[2] != (seed, offset):
-            start = seed if offset == 0 else (seed * 0x9E3779B97F4A7C15 + offset) % (1 << 64)
-            entry = (g, torch.Generator().manual_seed(start), None)
-        g.set_offset(offset + 4)
-        _TWINS[id(g)] = (g, entry[1], (seed, offset + 4))
-        return entry[1]
 
 
 def random_words(start: int, n: int, seed: int, offset: int) -> torch.Tensor:
@@ -608,42 +590,12 @@ def sum(x: torch.Tensor, dim: int | None = None, *, acc, kahan: bool = False, ro
 
 
 # --------------------------------------------------------------------------------------- dispatch
-# (op, body of cpd/_impl.py, index of the tensor whose device picks the CUDA engine)
+# Per device type: (op, its body in cpd/_impl.py, index of the tensor whose device picks the engine)
 _IMPLS = ((_cast_op, _impl.cast, 0), (_cast_out_op, _impl.cast_out, 0), (_encode_op, _impl.encode, 0),
           (_decode_op, _impl.decode, 0), (_arith_op, _impl.arith, 1), (_matmul_op, _impl.matmul, 0))
-
-
-def _bind(body, engine_of):
-    def kernel(*args):
-        return body(engine_of(args), *args)
-
-    kernel.__name__ = kernel.__qualname__ = body.__name__
-    return kernel
-
-
-def _register_cpu(kernels_on_host: bool) -> None:
-    """CPU tensors: the extension or fallback (default), or the CUDA kernels run by the host shim."""
-    if kernels_on_host:
-        from . import _shim
-
-        def engine_of(args):
-            return _impl.Kernels(_shim.launcher, _shim.geometry())
-    else:
-        def engine_of(args):
-            return _impl.host_engine()
-    for op, body, _ in _IMPLS:
-        op.register_kernel("cpu")(_bind(body, engine_of))
-
-
-def _register() -> None:
-    _register_cpu(False)
-    for op, body, i in _IMPLS:
-        op.register_kernel("cuda")(_bind(body, lambda args, i=i: _cuda.engine(args[i].device)))
+_impl.register(_IMPLS)
 
 
 def _route_cpu_to_kernels(on: bool) -> None:
     """Used by cpd._shim.on_host: run the CUDA code path (kernels on the host) for CPU tensors."""
-    _register_cpu(on)
-
-
-_register()
+    _impl.register_cpu(_IMPLS, kernels_on_host=on)

@@ -11,7 +11,7 @@ import torch
 
 import cpd
 from cpd import _cuda
-from cpd.ops import _cpu_twin
+from cpd._cuda import cpu_twin as _cpu_twin
 
 nvrtc = pytest.mark.skipif(not _cuda.available(), reason="cuda-bindings NVRTC not installed")
 KERNEL_FILES = ["cast.cu", "matmul.cu"]
