@@ -49,11 +49,10 @@ __device__ __forceinline__ void cast_groups(const float* x, float* y, long long 
       v.z = cast1<MODE, FAST>(v.z, f, w.v[2], sr_bits);
       v.w = cast1<MODE, FAST>(v.w, f, w.v[3], sr_bits);
       reinterpret_cast<float4*>(y)[g] = v;
-    } else {
-      float v[4];
-      const int m = n - e < 4 ? (int)(n - e) : 4;
-      for (int j = 0; j < m; ++j) v[j] = x[e + j];
-      for (int j = 0; j < m; ++j) y[e + j] = cast1<MODE, FAST>(v[j], f, w.v[j], sr_bits);
+    } else {  // misaligned pointers or the last, partial group: element by element (each read before its write)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (e + j < n) y[e + j] = cast1<MODE, FAST>(x[e + j], f, w.v[j], sr_bits);
     }
   }
 }

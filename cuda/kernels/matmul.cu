@@ -74,12 +74,12 @@ __device__ __forceinline__ void kahan_f(float& s, float& c, float p, const cpd::
   s = t;
 }
 
+// As[kk][m]: A's slice, transposed (+1: no bank conflicts on the transposing store); Bs[kk][n].
 template <bool F32>
 __device__ __forceinline__ void tiled(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
                                       long long B, long long M, long long K, long long N, const cpd::DotSpec& d,
-                                      unsigned long long seed, unsigned long long offset) {
-  __shared__ float As[CPD_TK][CPD_TM + 1];  // As[kk][m]: A's slice, transposed (+1: no bank conflicts on store)
-  __shared__ float Bs[CPD_TK][CPD_TN];
+                                      unsigned long long seed, unsigned long long offset, float (*As)[CPD_TM + 1],
+                                      float (*Bs)[CPD_TN]) {
   const int tx = (int)(threadIdx.x % 16u), ty = (int)(threadIdx.x / 16u);
   const long long tiles_m = (M + CPD_TM - 1) / CPD_TM, tiles_n = (N + CPD_TN - 1) / CPD_TN;
   const long long tiles = B * tiles_m * tiles_n;
@@ -92,7 +92,9 @@ __device__ __forceinline__ void tiled(const float* __restrict__ a, const float* 
     const float* bb = b + bi * K * N;
     cpd::u32 s[CPD_RM][CPD_RN], c[CPD_RM][CPD_RN], bs[CPD_RM][CPD_RN];
     float fs[CPD_RM][CPD_RN], fc[CPD_RM][CPD_RN], fb[CPD_RM][CPD_RN];
+#pragma unroll
     for (int i = 0; i < CPD_RM; ++i)
+#pragma unroll
       for (int j = 0; j < CPD_RN; ++j) {
         s[i][j] = c[i][j] = bs[i][j] = 0u;
         fs[i][j] = fc[i][j] = fb[i][j] = 0.0f;
@@ -114,11 +116,15 @@ __device__ __forceinline__ void tiled(const float* __restrict__ a, const float* 
       for (int kk = 0; kk < kn; ++kk) {
         const unsigned long long k = (unsigned long long)(k0 + kk);
         float av[CPD_RM], bv[CPD_RN];
+#pragma unroll
         for (int i = 0; i < CPD_RM; ++i) av[i] = As[kk][ty + 16 * i];
+#pragma unroll
         for (int j = 0; j < CPD_RN; ++j) bv[j] = Bs[kk][tx + 16 * j];
         if (F32) {
           const bool run_end = d.block && ((k + 1) % (unsigned long long)d.block == 0 || k + 1 == (unsigned long long)K);
+#pragma unroll
           for (int i = 0; i < CPD_RM; ++i)
+#pragma unroll
             for (int j = 0; j < CPD_RN; ++j) {
               const float p = cpd::float_of(cpd::mul_f(av[i], bv[j], mg));
               if (d.block) {
@@ -136,7 +142,9 @@ __device__ __forceinline__ void tiled(const float* __restrict__ a, const float* 
             }
         } else {
           const int high = cpd::dot_needs_high(d, k, (unsigned long long)K);
+#pragma unroll
           for (int i = 0; i < CPD_RM; ++i)
+#pragma unroll
             for (int j = 0; j < CPD_RN; ++j) {
               const unsigned long long o = (unsigned long long)((bi * M + m0 + ty + 16 * i) * N + n0 + tx + 16 * j);
               cpd::dot_words(o, (unsigned long long)K, k, seed, offset, d.mode, high, w);
@@ -147,7 +155,9 @@ __device__ __forceinline__ void tiled(const float* __restrict__ a, const float* 
       }
       __syncthreads();  // the slice is read by all before the next one overwrites it
     }
+#pragma unroll
     for (int i = 0; i < CPD_RM; ++i)
+#pragma unroll
       for (int j = 0; j < CPD_RN; ++j) {
         const long long gm = m0 + ty + 16 * i, gn = n0 + tx + 16 * j;
         if (gm < M && gn < N) y[(bi * M + gm) * N + gn] = F32 ? fs[i][j] : cpd::float_of(s[i][j]);
@@ -168,8 +178,10 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS)
   const cpd::Format mf = cpd::make_format(mexp, mman, mbias, mspecials, msubnormals, saturate);
   const cpd::Format af = cpd::make_format(aexp, aman, abias, aspecials, asubnormals, saturate);
   const cpd::DotSpec d = cpd::make_dot_spec(mf, has_mul, af, kahan, block, mode, sr_bits);
+  __shared__ float As[CPD_TK][CPD_TM + 1];
+  __shared__ float Bs[CPD_TK][CPD_TN];
   if (f32_lanes(d))
-    tiled<true>(a, b, y, B, M, K, N, d, seed, offset);
+    tiled<true>(a, b, y, B, M, K, N, d, seed, offset, As, Bs);
   else
-    tiled<false>(a, b, y, B, M, K, N, d, seed, offset);
+    tiled<false>(a, b, y, B, M, K, N, d, seed, offset, As, Bs);
 }
