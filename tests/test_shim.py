@@ -239,3 +239,25 @@ def test_public_api_on_host():
         got = run()
     for w, r in zip(want, got):
         assert same_bits(torch.nan_to_num(w, nan=1.5), torch.nan_to_num(r, nan=1.5))
+
+
+def test_cast_every_small_format():
+    """Every format of at most 8 bits, every mode: its values, the midpoints between neighbours,
+    and the float32 neighbours of both (where rounding decides), against the CPU extension."""
+    from formats_grid import small_formats
+
+    for fmt in small_formats():
+        v = cpd.decode(torch.arange(1 << fmt.bits), fmt)
+        v = v[torch.isfinite(v)].unique()
+        mids = (v[1:].double() + v[:-1].double()) / 2
+        pts = torch.cat([v, mids.to(torch.float32), v * 2, torch.tensor([float("inf"), float("nan")])])
+        pts = torch.cat([pts, torch.nextafter(pts, torch.tensor(float("inf"))),
+                         torch.nextafter(pts, torch.tensor(-float("inf")))])
+        pts = torch.cat([pts, -pts])
+        for mode in MODES:
+            for saturate in (False, True):
+                want = ref_cast(pts, fmt, mode, saturate)
+                out = torch.empty_like(pts)
+                _kernels.cast(pts, out, _fmt_args(fmt), cpd.Rounding(mode).code, saturate, 32, *SEED, _shim.launch,
+                              G(128, 2))
+                assert same_bits(out, want), (fmt, mode, saturate)
