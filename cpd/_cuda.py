@@ -37,7 +37,7 @@ from . import _kernels
 from ._cpu import source_dir
 
 __all__ = ["available", "nvrtc_version", "supported_archs", "target_for", "compile_source", "launch", "engine",
-           "geometry", "unusable_reason", "cpu_twin", "NVRTC_OPTIONS"]
+           "geometry", "unusable_reason", "cpu_twin", "resource_usage", "NVRTC_OPTIONS"]
 
 #: FMA contraction changes results (Kahan, exact emulation); the float multiply in compose()
 #: must stay a plain multiply. -default-device is not used: kernels are explicit.
@@ -167,6 +167,46 @@ def cpu_twin(g) -> torch.Generator:
         g.set_offset(offset + 4)
         _twins[id(g)] = (g, entry[1], (seed, offset + 4))
         return entry[1]
+
+
+def resource_usage(kernel_file: str, arch: str) -> dict[str, dict[str, int]]:
+    """ptxas's report for every kernel of ``kernel_file`` compiled for ``arch`` (``sm_XY``):
+    ``{kernel: {"registers", "stack", "spill_stores", "spill_loads", "smem"}}``, in bytes but the
+    registers. For tests and tuning (tests/test_cuda.py keeps the kernels free of local memory)."""
+    import re
+
+    from cuda.bindings import nvrtc
+
+    src, headers = (source_dir() / "kernels" / kernel_file).read_bytes(), _headers()
+    opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS), b"--ptxas-options=-v"]
+    err, prog = nvrtc.nvrtcCreateProgram(src, kernel_file.encode(), len(headers), [t for _, t in headers],
+                                         [n for n, _ in headers])
+    _check(err, "create")
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        _check(err, f"compile of {kernel_file} for {arch}", prog)
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    out: dict = {}
+    name = None
+    for line in buf.decode(errors="replace").replace("\x00", "").splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            name = out.setdefault(m.group(1), {"registers": 0, "stack": 0, "spill_stores": 0, "spill_loads": 0,
+                                                "smem": 0}) and m.group(1)
+            continue
+        if name is None:
+            continue
+        for key, pat in (("stack", r"(\d+) bytes stack frame"), ("spill_stores", r"(\d+) bytes spill stores"),
+                         ("spill_loads", r"(\d+) bytes spill loads"), ("registers", r"Used (\d+) registers"),
+                         ("smem", r"(\d+) bytes smem")):
+            m = re.search(pat, line)
+            if m:
+                out[name][key] = int(m.group(1))
+    return out
 
 
 # --------------------------------------------------------------------------------------- driver

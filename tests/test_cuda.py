@@ -59,6 +59,16 @@ def test_ptx_for_unknown_architectures(tmp_path, monkeypatch):
 
 
 @nvrtc
+@pytest.mark.parametrize("kernel_file", KERNEL_FILES)
+def test_no_local_memory(kernel_file):
+    """No kernel spills or keeps arrays in local memory (a register tile indexed at run time, an
+    array in a scalar tail loop): ptxas's report at sm_90 (register counts are in docs/gpu.md)."""
+    usage = _cuda.resource_usage(kernel_file, "sm_90" if 90 in _cuda.supported_archs() else _archs()[-1])
+    assert usage and all(u["stack"] == 0 and u["spill_stores"] == 0 for u in usage.values()), usage
+    assert all(u["registers"] <= 255 for u in usage.values()), usage
+
+
+@nvrtc
 def test_compile_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("CPD_CACHE_DIR", str(tmp_path))
     first = _cuda.compile_source("cast.cu", "sm_80")
