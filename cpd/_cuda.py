@@ -1,17 +1,30 @@
-"""CUDA back end: NVRTC compile of ``cuda/kernels/*.cu`` at first use, on-disk cache, launches on
-torch's current stream.
+"""CUDA driver side: NVRTC compile of ``cuda/kernels/*.cu`` at first use, on-disk cache, module
+load and launch under each device's primary context, on torch's current stream.
 
-Compilation needs only the pip packages ``cuda-bindings`` and ``nvidia-cuda-nvrtc-cu12`` (the
-``cuda`` extra), no nvcc and no GPU, so the test suite compiles every kernel for sm_70, sm_80 and
-sm_90 on any machine. The numerics headers are passed to NVRTC as in-memory headers: NVRTC from
-pip has no system headers, which is why they include nothing but each other.
+Compilation needs only ``cuda-bindings`` and an NVRTC wheel (the ``cuda12`` / ``cuda13`` extras;
+see docs/gpu.md), no nvcc and no GPU, so the tests compile every kernel for every architecture the
+installed NVRTC supports on any machine (and run them on the host through :mod:`cpd._shim`).
+The headers under ``cuda/include/cpd/`` are passed to NVRTC in memory: NVRTC from pip has no
+system headers, which is why they include nothing but each other.
 
-Cache: ``$CPD_CACHE_DIR`` (default ``~/.cache/cpd``)/nvrtc/<sha256 of source, header, options,
-NVRTC version>.cubin. Loaded modules are kept per (device, kernel file).
+Target choice (:func:`target_for`): a cubin ``sm_XY`` when NVRTC lists the device's
+architecture in ``nvrtcGetSupportedArchs()``; otherwise PTX for the highest listed
+``compute_XY`` below it, which the driver compiles for the device (it must be at least as new as
+NVRTC); with nothing suitable, or without cuda-bindings / a matching NVRTC, CUDA tensors use the
+pure-torch fallback on the device (one warning says why).
+
+Launches (:func:`launch`): the :class:`cpd._kernels.Launch` built by cpd/_kernels.py, the same
+parameter array the host shim runs in the tests; the device's primary context (the one torch
+uses) is pushed around module load and launch, so a tensor on any device launches correctly from
+any thread. Driver errors are raised with the kernel's name and the driver's error name.
+
+Cache: ``$CPD_CACHE_DIR`` (default ``~/.cache/cpd``)/nvrtc/<file>-<target>-<sha256 of source,
+headers, options, NVRTC version>.cubin or .ptx. Loaded modules are kept per (device, file).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -20,24 +33,26 @@ from pathlib import Path
 
 import torch
 
+from . import _kernels
 from ._cpu import source_dir
 
-__all__ = ["available", "compile_source", "cast_out", "encode_out", "decode_out", "arith_out", "matmul_out",
-           "NVRTC_OPTIONS"]
+__all__ = ["available", "nvrtc_version", "supported_archs", "target_for", "compile_source", "launch", "engine",
+           "geometry", "unusable_reason", "cpu_twin", "resource_usage", "NVRTC_OPTIONS"]
 
 #: FMA contraction changes results (Kahan, exact emulation); the float multiply in compose()
 #: must stay a plain multiply. -default-device is not used: kernels are explicit.
 NVRTC_OPTIONS = ("--fmad=false", "-std=c++17")
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _modules: dict = {}
-_THREADS = 256
+_contexts: dict = {}
+_reasons: dict = {}
 
 
 def available() -> bool:
     """True when cuda-bindings' NVRTC can be loaded (a GPU is not required to compile)."""
     try:
-        from cuda.bindings import nvrtc  # noqa: F401
+        from cuda.bindings import nvrtc
 
         err, _, _ = nvrtc.nvrtcVersion()
         return int(err) == 0
@@ -45,14 +60,39 @@ def available() -> bool:
         return False
 
 
+def nvrtc_version() -> tuple[int, int]:
+    from cuda.bindings import nvrtc
+
+    _, major, minor = nvrtc.nvrtcVersion()
+    return int(major), int(minor)
+
+
+def supported_archs() -> list[int]:
+    """The architectures the installed NVRTC compiles for, as ints (75, 80, ..., 120)."""
+    from cuda.bindings import nvrtc
+
+    err, n = nvrtc.nvrtcGetNumSupportedArchs()
+    _check(err, "nvrtcGetNumSupportedArchs")
+    err, archs = nvrtc.nvrtcGetSupportedArchs()
+    _check(err, "nvrtcGetSupportedArchs")
+    return sorted(int(a) for a in archs)[: int(n)] if n else sorted(int(a) for a in archs)
+
+
+def target_for(major: int, minor: int, archs: list[int] | None = None) -> str | None:
+    """``sm_XY`` if NVRTC knows the device's architecture, else ``compute_XY`` (PTX) for the
+    highest known one below it, else None (the device is older than anything NVRTC targets)."""
+    cc = 10 * major + minor
+    archs = supported_archs() if archs is None else archs
+    if cc in archs:
+        return f"sm_{cc}"
+    lower = [a for a in archs if a < cc]
+    return f"compute_{max(lower)}" if lower else None
+
+
 def _headers() -> list[tuple[bytes, bytes]]:
-    """(name, text) of every numerics header, as the kernels include them ("cpd/<part>.h")."""
+    """(name, text) of every header the kernels may include ("cpd/<part>.h")."""
     folder = source_dir() / "include" / "cpd"
     return [(f"cpd/{p.name}".encode(), p.read_bytes()) for p in sorted(folder.glob("*.h"))]
-
-
-def _kernel_source(name: str) -> bytes:
-    return (source_dir() / "kernels" / name).read_bytes()
 
 
 def _cache_dir() -> Path:
@@ -61,10 +101,9 @@ def _cache_dir() -> Path:
     return d
 
 
-def _check(result, what: str, prog=None):
+def _check(err, what: str, prog=None) -> None:
     from cuda.bindings import nvrtc
 
-    err = result[0] if isinstance(result, tuple) else result
     if int(err) != 0:
         log = ""
         if prog is not None:
@@ -73,136 +112,215 @@ def _check(result, what: str, prog=None):
             nvrtc.nvrtcGetProgramLog(prog, buf)
             log = buf.decode(errors="replace").rstrip("\x00 ")
         raise RuntimeError(f"cpd: NVRTC {what} failed ({err}){': ' + log if log else ''}")
-    return result[1:] if isinstance(result, tuple) and len(result) > 1 else None
 
 
 def compile_source(kernel_file: str = "cast.cu", arch: str = "sm_80", *, use_cache: bool = True) -> bytes:
-    """Compile one kernel file to a cubin for ``arch`` (e.g. ``"sm_90"``) and return its bytes.
-
-    Raises RuntimeError with NVRTC's log when the source does not compile.
-    """
+    """Compile one kernel file for ``arch``: a cubin for ``sm_XY``, NUL-terminated PTX for
+    ``compute_XY``. Raises RuntimeError with NVRTC's log when the source does not compile."""
     from cuda.bindings import nvrtc
 
-    src, headers = _kernel_source(kernel_file), _headers()
+    ptx = arch.startswith("compute_")
+    src, headers = (source_dir() / "kernels" / kernel_file).read_bytes(), _headers()
     opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
-    _, major, minor = nvrtc.nvrtcVersion()
+    major, minor = nvrtc_version()
     text = src + b"".join(n + t for n, t in headers) + b"\0".join(opts) + f"{major}.{minor}".encode()
     key = hashlib.sha256(text).hexdigest()[:24]
-    path = _cache_dir() / f"{Path(kernel_file).stem}-{arch}-{key}.cubin"
-    if use_cache and path.exists():
+    path = _cache_dir() / f"{Path(kernel_file).stem}-{arch}-{key}.{'ptx' if ptx else 'cubin'}"
+    if use_cache and path.exists() and path.stat().st_size > 0:
         return path.read_bytes()
     names, texts = [n for n, _ in headers], [t for _, t in headers]
-    (prog,) = _check(nvrtc.nvrtcCreateProgram(src, kernel_file.encode(), len(headers), texts, names), "create")
+    err, prog = nvrtc.nvrtcCreateProgram(src, kernel_file.encode(), len(headers), texts, names)
+    _check(err, "create")
     try:
-        _check(nvrtc.nvrtcCompileProgram(prog, len(opts), opts), f"compile of {kernel_file} for {arch}", prog)
-        (size,) = _check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
-        cubin = b" " * size
-        _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "get cubin")
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        _check(err, f"compile of {kernel_file} for {arch}", prog)
+        get_size, get = (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX) if ptx else (nvrtc.nvrtcGetCUBINSize,
+                                                                                nvrtc.nvrtcGetCUBIN)
+        err, size = get_size(prog)
+        _check(err, "output size")
+        image = b" " * size
+        (err,) = get(prog, image)
+        _check(err, "get output")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+    if not image.rstrip(b"\0 "):
+        raise RuntimeError(f"cpd: NVRTC produced an empty image for {kernel_file} ({arch})")
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(cubin)
-    tmp.replace(path)  # atomic: concurrent processes never read a half-written cubin
-    return cubin
+    tmp.write_bytes(image)
+    tmp.replace(path)  # atomic: concurrent processes never read a half-written file
+    return image
 
 
-def _function(device: torch.device, kernel_file: str, name: str):
-    """The CUfunction ``name`` of ``kernel_file`` for ``device``, compiling and loading on first use."""
+_twins: dict = {}
+
+
+def cpu_twin(g) -> torch.Generator:
+    """The CPU generator standing for CUDA generator ``g`` in cpd.ops.draw_seed (see there): seeded
+    with ``g.initial_seed()`` when g's offset is 0, else from (seed, offset); g's offset advances
+    by 4 per draw, so a state cpd did not leave behind restarts the twin instead of repeating it."""
+    with _lock:
+        seed, offset = int(g.initial_seed()), int(g.get_offset())
+        entry = _twins.get(id(g))
+        if entry is None or entry[0] is not g or entry[2] != (seed, offset):
+            start = seed if offset == 0 else (seed * 0x9E3779B97F4A7C15 + offset) % (1 << 64)
+            entry = (g, torch.Generator().manual_seed(start), None)
+        g.set_offset(offset + 4)
+        _twins[id(g)] = (g, entry[1], (seed, offset + 4))
+        return entry[1]
+
+
+def resource_usage(kernel_file: str, arch: str) -> dict[str, dict[str, int]]:
+    """ptxas's report for every kernel of ``kernel_file`` compiled for ``arch`` (``sm_XY``):
+    ``{kernel: {"registers", "stack", "spill_stores", "spill_loads", "smem"}}``, in bytes but the
+    registers. For tests and tuning (tests/test_cuda.py keeps the kernels free of local memory)."""
+    import re
+
+    from cuda.bindings import nvrtc
+
+    src, headers = (source_dir() / "kernels" / kernel_file).read_bytes(), _headers()
+    opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS), b"--ptxas-options=-v"]
+    err, prog = nvrtc.nvrtcCreateProgram(src, kernel_file.encode(), len(headers), [t for _, t in headers],
+                                         [n for n, _ in headers])
+    _check(err, "create")
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        _check(err, f"compile of {kernel_file} for {arch}", prog)
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    out: dict = {}
+    name = None
+    for line in buf.decode(errors="replace").replace("\x00", "").splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            name = out.setdefault(m.group(1), {"registers": 0, "stack": 0, "spill_stores": 0, "spill_loads": 0,
+                                                "smem": 0}) and m.group(1)
+            continue
+        if name is None:
+            continue
+        for key, pat in (("stack", r"(\d+) bytes stack frame"), ("spill_stores", r"(\d+) bytes spill stores"),
+                         ("spill_loads", r"(\d+) bytes spill loads"), ("registers", r"Used (\d+) registers"),
+                         ("smem", r"(\d+) bytes smem")):
+            m = re.search(pat, line)
+            if m:
+                out[name][key] = int(m.group(1))
+    return out
+
+
+# --------------------------------------------------------------------------------------- driver
+def _drv(result, what: str):
+    """Unpack a driver call's (err, *values); raise with the driver's error name."""
     from cuda.bindings import driver
 
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    key = (idx, kernel_file)
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        _, name = driver.cuGetErrorName(err)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        raise RuntimeError(f"cpd: {what} failed: {name} ({int(err)})")
+    return values[0] if len(values) == 1 else values
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _context(idx: int):
+    """The device's primary context (retained once; torch's runtime uses the same one)."""
+    from cuda.bindings import driver
+
     with _lock:
-        if key not in _modules:
-            major, minor = torch.cuda.get_device_capability(idx)
-            cubin = compile_source(kernel_file, f"sm_{major}{minor}")
+        if idx not in _contexts:
             torch.cuda.init()
-            with torch.cuda.device(idx):
-                torch.cuda.current_stream(idx)  # make torch's primary context current
-                err, module = driver.cuModuleLoadData(cubin)
-                if int(err) != 0:
-                    raise RuntimeError(f"cpd: cuModuleLoadData failed ({err})")
-            _modules[key] = (module, {})
+            _drv(driver.cuInit(0), "cuInit")
+            dev = _drv(driver.cuDeviceGet(idx), f"cuDeviceGet({idx})")
+            _contexts[idx] = _drv(driver.cuDevicePrimaryCtxRetain(dev), f"cuDevicePrimaryCtxRetain({idx})")
+        return _contexts[idx]
+
+
+@contextlib.contextmanager
+def _current(idx: int):
+    """Make device idx's primary context current on this thread for the block."""
+    from cuda.bindings import driver
+
+    _drv(driver.cuCtxPushCurrent(_context(idx)), "cuCtxPushCurrent")
+    try:
+        yield
+    finally:
+        _drv(driver.cuCtxPopCurrent(), "cuCtxPopCurrent")
+
+
+def _function(idx: int, kernel_file: str, name: str):
+    """The CUfunction ``name`` of ``kernel_file`` on device idx, compiling and loading on first use."""
+    from cuda.bindings import driver
+
+    with _lock:
+        key = (idx, kernel_file)
+        if key not in _modules:
+            target = target_for(*torch.cuda.get_device_capability(idx))
+            image = compile_source(kernel_file, target)
+            with _current(idx):
+                _modules[key] = (_drv(driver.cuModuleLoadData(image), f"cuModuleLoadData({kernel_file}, {target})"), {})
         module, funcs = _modules[key]
         if name not in funcs:
-            err, fn = driver.cuModuleGetFunction(module, name.encode())
-            if int(err) != 0:
-                raise RuntimeError(f"cpd: kernel {name} not found in {kernel_file} ({err})")
-            funcs[name] = fn
+            funcs[name] = _drv(driver.cuModuleGetFunction(module, name.encode()), f"kernel {name} in {kernel_file}")
         return funcs[name]
 
 
-def _launch(x: torch.Tensor, kernel_file: str, name: str, n: int, args: list) -> None:
-    """Launch ``name`` over n elements on torch's current stream. ``args`` are (ctypes type, value)."""
+def launch(call: _kernels.Launch, device: torch.device) -> None:
+    """cuLaunchKernel of one launch on torch's current stream of ``device``."""
     from cuda.bindings import driver
 
-    if n == 0:
-        return
-    fn = _function(x.device, kernel_file, name)
-    holders = [ctype(value) for ctype, value in args]
-    params = (ctypes.c_void_p * len(holders))(*(ctypes.addressof(h) for h in holders))
-    props = torch.cuda.get_device_properties(x.device)
-    blocks = max(1, min((n + _THREADS - 1) // _THREADS, props.multi_processor_count * 32))
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-    (err,) = driver.cuLaunchKernel(fn, blocks, 1, 1, _THREADS, 1, 1, 0, stream, ctypes.addressof(params), 0)
-    if int(err) != 0:
-        raise RuntimeError(f"cpd: launch of {name} failed ({err})")
+    idx = _index(device)
+    fn = _function(idx, call.kernel_file, call.name)
+    holders, params, _ = _kernels.pack(call.args)
+    stream = torch.cuda.current_stream(idx).cuda_stream
+    with _current(idx):
+        _drv(driver.cuLaunchKernel(fn, *call.grid, *call.block, 0, stream, ctypes.addressof(params), 0),
+             f"launch of {call.name} (grid {call.grid}, block {call.block})")
+    del holders  # the driver has copied the parameter values
 
 
-def _ptr(t: torch.Tensor):
-    return (ctypes.c_void_p, t.data_ptr())
+def geometry(device: torch.device) -> _kernels.Geometry:
+    """256 threads per block; up to 32 blocks per SM (grid-stride loops take the rest)."""
+    props = torch.cuda.get_device_properties(_index(device))
+    return _kernels.Geometry(threads=_kernels.MAX_THREADS, max_blocks=props.multi_processor_count * 32)
 
 
-def _fmt(exp, man, bias, specials, subnormals):
-    return [(ctypes.c_int, exp), (ctypes.c_int, man), (ctypes.c_int, bias), (ctypes.c_int, specials),
-            (ctypes.c_int, int(subnormals))]
+def unusable_reason(device: torch.device) -> str | None:
+    """Why the kernels cannot serve ``device`` (None when they can)."""
+    idx = _index(device)
+    if idx in _reasons:
+        return _reasons[idx]
+    reason = None
+    if not available():
+        reason = "cuda-bindings with an NVRTC is not installed (pip install 'cpd[cuda]')"
+    else:
+        try:
+            import cuda.bindings
+
+            bind_major = int(str(cuda.bindings.__version__).split(".")[0])
+            torch_major = int(str(torch.version.cuda).split(".")[0]) if torch.version.cuda else bind_major
+            if bind_major != torch_major:
+                reason = (f"cuda-bindings {cuda.bindings.__version__} does not match torch's CUDA {torch.version.cuda} "
+                          f"(pip install 'cpd[cuda{torch_major}]')")
+            elif target_for(*torch.cuda.get_device_capability(idx)) is None:
+                cc = torch.cuda.get_device_capability(idx)
+                reason = f"NVRTC {nvrtc_version()} targets no architecture at or below the device's sm_{cc[0]}{cc[1]}"
+        except Exception as exc:  # a broken install: say what it was
+            reason = f"{type(exc).__name__}: {exc}"
+    _reasons[idx] = reason
+    return reason
 
 
-def cast_out(x, out, seed, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits) -> None:
-    """cast(x) into out on the GPU; ``seed`` is the int64 (seed, offset) pair (moved to the device)."""
-    seed = seed.to(device=x.device, dtype=torch.int64)
-    n = x.numel()
-    _launch(x, "cast.cu", "cpd_cast", n, [_ptr(x), _ptr(out), (ctypes.c_longlong, n),
-                                          *_fmt(exp, man, bias, specials, subnormals),
-                                          (ctypes.c_int, rounding), (ctypes.c_int, int(saturate)),
-                                          (ctypes.c_int, sr_bits), _ptr(seed)])
+def engine(device: torch.device):
+    """The engine of cpd/_impl.py for a CUDA device: the kernels, or the fallback on the device."""
+    from . import _impl
 
-
-_SUFFIX = {torch.uint8: "u8", torch.int16: "i16", torch.int32: "i32"}
-
-
-def encode_out(x, codes, exp, man, bias, specials, subnormals, rounding, saturate) -> None:
-    n = x.numel()
-    _launch(x, "cast.cu", f"cpd_encode_{_SUFFIX[codes.dtype]}", n,
-            [_ptr(x), _ptr(codes), (ctypes.c_longlong, n), *_fmt(exp, man, bias, specials, subnormals),
-             (ctypes.c_int, rounding), (ctypes.c_int, int(saturate))])
-
-
-def decode_out(codes, out, exp, man, bias, specials, subnormals) -> None:
-    n = codes.numel()
-    _launch(codes, "cast.cu", f"cpd_decode_{_SUFFIX[codes.dtype]}", n,
-            [_ptr(codes), _ptr(out), (ctypes.c_longlong, n), *_fmt(exp, man, bias, specials, subnormals)])
-
-
-def arith_out(op, a, b, c, out, seed, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits) -> None:
-    """out = round(a*b) (op 0), round(a+b) (op 1) or round(c + a*b) (op 2) on the GPU."""
-    seed = seed.to(device=a.device, dtype=torch.int64)
-    n = out.numel()
-    _launch(a, "cast.cu", "cpd_arith", n, [(ctypes.c_int, op), _ptr(a), _ptr(b), _ptr(c), _ptr(out),
-                                           (ctypes.c_longlong, n), *_fmt(exp, man, bias, specials, subnormals),
-                                           (ctypes.c_int, rounding), (ctypes.c_int, int(saturate)),
-                                           (ctypes.c_int, sr_bits), _ptr(seed)])
-
-
-def matmul_out(a, b, out, seed, has_mul, mexp, mman, mbias, mspecials, msubnormals, aexp, aman, abias, aspecials,
-               asubnormals, kahan, block, rounding, saturate, sr_bits) -> None:
-    """out (B, M, N) = the accumulated a (B, M, K) @ b (B, K, N) on the GPU (numerics.h dot_step)."""
-    seed = seed.to(device=a.device, dtype=torch.int64)
-    B, M, K = a.shape
-    N = b.shape[2]
-    i = ctypes.c_int
-    _launch(a, "matmul.cu", "cpd_matmul", out.numel(),
-            [_ptr(a), _ptr(b), _ptr(out), (ctypes.c_longlong, B), (ctypes.c_longlong, M), (ctypes.c_longlong, K),
-             (ctypes.c_longlong, N), (i, int(has_mul)), *_fmt(mexp, mman, mbias, mspecials, msubnormals),
-             *_fmt(aexp, aman, abias, aspecials, asubnormals), (i, int(kahan)), (i, block), (i, rounding),
-             (i, int(saturate)), (i, sr_bits), _ptr(seed)])
+    reason = unusable_reason(device)
+    if reason is not None:
+        _impl.warn_once(f"cuda{_index(device)}", f"cpd: CUDA kernels unavailable on {device} ({reason}); "
+                        "using the pure-torch path on the device")
+        return _impl.Fallback()
+    return _impl.Kernels(launch, geometry(device))

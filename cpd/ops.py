@@ -1,19 +1,24 @@
 """The cast, encode and decode: public functions over ``torch.library`` custom ops.
 
-``cpd::cast`` (and ``cpd::cast_out``, ``cpd::encode``, ``cpd::decode``) are custom ops with fake
-impls, so they trace under ``torch.compile``; ``cpd::cast`` has a straight-through autograd.
-Each op runs the compiled CPU extension, the NVRTC-compiled CUDA kernels, or the pure-torch
-fallback, all three over the one numerics core (``cuda/include/cpd/numerics.h``).
+``cpd::cast`` (and ``cpd::cast_out``, ``cpd::encode``, ``cpd::decode``, ``cpd::arith``,
+``cpd::matmul``) are custom ops with fake impls, so they trace under ``torch.compile``; the
+differentiable ones have straight-through autograd. A format is one ``int[]`` argument,
+``[exp, man, bias, specials, subnormals]`` (:func:`_fmt_spec`; an empty list: no format).
+
+Device dispatch is the dispatcher's: each op registers one implementation per device type
+(``register_kernel("cpu")``, ``register_kernel("cuda")``), the op bodies of :mod:`cpd._impl`
+bound to that device's engine: the compiled CPU extension (or the pure-torch fallback), and the
+NVRTC-compiled CUDA kernels (or the fallback on the device). All of them run the one numerics
+core (``cuda/include/cpd/``).
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 
-from . import _cpu, _fallback
+from . import _cpu, _cuda, _fallback, _impl
 from .formats import FP32, FloatFormat
 from .rounding import Rounding
 
@@ -21,7 +26,6 @@ __all__ = ["cast", "encode", "decode", "bits", "code_dtype", "draw_seed", "rando
 
 _FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
 _CODE_INPUTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32)
-_warned_fallback = False
 
 
 # --------------------------------------------------------------------------------------- checks
@@ -63,9 +67,9 @@ def _fmt_args(fmt: FloatFormat) -> tuple[int, int, int, int, bool]:
     return fmt.exp, fmt.man, fmt.bias, fmt.specials.code, fmt.subnormals
 
 
-def _fmt_of(exp: int, man: int, bias: int, specials: int, subnormals: bool) -> FloatFormat:
-    names = {0: "ieee", 1: "fn", 2: "finite"}
-    return FloatFormat(exp, man, bias=bias, specials=names[specials], subnormals=subnormals)
+def _fmt_spec(fmt: FloatFormat | None) -> list[int]:
+    """The ops' format argument: ``[exp, man, bias, specials, subnormals]`` ([] for None)."""
+    return [] if fmt is None else [fmt.exp, fmt.man, fmt.bias, fmt.specials.code, int(fmt.subnormals)]
 
 
 def code_dtype(fmt: FloatFormat) -> torch.dtype:
@@ -80,12 +84,27 @@ def draw_seed(generator: torch.Generator | None = None, device: torch.device | s
 
     Two int64 from ``torch.randint`` on ``generator`` (or the default generator of ``device``), so
     ``torch.manual_seed`` and ``generator=`` make stochastic rounding reproducible, and each call
-    advances the generator like any other torch random op.
+    advances the generator like any other torch random op. The pair is always a CPU tensor: the
+    kernels take it by value, with no device copy and no host synchronisation.
+
+    A CUDA generator (or the default generator of a CUDA device) gives the pair a CPU generator
+    seeded alike gives: cpd keeps a CPU generator beside it, seeded with its ``initial_seed()``
+    when its offset is 0 (just seeded), and advances the CUDA generator's offset by 4 per draw
+    so that a state cpd did not leave behind (other random ops in between) restarts the CPU
+    generator from (seed, offset) rather than repeating a stream. So ``torch.manual_seed(s)``
+    gives the same stochastic bits on CPU and GPU.
     """
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     dev = generator.device if generator is not None else torch.device(device)
-    return torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, generator=generator, device=dev)
+    if dev.type == "cuda":
+        if generator is None:
+            idx = dev.index if dev.index is not None else torch.cuda.current_device()
+            generator = torch.cuda.default_generators[idx]
+        generator = _cuda.cpu_twin(generator)
+    elif dev.type != "cpu":  # meta (shape tracing) and others: the CPU default generator
+        generator = None
+    return torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, generator=generator)
 
 
 def random_words(start: int, n: int, seed: int, offset: int) -> torch.Tensor:
@@ -99,152 +118,73 @@ def random_words(start: int, n: int, seed: int, offset: int) -> torch.Tensor:
     return out.to(torch.int64) & 0xFFFFFFFF
 
 
-_ZERO_SEED: dict = {}
+_ZERO_SEED = torch.zeros(2, dtype=torch.int64)
 
 
-def _zero_seed(device: torch.device) -> torch.Tensor:
-    t = _ZERO_SEED.get(device)
-    if t is None:
-        t = _ZERO_SEED[device] = torch.zeros(2, dtype=torch.int64, device=device)
-    return t
+def _zero_seed(device: torch.device | str = "cpu") -> torch.Tensor:
+    """The seed pair of a deterministic launch (a CPU tensor, whatever the device)."""
+    return _ZERO_SEED
 
 
-# --------------------------------------------------------------------------------------- back ends
-def _backend(x: torch.Tensor):
-    """'cuda', 'cpu' (compiled extension) or 'torch' (fallback)."""
-    global _warned_fallback
-    if x.is_cuda:
-        return "cuda"
-    if x.device.type != "cpu":
-        raise ValueError(f"x is on device {x.device}; cpd runs on cpu and cuda")
-    if _cpu.extension() is not None:
-        return "cpu"
-    if not _warned_fallback and not _cpu.forced_fallback():
-        warnings.warn("cpd: no compiled CPU extension; using the slow pure-torch path", RuntimeWarning, stacklevel=3)
-    _warned_fallback = True
-    return "torch"
-
-
-def _host_seed(seed: torch.Tensor, rounding: int) -> tuple[int, int]:
-    """(seed, offset) as Python ints for the CPU back ends; (0, 0) unless rounding is stochastic."""
-    if rounding != Rounding.STOCHASTIC.code:
-        return 0, 0
-    s, o = seed.tolist()
-    return int(s), int(o)
-
-
-def _run_cast(x: torch.Tensor, seed: torch.Tensor, out: torch.Tensor, exp, man, bias, specials, subnormals,
-              rounding, saturate, sr_bits) -> None:
-    """Write cast(x) into out (both float32 contiguous, same shape)."""
-    backend = _backend(x)
-    if backend == "cuda":
-        from . import _cuda
-
-        _cuda.cast_out(x, out, seed, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits)
-        return
-    s, o = _host_seed(seed, rounding)
-    if backend == "cpu":
-        _cpu.extension().cast_out(x, out, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits, s, o)
-    else:
-        fmt = _fmt_of(exp, man, bias, specials, subnormals)
-        mode = Rounding.from_code(rounding)
-        out.copy_(_fallback.cast(x, fmt, mode, saturate, sr_bits, s, o))
+# --------------------------------------------------------------------------------------- ops
+# Each op's default body (any device but cpu and cuda) refuses; the implementations are
+# registered per device type at the end of this module (_register).
+def _no_device(*tensors) -> None:
+    dev = next((t.device for t in tensors if isinstance(t, torch.Tensor)), None)
+    raise ValueError(f"tensors on device {dev}; cpd runs on cpu and cuda")
 
 
 @torch.library.custom_op("cpd::cast", mutates_args=())
-def _cast_op(x: torch.Tensor, seed: torch.Tensor, exp: int, man: int, bias: int, specials: int,
-             subnormals: bool, rounding: int, saturate: bool, sr_bits: int) -> torch.Tensor:
-    xc = x.contiguous()
-    out = torch.empty_like(xc)
-    _run_cast(xc, seed, out, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits)
-    return out
+def _cast_op(x: torch.Tensor, seed: torch.Tensor, fmt: list[int], rounding: int, saturate: bool,
+             sr_bits: int) -> torch.Tensor:
+    _no_device(x)
 
 
 @_cast_op.register_fake
-def _(x, seed, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits):
+def _(x, seed, fmt, rounding, saturate, sr_bits):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _cast_backward(ctx, grad):
-    return grad, None, None, None, None, None, None, None, None, None  # straight-through
+    return grad, None, None, None, None, None  # straight-through
 
 
 _cast_op.register_autograd(_cast_backward)
 
 
 @torch.library.custom_op("cpd::cast_out", mutates_args=("out",))
-def _cast_out_op(x: torch.Tensor, seed: torch.Tensor, exp: int, man: int, bias: int, specials: int,
-                 subnormals: bool, rounding: int, saturate: bool, sr_bits: int, out: torch.Tensor) -> None:
-    xc = x.contiguous()
-    if out.is_contiguous():
-        _run_cast(xc, seed, out, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits)
-    else:
-        tmp = torch.empty_like(xc)
-        _run_cast(xc, seed, tmp, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits)
-        out.copy_(tmp)
+def _cast_out_op(x: torch.Tensor, seed: torch.Tensor, fmt: list[int], rounding: int, saturate: bool, sr_bits: int,
+                 out: torch.Tensor) -> None:
+    _no_device(x)
 
 
 @_cast_out_op.register_fake
-def _(x, seed, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits, out):
+def _(x, seed, fmt, rounding, saturate, sr_bits, out):
     return None
 
 
 @torch.library.custom_op("cpd::encode", mutates_args=())
-def _encode_op(x: torch.Tensor, exp: int, man: int, bias: int, specials: int, subnormals: bool,
-               rounding: int, saturate: bool) -> torch.Tensor:
+def _encode_op(x: torch.Tensor, fmt: list[int], rounding: int, saturate: bool) -> torch.Tensor:
     """Round (a deterministic mode) and encode in one pass; returns codes of code_dtype(fmt)."""
-    fmt = _fmt_of(exp, man, bias, specials, subnormals)
-    xc = x.contiguous()
-    codes = torch.empty(xc.shape, dtype=code_dtype(fmt), device=xc.device)
-    backend = _backend(xc)
-    if backend == "cuda":
-        from . import _cuda
-
-        _cuda.encode_out(xc, codes, exp, man, bias, specials, subnormals, rounding, saturate)
-    elif backend == "cpu":
-        _cpu.extension().encode_out(xc, codes, exp, man, bias, specials, subnormals, rounding, saturate)
-    else:
-        mode = Rounding.from_code(rounding)
-        v = _fallback.cast(xc, fmt, mode, saturate, 32, 0, 0)
-        codes.copy_(_to_code_dtype(_fallback.encode_values(v, fmt), codes.dtype))
-    return codes
+    _no_device(x)
 
 
 @_encode_op.register_fake
-def _(x, exp, man, bias, specials, subnormals, rounding, saturate):
-    fmt = _fmt_of(exp, man, bias, specials, subnormals)
-    return torch.empty(x.shape, dtype=code_dtype(fmt), device=x.device)
+def _(x, fmt, rounding, saturate):
+    return torch.empty(x.shape, dtype=_impl.code_dtype_of(_impl.fmt_tuple(fmt)), device=x.device)
 
 
 @torch.library.custom_op("cpd::decode", mutates_args=())
-def _decode_op(codes: torch.Tensor, exp: int, man: int, bias: int, specials: int, subnormals: bool) -> torch.Tensor:
-    fmt = _fmt_of(exp, man, bias, specials, subnormals)
-    cc = codes.contiguous()
-    out = torch.empty(cc.shape, dtype=torch.float32, device=cc.device)
-    backend = _backend(cc)
-    if backend == "cuda":
-        from . import _cuda
-
-        _cuda.decode_out(cc, out, exp, man, bias, specials, subnormals)
-    elif backend == "cpu":
-        _cpu.extension().decode_out(cc, out, exp, man, bias, specials, subnormals)
-    else:
-        out.copy_(_fallback.decode(cc.to(torch.int64) & ((1 << fmt.bits) - 1), fmt))
-    return out
+def _decode_op(codes: torch.Tensor, fmt: list[int]) -> torch.Tensor:
+    _no_device(codes)
 
 
 @_decode_op.register_fake
-def _(codes, exp, man, bias, specials, subnormals):
+def _(codes, fmt):
     return torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
 
 
-def _to_code_dtype(c: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """int64 bit patterns -> the code dtype, keeping the low bits (int16 holds 16-bit patterns)."""
-    if dtype == torch.int16:
-        c = torch.where(c >= 1 << 15, c - (1 << 16), c)
-    elif dtype == torch.int32:
-        c = torch.where(c >= 1 << 31, c - (1 << 32), c)
-    return c.to(dtype)
+_to_code_dtype = _impl._to_code_dtype
 
 
 # --------------------------------------------------------------------------------------- public API
@@ -283,7 +223,7 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr
     mode, k = _check_rounding_args(rounding, saturate, sr_bits, generator)
     x32 = x if x.dtype == torch.float32 else x.to(torch.float32)
     seed = draw_seed(generator, x.device) if mode is Rounding.STOCHASTIC else _zero_seed(x.device)
-    args = (*_fmt_args(fmt), mode.code, saturate, k)
+    args = (_fmt_spec(fmt), mode.code, saturate, k)
     if out is None:
         return torch.ops.cpd.cast(x32, seed, *args)
     if not isinstance(out, torch.Tensor):
@@ -321,7 +261,7 @@ def encode(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, 
     x32 = x if x.dtype == torch.float32 else x.to(torch.float32)
     if not fmt.has_nan and bool(torch.isnan(x32).any()):
         raise ValueError(f"x contains NaN, which format {fmt.name} has no code for")
-    return torch.ops.cpd.encode(x32, *_fmt_args(fmt), mode.code, bool(saturate))
+    return torch.ops.cpd.encode(x32, _fmt_spec(fmt), mode.code, bool(saturate))
 
 
 def decode(codes: torch.Tensor, fmt) -> torch.Tensor:
@@ -347,7 +287,7 @@ def decode(codes: torch.Tensor, fmt) -> torch.Tensor:
         c64 = codes.to(torch.int64)
         if bool((c64 < 0).any()) or bool((c64 >= 1 << fmt.bits).any()):
             raise ValueError(f"codes hold values outside {fmt.name}'s {fmt.bits}-bit code range 0..{(1 << fmt.bits) - 1}")
-    return torch.ops.cpd.decode(codes, *_fmt_args(fmt))
+    return torch.ops.cpd.decode(codes, _fmt_spec(fmt))
 
 
 def bits(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr_bits: int | None = None,
@@ -382,31 +322,14 @@ _ARITH = {"mul": 0, "add": 1, "fma": 2}
 
 
 @torch.library.custom_op("cpd::arith", mutates_args=())
-def _arith_op(op: int, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, seed: torch.Tensor, exp: int, man: int,
-              bias: int, specials: int, subnormals: bool, rounding: int, saturate: bool, sr_bits: int) -> torch.Tensor:
+def _arith_op(op: int, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, seed: torch.Tensor, fmt: list[int],
+              rounding: int, saturate: bool, sr_bits: int) -> torch.Tensor:
     """round(a*b), round(a+b) or round(c + a*b) (op 0, 1, 2) of same-shape float32 tensors."""
-    a, b, c = a.contiguous(), b.contiguous(), c.contiguous()
-    out = torch.empty_like(a)
-    backend = _backend(a)
-    if backend == "cuda":
-        from . import _cuda
-
-        _cuda.arith_out(op, a, b, c, out, seed, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits)
-        return out
-    s, o = _host_seed(seed, rounding)
-    if backend == "cpu":
-        _cpu.extension().arith_out(op, a, b, c, out, exp, man, bias, specials, subnormals, rounding, saturate,
-                                   sr_bits, s, o)
-    else:
-        fmt = _fmt_of(exp, man, bias, specials, subnormals)
-        mode = Rounding.from_code(rounding)
-        name = {0: "mul", 1: "add", 2: "fma"}[op]
-        out.copy_(_fallback.arith(name, a, b, c if op == 2 else None, fmt, mode, saturate, sr_bits, s, o))
-    return out
+    _no_device(a)
 
 
 @_arith_op.register_fake
-def _(op, a, b, c, seed, exp, man, bias, specials, subnormals, rounding, saturate, sr_bits):
+def _(op, a, b, c, seed, fmt, rounding, saturate, sr_bits):
     return torch.empty_like(a, memory_format=torch.contiguous_format)
 
 
@@ -424,7 +347,7 @@ def _arith_backward(ctx, grad):
     else:
         ga, gb = grad * b, grad * a
         gc = grad if ctx.op == 2 else None
-    return None, ga, gb, gc, None, None, None, None, None, None, None, None, None
+    return None, ga, gb, gc, None, None, None, None, None
 
 
 _arith_op.register_autograd(_arith_backward, setup_context=_arith_setup)
@@ -448,7 +371,7 @@ def _arith(name: str, tensors: list, fmt, rounding, saturate, sr_bits, generator
         c, a, b = tensors
     else:
         (a, b), c = tensors, tensors[0]
-    return torch.ops.cpd.arith(_ARITH[name], a, b, c, seed, *_fmt_args(fmt), mode.code, saturate, k)
+    return torch.ops.cpd.arith(_ARITH[name], a, b, c, seed, _fmt_spec(fmt), mode.code, saturate, k)
 
 
 def mul(x: torch.Tensor, y: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False,
@@ -481,44 +404,18 @@ def fma(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, fmt, rounding="neares
 
 
 # --------------------------------------------------------------------------------------- accumulation
-def _batch_shape(a_shape, b_shape) -> tuple:
-    return tuple(torch.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])))
+_batch_shape = _impl.batch_shape
 
 
 @torch.library.custom_op("cpd::matmul", mutates_args=())
-def _matmul_op(a: torch.Tensor, b: torch.Tensor, seed: torch.Tensor, has_mul: bool, mexp: int, mman: int,
-               mbias: int, mspecials: int, msubnormals: bool, aexp: int, aman: int, abias: int, aspecials: int,
-               asubnormals: bool, kahan: bool, block: int, rounding: int, saturate: bool, sr_bits: int) -> torch.Tensor:
-    """a (..., M, K) @ b (..., K, N), batch dims broadcast; see :func:`matmul`."""
-    batch = _batch_shape(a.shape, b.shape)
-    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
-    B = math.prod(batch)
-    a3 = a.expand(*batch, M, K).reshape(B, M, K).contiguous()
-    b3 = b.expand(*batch, K, N).reshape(B, K, N).contiguous()
-    out = torch.empty((B, M, N), dtype=torch.float32, device=a.device)
-    backend = _backend(a3)
-    if backend == "cuda":
-        from . import _cuda
-
-        _cuda.matmul_out(a3, b3, out, seed, has_mul, mexp, mman, mbias, mspecials, msubnormals, aexp, aman, abias,
-                         aspecials, asubnormals, kahan, block, rounding, saturate, sr_bits)
-        return out.reshape(*batch, M, N)
-    s, o = _host_seed(seed, rounding)
-    if backend == "cpu":
-        _cpu.extension().matmul_out(a3, b3, out, has_mul, mexp, mman, mbias, mspecials, msubnormals, aexp, aman,
-                                    abias, aspecials, asubnormals, kahan, block, rounding, saturate, sr_bits, s, o,
-                                    0)
-    else:
-        mf = _fmt_of(mexp, mman, mbias, mspecials, msubnormals) if has_mul else None
-        af = _fmt_of(aexp, aman, abias, aspecials, asubnormals)
-        mode = Rounding.from_code(rounding)
-        out.copy_(_fallback.matmul(a3, b3, mf, af, kahan, block, mode, saturate, sr_bits, s, o))
-    return out.reshape(*batch, M, N)
+def _matmul_op(a: torch.Tensor, b: torch.Tensor, seed: torch.Tensor, mul: list[int], acc: list[int], kahan: bool,
+               block: int, rounding: int, saturate: bool, sr_bits: int) -> torch.Tensor:
+    """a (..., M, K) @ b (..., K, N), batch dims broadcast; ``mul`` [] for exact products; see :func:`matmul`."""
+    _no_device(a)
 
 
 @_matmul_op.register_fake
-def _(a, b, seed, has_mul, mexp, mman, mbias, mspecials, msubnormals, aexp, aman, abias, aspecials, asubnormals,
-      kahan, block, rounding, saturate, sr_bits):
+def _(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits):
     batch = _batch_shape(a.shape, b.shape)
     return a.new_empty((*batch, a.shape[-2], b.shape[-1]))
 
@@ -545,7 +442,7 @@ def _matmul_backward(ctx, grad):
         ga = _sum_to(torch.matmul(grad, b.transpose(-1, -2)), a.shape)
     if ctx.needs_input_grad[1]:
         gb = _sum_to(torch.matmul(a.transpose(-1, -2), grad), b.shape)
-    return (ga, gb) + (None,) * 17
+    return (ga, gb) + (None,) * 8
 
 
 _matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
@@ -655,9 +552,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
         if block < 1:
             raise ValueError(f"block must be >= 1 (or None), got {block}")
     seed = draw_seed(generator, a.device) if mode is Rounding.STOCHASTIC else _zero_seed(a.device)
-    mf = mul if mul is not None else acc
-    return torch.ops.cpd.matmul(a.to(torch.float32), b.to(torch.float32), seed, mul is not None, *_fmt_args(mf),
-                                *_fmt_args(acc), kahan, block or 0, mode.code, saturate, k)
+    return torch.ops.cpd.matmul(a.to(torch.float32), b.to(torch.float32), seed, _fmt_spec(mul), _fmt_spec(acc), kahan,
+                                block or 0, mode.code, saturate, k)
 
 
 def sum(x: torch.Tensor, dim: int | None = None, *, acc, kahan: bool = False, rounding="nearest",  # noqa: A001
@@ -700,3 +596,15 @@ def sum(x: torch.Tensor, dim: int | None = None, *, acc, kahan: bool = False, ro
     y = matmul(rows, ones, mul=None, acc=acc, kahan=kahan, rounding=rounding, saturate=saturate, sr_bits=sr_bits,
                generator=generator)
     return y.reshape(out_shape)
+
+
+# --------------------------------------------------------------------------------------- dispatch
+# Per device type: (op, its body in cpd/_impl.py, index of the tensor whose device picks the engine)
+_IMPLS = ((_cast_op, _impl.cast, 0), (_cast_out_op, _impl.cast_out, 0), (_encode_op, _impl.encode, 0),
+          (_decode_op, _impl.decode, 0), (_arith_op, _impl.arith, 1), (_matmul_op, _impl.matmul, 0))
+_impl.register(_IMPLS)
+
+
+def _route_cpu_to_kernels(on: bool) -> None:
+    """Used by cpd._shim.on_host: run the CUDA code path (kernels on the host) for CPU tensors."""
+    _impl.register_cpu(_IMPLS, kernels_on_host=on)

@@ -34,7 +34,7 @@ SEEDS = [(0, 0), (123456789, 987654321), (-1, -(2**63)), (2**62 + 5, 2**40 + 17)
 
 
 def fargs(f):
-    return (f.exp, f.man, f.bias, f.specials.code, f.subnormals)
+    return cpd.ops._fmt_spec(f)  # the ops' one-argument format
 
 
 def inputs(fmt, n=100_000):
@@ -66,7 +66,7 @@ def test_cast_deterministic_modes(fmt, saturate):
     x = torch.cat([x, x[torch.argsort(x.abs())]])  # shuffled, then long runs of similar magnitude
     zero = torch.zeros(2, dtype=torch.int64)
     for mode in (Rounding.NEAREST, Rounding.TOWARD_ZERO, Rounding.UP, Rounding.DOWN):
-        a = torch.ops.cpd.cast(x, zero, *fargs(fmt), mode.code, saturate, 32)
+        a = torch.ops.cpd.cast(x, zero, fargs(fmt), mode.code, saturate, 32)
         b = _fallback.cast(x, fmt, mode, saturate, 32, 0, 0)
         assert bits_equal(a, b), (fmt.name, mode, report(x, a, b))
 
@@ -77,7 +77,7 @@ def test_cast_stochastic(fmt):
     x = torch.cat([x, x[torch.argsort(x.abs())]])
     for (seed, offset), k, sat in zip(SEEDS, (32, 1, 7, 23), (False, True, False, True)):
         st = torch.tensor([seed, offset], dtype=torch.int64)
-        a = torch.ops.cpd.cast(x, st, *fargs(fmt), Rounding.STOCHASTIC.code, sat, k)
+        a = torch.ops.cpd.cast(x, st, fargs(fmt), Rounding.STOCHASTIC.code, sat, k)
         b = _fallback.cast(x, fmt, Rounding.STOCHASTIC, sat, k, seed, offset)
         assert bits_equal(a, b), (fmt.name, seed, offset, k, report(x, a, b))
 
@@ -90,7 +90,7 @@ def test_encode_decode(fmt):
     x = x[~(torch.isnan(x) & torch.signbit(x))]  # negative NaN: see test_encode_negative_nan
     mask = (1 << fmt.bits) - 1
     for mode in (Rounding.NEAREST, Rounding.DOWN):
-        a = torch.ops.cpd.encode(x, *fargs(fmt), mode.code, True).to(torch.int64) & mask
+        a = torch.ops.cpd.encode(x, fargs(fmt), mode.code, True).to(torch.int64) & mask
         b = _fallback.encode_values(_fallback.cast(x, fmt, mode, True, 32, 0, 0), fmt)
         assert torch.equal(a, b), fmt.name
     if fmt.bits <= 16:
@@ -109,7 +109,7 @@ def test_encode_negative_nan():
     """A negative NaN keeps its sign bit in the code on both paths (0xFF for e4m3fn, like torch)."""
     x = torch.tensor([-math.nan])
     fmt = cpd.E4M3FN
-    a = torch.ops.cpd.encode(x, *fargs(fmt), 0, False).to(torch.int64) & 0xFF
+    a = torch.ops.cpd.encode(x, fargs(fmt), 0, False).to(torch.int64) & 0xFF
     b = _fallback.encode_values(_fallback.cast(x, fmt, Rounding.NEAREST, False, 32, 0, 0), fmt)
     assert torch.equal(a, b) and a.item() == 0xFF
 

@@ -431,11 +431,11 @@ def test_opcheck():
     g = torch.Generator().manual_seed(15)
     a = torch.randn(2, 3, 4, generator=g, requires_grad=True)
     b = torch.randn(4, 5, generator=g, requires_grad=True)
-    args = cpd.ops._fmt_args(cpd.E5M2) + cpd.ops._fmt_args(F510)
+    mul, acc = cpd.ops._fmt_spec(cpd.E5M2), cpd.ops._fmt_spec(F510)
     for rounding in (0, 1):
         seed = cpd.ops.draw_seed(torch.Generator().manual_seed(1))
-        opcheck(torch.ops.cpd.matmul.default, (a, b, seed, True, *args, True, 0, rounding, False, 32))
-    opcheck(torch.ops.cpd.matmul.default, (a, b, cpd.ops._zero_seed(torch.device("cpu")), False, *args, False, 2,
+        opcheck(torch.ops.cpd.matmul.default, (a, b, seed, mul, acc, True, 0, rounding, False, 32))
+    opcheck(torch.ops.cpd.matmul.default, (a, b, cpd.ops._zero_seed(torch.device("cpu")), [], acc, False, 2,
                                            0, False, 32))
 
 

@@ -31,7 +31,7 @@ MODE_CODE = {m: cpd.Rounding(m).code for m in MODES}
 
 
 def fargs(f):
-    return (f.exp, f.man, f.bias, f.specials.code, f.subnormals)
+    return cpd.ops._fmt_spec(f)  # the ops' one-argument format
 
 
 def bits_equal(a, b):
@@ -48,27 +48,27 @@ def sample(*shape, seed=0):
 def test_opcheck_cast(fmt, mode):
     seed = torch.tensor([123, 456], dtype=torch.int64)
     for x in (sample(3, 5), sample(4, 6).t(), torch.empty(0, 3), torch.tensor(2.5)):
-        opcheck(torch.ops.cpd.cast.default, (x, seed, *fargs(fmt), MODE_CODE[mode], False, 32))
+        opcheck(torch.ops.cpd.cast.default, (x, seed, fargs(fmt), MODE_CODE[mode], False, 32))
     x = sample(7).requires_grad_()
-    opcheck(torch.ops.cpd.cast.default, (x, seed, *fargs(fmt), MODE_CODE[mode], True, 32))
+    opcheck(torch.ops.cpd.cast.default, (x, seed, fargs(fmt), MODE_CODE[mode], True, 32))
 
 
 def test_opcheck_cast_out():
     seed = torch.tensor([1, 2], dtype=torch.int64)
     for fmt in FMTS[:3]:
         for x, out in ((sample(3, 5), torch.empty(3, 5)), (sample(4, 6), torch.empty(6, 4).t())):
-            opcheck(torch.ops.cpd.cast_out.default, (x, seed, *fargs(fmt), MODE_CODE["stochastic"], False, 8, out))
-            opcheck(torch.ops.cpd.cast_out.default, (x, seed, *fargs(fmt), MODE_CODE["nearest"], True, 32, out))
+            opcheck(torch.ops.cpd.cast_out.default, (x, seed, fargs(fmt), MODE_CODE["stochastic"], False, 8, out))
+            opcheck(torch.ops.cpd.cast_out.default, (x, seed, fargs(fmt), MODE_CODE["nearest"], True, 32, out))
 
 
 def test_opcheck_encode_decode():
     for fmt in FMTS:
         for x in (sample(3, 5), sample(4, 6).t(), torch.empty(0)):
-            opcheck(torch.ops.cpd.encode.default, (x, *fargs(fmt), MODE_CODE["nearest"], False))
-            opcheck(torch.ops.cpd.encode.default, (x, *fargs(fmt), MODE_CODE["down"], True))
+            opcheck(torch.ops.cpd.encode.default, (x, fargs(fmt), MODE_CODE["nearest"], False))
+            opcheck(torch.ops.cpd.encode.default, (x, fargs(fmt), MODE_CODE["down"], True))
         codes = cpd.encode(sample(4, 4), fmt)
-        opcheck(torch.ops.cpd.decode.default, (codes, *fargs(fmt)))
-        opcheck(torch.ops.cpd.decode.default, (codes.t(), *fargs(fmt)))
+        opcheck(torch.ops.cpd.decode.default, (codes, fargs(fmt)))
+        opcheck(torch.ops.cpd.decode.default, (codes.t(), fargs(fmt)))
 
 
 # ------------------------------------------------------------------------------------ torch.compile

@@ -56,7 +56,7 @@ def bitpack(x: torch.Tensor, nbytes: int) -> torch.Tensor:
     x = check_tensor(x)
     k = _check_nbytes(nbytes)
     u = x.reshape(-1).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    shifts = torch.tensor([24 - 8 * j for j in range(k)], dtype=torch.int64)
+    shifts = torch.tensor([24 - 8 * j for j in range(k)], dtype=torch.int64, device=x.device)
     return ((u.unsqueeze(1) >> shifts) & 0xFF).to(torch.uint8).reshape(-1)
 
 
@@ -67,7 +67,7 @@ def bitunpack(data: torch.Tensor, nbytes: int, shape=None) -> torch.Tensor:
     k = _check_nbytes(nbytes)
     if data.numel() % k:
         raise ValueError(f"data has {data.numel()} bytes, not a multiple of nbytes={k}")
-    shifts = torch.tensor([24 - 8 * j for j in range(k)], dtype=torch.int64)
+    shifts = torch.tensor([24 - 8 * j for j in range(k)], dtype=torch.int64, device=data.device)
     u = (data.view(-1, k).to(torch.int64) << shifts).sum(1)
     u = torch.where(u > 0x7FFFFFFF, u - (1 << 32), u).to(torch.int32)
     out = u.view(torch.float32)

@@ -149,7 +149,7 @@ class Dettmers8bit(Compressor):
         else:
             y = a
         idx = self._nearest(y)
-        codes = self._sorted_codes[idx] | (torch.signbit(flat).to(torch.uint8) << 7)
+        codes = self._sorted_codes.to(idx.device)[idx] | (torch.signbit(flat).to(torch.uint8) << 7)
         return self._payload(x.shape, codes=codes, **parts)
 
     def _nearest(self, y: torch.Tensor) -> torch.Tensor:
@@ -167,7 +167,7 @@ class Dettmers8bit(Compressor):
 
     def _decode(self, p: Payload) -> torch.Tensor:
         codes = p.parts["codes"]
-        mag = self.table[(codes & 127).long()]
+        mag = self.table.to(codes.device)[(codes & 127).long()]
         if self.normalized:
             mag = mag * bytes_float(p.parts["absmax"])[0]
         out = torch.where((codes >> 7).bool(), -mag, mag)

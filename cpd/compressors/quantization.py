@@ -64,7 +64,8 @@ def _check_sample(sample, generator):
 def _sample_columns(m: torch.Tensor, s: int, generator) -> torch.Tensor:
     """s entries of each column drawn uniformly with replacement: an (s, C) matrix."""
     rows, cols = m.shape
-    idx = torch.randint(rows, (s, cols), generator=generator, device=m.device)
+    dev = generator.device if generator is not None else m.device  # a CPU generator may serve a CUDA m
+    idx = torch.randint(rows, (s, cols), generator=generator, device=dev).to(m.device)
     return m.gather(0, idx)
 
 
@@ -73,7 +74,7 @@ def _column_of_words(counts: torch.Tensor) -> torch.Tensor:
     repeat_interleave on the many small chunks of an emulated allreduce)."""
     total = int(counts.sum())
     starts = counts.cumsum(0) - counts
-    marks = torch.zeros(total + 1, dtype=torch.int64)
+    marks = torch.zeros(total + 1, dtype=torch.int64, device=counts.device)
     marks.index_add_(0, starts, torch.ones_like(starts))
     return marks[:total].cumsum(0) - 1
 
@@ -175,7 +176,7 @@ class Threshold(Compressor):
 
     def _decode(self, p: Payload) -> torch.Tensor:
         w = bytes_int(p.parts["words"]).to(torch.int64) & 0xFFFFFFFF
-        out = torch.zeros(p.numel, dtype=torch.float32)
+        out = torch.zeros(p.numel, dtype=torch.float32, device=w.device)
         out[w & _MAX_INDEX] = torch.where((w >> 31).bool(), self.tau32, -self.tau32)
         return out.reshape(p.shape)
 
@@ -250,7 +251,7 @@ class Adaptive(Compressor):
             ks_pos = (s >= 0).sum(0)
             ns_pos, ns_neg = self._counts(ks_pos), self._counts(self.sample - ks_pos)
             srt = torch.sort(s, dim=0, descending=True).values            # (S, C), largest first
-            top = torch.arange(self.sample).unsqueeze(1)
+            top = torch.arange(self.sample, device=m.device).unsqueeze(1)
             sp, sn = top < ns_pos, (self.sample - 1 - top) < ns_neg         # sampled entries beyond τ+/τ-
             tau_p = torch.where(ns_pos > 0, srt.gather(0, (ns_pos - 1).clamp(min=0).unsqueeze(0))[0], math.inf)
             tau_n = torch.where(ns_neg > 0, srt.gather(0, (self.sample - ns_neg).clamp(max=self.sample - 1)
@@ -278,7 +279,7 @@ class Adaptive(Compressor):
         counts = bytes_int(p.parts["counts"]).to(torch.int64)
         means = bytes_float(p.parts["means"]).view(-1, 2)
         c_idx = _column_of_words(counts)
-        out = torch.zeros(rows, cols, dtype=torch.float32)
+        out = torch.zeros(rows, cols, dtype=torch.float32, device=w.device)
         out[w & _MAX_INDEX, c_idx] = torch.where((w >> 31).bool(), means[c_idx, 0], means[c_idx, 1])
         return out.reshape(shape)
 

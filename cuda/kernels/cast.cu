@@ -1,68 +1,132 @@
-// CUDA kernels over the numerics core: cast, encode, decode. Compiled at run time by NVRTC
-// (cpd/_cuda.py), which passes numerics.h as an in-memory header; no system headers are used.
-// One thread per element in a grid-stride loop; element i's random word depends only on
-// (seed, offset, i), exactly as on the CPU, so CPU and GPU results are bit-identical.
+// CUDA kernels over the numerics core: cast, encode, decode, element-wise arithmetic.
+// Compiled at run time by NVRTC (cpd/_cuda.py), which passes the headers under
+// cuda/include/cpd/ in memory; no system headers. On machines without a GPU the same text is
+// compiled as host C++ by the shim (cuda/shim/cpd_shim.h, cpd/_shim.py) and run by the tests.
+//
+// Launches (cpd/_kernels.py builds every parameter array): a 1-D grid of at most 256 threads per
+// block, grid-stride loops with 64-bit indices (cpd/launch.h), any grid size. Element i's random
+// word is word (i & 3) of Philox block i >> 2 keyed by (seed, offset), exactly as on the CPU, so
+// CPU and GPU results are bit-identical. The (seed, offset) pair is passed by value: no device
+// copy and no host synchronisation per launch.
+//
+// Casts: one kernel per rounding mode (cpd_cast_<mode>), the mode a compile-time constant and
+// the fast path chosen once per launch, so the hot loop carries no mode branches. Each thread
+// takes groups of 4 consecutive elements: one float4 load and store when both pointers are
+// 16-byte aligned (else 4 scalar ones; the last group may be partial), and, for stochastic
+// rounding, one Philox block for the 4 elements (the 4 words the 4 elements use anyway).
+#include "cpd/launch.h"
 #include "cpd/numerics.h"
 
-// seed points to two int64 on the device: the (seed, offset) pair drawn from torch's generator.
-extern "C" __global__ void cpd_cast(const float* __restrict__ x, float* __restrict__ y, long long n, int exp,
-                                    int man, int bias, int specials, int subnormals, int mode, int saturate,
-                                    int sr_bits, const long long* __restrict__ seed) {
-  const cpd::Format f = cpd::make_format(exp, man, bias, specials, subnormals, saturate);
-  const unsigned long long s = (unsigned long long)seed[0], o = (unsigned long long)seed[1];
-  const long long stride = (long long)blockDim.x * gridDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    unsigned int r = mode == cpd::STOCHASTIC ? cpd::random_word((unsigned long long)i, s, o) : 0u;
-    y[i] = cpd::float_of(cpd::cast_bits(cpd::bits_of(x[i]), f, mode, r, sr_bits));
+#define CPD_THREADS 256  // the most threads per block any launch of this file uses (__launch_bounds__)
+
+namespace {
+
+template <int MODE, bool FAST>
+__device__ __forceinline__ float cast1(float v, const cpd::Format& f, cpd::u32 r, int sr_bits) {
+  const cpd::u32 u = cpd::bits_of(v);
+  return cpd::float_of(FAST ? cpd::cast_bits_fast(u, f, MODE, r, sr_bits)
+                            : cpd::cast_bits_generic(u, f, MODE, r, sr_bits));
+}
+
+// x and y may be the same array (cast(x, out=x)): each group is read whole before it is written,
+// and no __restrict__ promises otherwise.
+template <int MODE, bool FAST>
+__device__ __forceinline__ void cast_groups(const float* x, float* y, long long n, const cpd::Format& f, int sr_bits,
+                                            unsigned long long seed, unsigned long long offset) {
+  const long long groups = cpd::items_of(n, 4);
+  const long long stride = cpd::grid_stride(blockDim.x, gridDim.x);
+  const bool vec = (((unsigned long long)x | (unsigned long long)y) & 15ull) == 0ull;
+  for (long long g = cpd::first_item(blockIdx.x, blockDim.x, threadIdx.x); g < groups; g += stride) {
+    cpd::U32x4 w = {{0u, 0u, 0u, 0u}};
+    if (MODE == cpd::STOCHASTIC)
+      w = cpd::philox4x32_10((cpd::u32)g, (cpd::u32)((unsigned long long)g >> 32), (cpd::u32)offset,
+                             (cpd::u32)(offset >> 32), (cpd::u32)seed, (cpd::u32)(seed >> 32));
+    const long long e = 4 * g;
+    if (vec && e + 4 <= n) {
+      float4 v = reinterpret_cast<const float4*>(x)[g];
+      v.x = cast1<MODE, FAST>(v.x, f, w.v[0], sr_bits);
+      v.y = cast1<MODE, FAST>(v.y, f, w.v[1], sr_bits);
+      v.z = cast1<MODE, FAST>(v.z, f, w.v[2], sr_bits);
+      v.w = cast1<MODE, FAST>(v.w, f, w.v[3], sr_bits);
+      reinterpret_cast<float4*>(y)[g] = v;
+    } else {  // misaligned pointers or the last, partial group: element by element (each read before its write)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (e + j < n) y[e + j] = cast1<MODE, FAST>(x[e + j], f, w.v[j], sr_bits);
+    }
   }
 }
 
+}  // namespace
+
+#define CPD_CAST_KERNEL(NAME, MODE)                                                                             \
+  extern "C" __global__ void __launch_bounds__(CPD_THREADS)                                                    \
+      cpd_cast_##NAME(const float* x, float* y, long long n, int exp, int man, int bias, int specials,        \
+                      int subnormals, int saturate, int sr_bits, unsigned long long seed,                      \
+                      unsigned long long offset) {                                                             \
+    const cpd::Format f = cpd::make_format(exp, man, bias, specials, subnormals, saturate);                    \
+    if (f.fast)                                                                                                \
+      cast_groups<MODE, true>(x, y, n, f, sr_bits, seed, offset);                                              \
+    else                                                                                                       \
+      cast_groups<MODE, false>(x, y, n, f, sr_bits, seed, offset);                                             \
+  }
+
+CPD_CAST_KERNEL(nearest, cpd::NEAREST)
+CPD_CAST_KERNEL(stochastic, cpd::STOCHASTIC)
+CPD_CAST_KERNEL(toward_zero, cpd::TOWARD_ZERO)
+CPD_CAST_KERNEL(up, cpd::UP)
+CPD_CAST_KERNEL(down, cpd::DOWN)
+
+namespace {
+
 template <typename Code>
-__device__ void encode_impl(const float* __restrict__ x, Code* __restrict__ c, long long n, int exp, int man,
-                            int bias, int specials, int subnormals, int mode, int saturate) {
-  const cpd::Format f = cpd::make_format(exp, man, bias, specials, subnormals, saturate);
-  const long long stride = (long long)blockDim.x * gridDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    unsigned int v = cpd::cast_bits(cpd::bits_of(x[i]), f, mode, 0u, 32);
+__device__ __forceinline__ void encode_impl(const float* __restrict__ x, Code* __restrict__ c, long long n,
+                                            const cpd::Format& f, int mode) {
+  const long long stride = cpd::grid_stride(blockDim.x, gridDim.x);
+  for (long long i = cpd::first_item(blockIdx.x, blockDim.x, threadIdx.x); i < n; i += stride) {
+    const cpd::u32 v = cpd::cast_bits(cpd::bits_of(x[i]), f, mode, 0u, 32);
     c[i] = (Code)cpd::encode_value_bits(v, f);
   }
 }
 
 template <typename Code, typename UCode>
-__device__ void decode_impl(const Code* __restrict__ c, float* __restrict__ y, long long n, int exp, int man,
-                            int bias, int specials, int subnormals) {
-  const cpd::Format f = cpd::make_format(exp, man, bias, specials, subnormals, 0);
-  const long long stride = (long long)blockDim.x * gridDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    y[i] = cpd::float_of(cpd::decode_bits((unsigned int)(UCode)c[i], f));
+__device__ __forceinline__ void decode_impl(const Code* __restrict__ c, float* __restrict__ y, long long n,
+                                            const cpd::Format& f) {
+  const long long stride = cpd::grid_stride(blockDim.x, gridDim.x);
+  for (long long i = cpd::first_item(blockIdx.x, blockDim.x, threadIdx.x); i < n; i += stride)
+    y[i] = cpd::float_of(cpd::decode_bits((cpd::u32)(UCode)c[i], f));
 }
 
-#define CPD_CODE_KERNELS(SUFFIX, CODE, UCODE)                                                                  \
-  extern "C" __global__ void cpd_encode_##SUFFIX(const float* __restrict__ x, CODE* __restrict__ c, long long n, \
-                                                 int exp, int man, int bias, int specials, int subnormals,      \
-                                                 int mode, int saturate) {                                      \
-    encode_impl<CODE>(x, c, n, exp, man, bias, specials, subnormals, mode, saturate);                          \
+}  // namespace
+
+#define CPD_CODE_KERNELS(SUFFIX, CODE, UCODE)                                                                    \
+  extern "C" __global__ void __launch_bounds__(CPD_THREADS)                                                     \
+      cpd_encode_##SUFFIX(const float* __restrict__ x, CODE* __restrict__ c, long long n, int exp, int man,    \
+                          int bias, int specials, int subnormals, int mode, int saturate) {                    \
+    encode_impl<CODE>(x, c, n, cpd::make_format(exp, man, bias, specials, subnormals, saturate), mode);        \
   }                                                                                                             \
-  extern "C" __global__ void cpd_decode_##SUFFIX(const CODE* __restrict__ c, float* __restrict__ y, long long n, \
-                                                 int exp, int man, int bias, int specials, int subnormals) {    \
-    decode_impl<CODE, UCODE>(c, y, n, exp, man, bias, specials, subnormals);                                   \
+  extern "C" __global__ void __launch_bounds__(CPD_THREADS)                                                     \
+      cpd_decode_##SUFFIX(const CODE* __restrict__ c, float* __restrict__ y, long long n, int exp, int man,    \
+                          int bias, int specials, int subnormals) {                                             \
+    decode_impl<CODE, UCODE>(c, y, n, cpd::make_format(exp, man, bias, specials, subnormals, 0));               \
   }
 
 CPD_CODE_KERNELS(u8, unsigned char, unsigned char)
 CPD_CODE_KERNELS(i16, short, unsigned short)
 CPD_CODE_KERNELS(i32, int, unsigned int)
 
-// out = round(a * b) (op 0), round(a + b) (op 1) or round(c + a * b) (op 2), as arith_out on the CPU.
-extern "C" __global__ void cpd_arith(int op, const float* __restrict__ a, const float* __restrict__ b,
-                                     const float* __restrict__ c, float* __restrict__ y, long long n, int exp,
-                                     int man, int bias, int specials, int subnormals, int mode, int saturate,
-                                     int sr_bits, const long long* __restrict__ seed) {
+// out = round(a * b) (op 0), round(a + b) (op 1) or round(c + a * b) (op 2), as arith_out on the CPU;
+// element i's random word is random_word(i, seed, offset).
+extern "C" __global__ void __launch_bounds__(CPD_THREADS)
+    cpd_arith(int op, const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ c,
+              float* __restrict__ y, long long n, int exp, int man, int bias, int specials, int subnormals, int mode,
+              int saturate, int sr_bits, unsigned long long seed, unsigned long long offset) {
   const cpd::Format f = cpd::make_format(exp, man, bias, specials, subnormals, saturate);
-  const unsigned long long s = (unsigned long long)seed[0], o = (unsigned long long)seed[1];
-  const long long stride = (long long)blockDim.x * gridDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    unsigned int r = mode == cpd::STOCHASTIC ? cpd::random_word((unsigned long long)i, s, o) : 0u;
-    unsigned int ua = cpd::bits_of(a[i]), ub = cpd::bits_of(b[i]), v;
+  const long long stride = cpd::grid_stride(blockDim.x, gridDim.x);
+  for (long long i = cpd::first_item(blockIdx.x, blockDim.x, threadIdx.x); i < n; i += stride) {
+    const cpd::u32 r = mode == cpd::STOCHASTIC ? cpd::random_word((unsigned long long)i, seed, offset) : 0u;
+    const cpd::u32 ua = cpd::bits_of(a[i]), ub = cpd::bits_of(b[i]);
+    cpd::u32 v;
     if (op == 0) v = cpd::mul_bits(ua, ub, f, mode, r, sr_bits);
     else if (op == 1) v = cpd::add_bits(ua, ub, f, mode, r, sr_bits);
     else v = cpd::fma_bits(cpd::bits_of(c[i]), ua, ub, f, mode, r, sr_bits);

@@ -1,0 +1,174 @@
+"""Kernel launches as data: which kernel of ``cuda/kernels/*.cu``, its grid, and its parameter array.
+
+One code path builds every launch of cpd's CUDA kernels; two launchers run it:
+
+* :mod:`cpd._cuda` hands the parameter array to ``cuLaunchKernel`` on a GPU;
+* :mod:`cpd._shim` hands the *same* array to the kernels compiled as host C++ (the tests, on any
+  machine), which also checks every parameter's size against the kernel's C++ signature.
+
+A launcher is a callable ``launcher(launch: Launch, device: torch.device) -> None``. The
+functions below (``cast``, ``encode``, ``decode``, ``arith``, ``matmul``) take contiguous
+tensors prepared by :mod:`cpd.ops`, a format as the 5-tuple ``(exp, man, bias, specials,
+subnormals)``, the (seed, offset) pair as Python ints (passed to the kernels by value), the
+launcher, and the launch geometry (:class:`Geometry`; tests pick odd ones).
+
+Geometry: 1-D grids of ``threads`` threads (at most 256, the kernels' ``__launch_bounds__``),
+``min(needed, max_blocks)`` blocks; every kernel loops grid-stride with 64-bit indices, so any
+grid covers any size. The tiled matmul grid-strides over output tiles.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Geometry", "Launch", "pack", "cast", "encode", "decode", "arith", "matmul", "MAX_THREADS",
+           "CAST_KERNELS", "CODE_SUFFIX", "TILE_M", "TILE_N", "MATMUL_THREADS"]
+
+#: __launch_bounds__ of every kernel (cuda/kernels/*.cu, CPD_THREADS).
+MAX_THREADS = 256
+#: Rounding.code -> the cast kernel specialized for that mode.
+CAST_KERNELS = {0: "cpd_cast_nearest", 1: "cpd_cast_stochastic", 2: "cpd_cast_toward_zero", 3: "cpd_cast_up",
+                4: "cpd_cast_down"}
+CODE_SUFFIX = {torch.uint8: "u8", torch.int16: "i16", torch.int32: "i32"}
+#: The tiled matmul (cuda/kernels/matmul.cu): a block computes TILE_M x TILE_N outputs with
+#: MATMUL_THREADS threads, each a register tile of (TILE_M / 16) x (TILE_N / 16) outputs.
+TILE_M, TILE_N, MATMUL_THREADS = 64, 64, 256
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Threads per block and the most blocks of a launch (None: no limit but the work)."""
+
+    threads: int = MAX_THREADS
+    max_blocks: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 1 <= self.threads <= MAX_THREADS:
+            raise ValueError(f"threads must be an int in 1..{MAX_THREADS}, got {self.threads!r}")
+        if self.max_blocks is not None and (isinstance(self.max_blocks, bool) or not isinstance(self.max_blocks, int)
+                                            or self.max_blocks < 1):
+            raise ValueError(f"max_blocks must be an int >= 1 or None, got {self.max_blocks!r}")
+
+    def blocks(self, items: int, threads: int | None = None) -> int:
+        """Blocks for ``items`` work items of one thread each (at least 1, at most max_blocks)."""
+        t = threads or self.threads
+        need = max(1, -(-items // t))
+        return need if self.max_blocks is None else min(need, self.max_blocks)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: kernel file and name, grid and block, and the parameters as
+    ``(ctypes type, value)`` pairs in the kernel's order."""
+
+    kernel_file: str
+    name: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple
+
+    def __post_init__(self):
+        if not self.name.isidentifier():
+            raise ValueError(f"kernel name {self.name!r} is not an identifier")
+        if any(g < 1 for g in self.grid) or any(b < 1 for b in self.block):
+            raise ValueError(f"{self.name}: grid {self.grid} and block {self.block} must be positive")
+
+
+def pack(args) -> tuple[list, ctypes.Array, ctypes.Array]:
+    """The ``void*[]`` array of cuLaunchKernel's ``kernelParams``: one pointer per parameter, to a
+    ctypes object holding its value. Returns (holders, params, sizes); the holders must outlive
+    the launch, ``sizes`` (size_t per parameter) is what the shim checks against the signature."""
+    holders = [ctype(value) for ctype, value in args]
+    params = (ctypes.c_void_p * max(1, len(holders)))(*(ctypes.addressof(h) for h in holders))
+    sizes = (ctypes.c_size_t * max(1, len(holders)))(*(ctypes.sizeof(h) for h in holders))
+    return holders, params, sizes
+
+
+# --------------------------------------------------------------------------------------- parameters
+_I, _LL, _ULL = ctypes.c_int, ctypes.c_longlong, ctypes.c_ulonglong
+
+
+def _ptr(t: torch.Tensor):
+    return (ctypes.c_void_p, t.data_ptr())
+
+
+def _fmt(fmt) -> list:
+    exp, man, bias, specials, subnormals = fmt
+    return [(_I, exp), (_I, man), (_I, bias), (_I, specials), (_I, int(subnormals))]
+
+
+def _seed(seed: int, offset: int) -> list:
+    return [(_ULL, seed & 0xFFFFFFFFFFFFFFFF), (_ULL, offset & 0xFFFFFFFFFFFFFFFF)]
+
+
+def _grid(blocks: int, threads: int) -> dict:
+    return {"grid": (blocks, 1, 1), "block": (threads, 1, 1)}
+
+
+# --------------------------------------------------------------------------------------- launches
+def cast(x, out, fmt, mode: int, saturate: bool, sr_bits: int, seed: int, offset: int, launcher,
+         geometry: Geometry = Geometry()) -> None:
+    """out = cast(x) (float32, contiguous, same numel; out may be x)."""
+    n = x.numel()
+    if n == 0:
+        return
+    groups = -(-n // 4)  # 4 elements per thread and iteration
+    launcher(Launch("cast.cu", CAST_KERNELS[mode], **_grid(geometry.blocks(groups), geometry.threads),
+                    args=(_ptr(x), _ptr(out), (_LL, n), *_fmt(fmt), (_I, int(saturate)), (_I, sr_bits),
+                          *_seed(seed, offset))), x.device)
+
+
+def encode(x, codes, fmt, mode: int, saturate: bool, launcher, geometry: Geometry = Geometry()) -> None:
+    """codes = encode(round(x)) for a deterministic mode; codes uint8 / int16 / int32."""
+    n = x.numel()
+    if n == 0:
+        return
+    launcher(Launch("cast.cu", f"cpd_encode_{CODE_SUFFIX[codes.dtype]}", **_grid(geometry.blocks(n), geometry.threads),
+                    args=(_ptr(x), _ptr(codes), (_LL, n), *_fmt(fmt), (_I, mode), (_I, int(saturate)))), x.device)
+
+
+def decode(codes, out, fmt, launcher, geometry: Geometry = Geometry()) -> None:
+    n = codes.numel()
+    if n == 0:
+        return
+    launcher(Launch("cast.cu", f"cpd_decode_{CODE_SUFFIX[codes.dtype]}", **_grid(geometry.blocks(n), geometry.threads),
+                    args=(_ptr(codes), _ptr(out), (_LL, n), *_fmt(fmt))), codes.device)
+
+
+def arith(op: int, a, b, c, out, fmt, mode: int, saturate: bool, sr_bits: int, seed: int, offset: int, launcher,
+          geometry: Geometry = Geometry()) -> None:
+    """out = round(a*b) (op 0), round(a+b) (1) or round(c + a*b) (2); all of out's numel."""
+    n = out.numel()
+    if n == 0:
+        return
+    launcher(Launch("cast.cu", "cpd_arith", **_grid(geometry.blocks(n), geometry.threads),
+                    args=((_I, op), _ptr(a), _ptr(b), _ptr(c), _ptr(out), (_LL, n), *_fmt(fmt), (_I, mode),
+                          (_I, int(saturate)), (_I, sr_bits), *_seed(seed, offset))), a.device)
+
+
+def matmul(a, b, out, mul, acc, kahan: bool, block: int, mode: int, saturate: bool, sr_bits: int, seed: int,
+           offset: int, launcher, geometry: Geometry = Geometry(), kernel: str = "tiled") -> None:
+    """out (B, M, N) = the accumulated a (B, M, K) @ b (B, K, N); ``mul`` None for exact products.
+
+    ``kernel``: "tiled" (shared-memory tiles, a register tile of outputs per thread) or "simple"
+    (one thread per output); both give the same bits."""
+    B, M, K = a.shape
+    N = b.shape[2]
+    if out.numel() == 0:
+        return
+    dims = [(_LL, B), (_LL, M), (_LL, K), (_LL, N)]
+    rest = [(_I, int(mul is not None)), *_fmt(mul if mul is not None else acc), *_fmt(acc), (_I, int(kahan)),
+            (_I, block), (_I, mode), (_I, int(saturate)), (_I, sr_bits), *_seed(seed, offset)]
+    if kernel == "simple":
+        grid = _grid(geometry.blocks(out.numel()), geometry.threads)
+        name = "cpd_matmul_simple"
+    elif kernel == "tiled":
+        tiles = B * -(-M // TILE_M) * -(-N // TILE_N)
+        grid = _grid(geometry.blocks(tiles, 1), MATMUL_THREADS)
+        name = "cpd_matmul_tiled"
+    else:
+        raise ValueError(f"kernel must be 'tiled' or 'simple', got {kernel!r}")
+    launcher(Launch("matmul.cu", name, **grid, args=(_ptr(a), _ptr(b), _ptr(out), *dims, *rest)), a.device)

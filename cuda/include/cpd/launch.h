@@ -1,0 +1,33 @@
+// cpd kernels, launch.h: 64-bit index arithmetic of grid-stride loops (kernels only).
+//
+// Not part of the numerics core (no rounding decision lives here): the index helpers every
+// kernel under cuda/kernels/ uses, so that no product of 32-bit launch quantities is formed in
+// 32 bits. blockIdx.x * blockDim.x overflows unsigned int once a launch covers 2^32 threads, and
+// an `int` loop index overflows past 2^31 elements; here every product is taken in 64 bits
+// first. The helpers are plain functions of integers, so tests/test_shim.py checks them with
+// values beyond 2^31 and 2^32 without launching that many threads.
+//
+// Loop shape (one item = one element, or one group of 4 elements in the vectorized cast):
+//   for (long long i = cpd::first_item(blockIdx.x, blockDim.x, threadIdx.x); i < n_items;
+//        i += cpd::grid_stride(blockDim.x, gridDim.x))
+#ifndef CPD_LAUNCH_H
+#define CPD_LAUNCH_H
+
+#include "cpd/base.h"
+
+namespace cpd {
+
+// The first item of thread `thread` of block `block`: block * block_dim + thread, in 64 bits.
+CPD_FN long long first_item(u32 block, u32 block_dim, u32 thread) {
+  return (long long)block * (long long)block_dim + (long long)thread;
+}
+
+// The stride of a grid-stride loop: every thread of the grid, block_dim * grid_dim, in 64 bits.
+CPD_FN long long grid_stride(u32 block_dim, u32 grid_dim) { return (long long)block_dim * (long long)grid_dim; }
+
+// Number of items of `per` elements covering n elements (the last item may be partial).
+CPD_FN long long items_of(long long n, int per) { return (n + per - 1) / per; }
+
+}  // namespace cpd
+
+#endif  // CPD_LAUNCH_H
