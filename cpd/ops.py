@@ -60,12 +60,11 @@ def _check_rounding_args(rounding, saturate, sr_bits, generator) -> tuple[Roundi
 
 
 def _fmt_args(fmt: FloatFormat) -> tuple[int, int, int, int, bool]:
-    return fmt.exp, fmt.man, fmt.bias, fmt.specials.code, fmt.subnormals
+    return fmt.exp, fmt.man, fmt.bias, fmt.core_specials, fmt.subnormals
 
 
 def _fmt_of(exp: int, man: int, bias: int, specials: int, subnormals: bool) -> FloatFormat:
-    names = {0: "ieee", 1: "fn", 2: "finite"}
-    return FloatFormat(exp, man, bias=bias, specials=names[specials], subnormals=subnormals)
+    return FloatFormat.from_core(exp, man, bias, specials, subnormals)
 
 
 def code_dtype(fmt: FloatFormat) -> torch.dtype:
