@@ -21,6 +21,7 @@ from .scaling import LossScaler, aps_allreduce, aps_exponent, scaled_allreduce
 from .optim import APSOptimizer
 from . import compressors  # noqa: E402  (the literature's gradient compressors; see cpd/compressors)
 from . import distributed
+from . import mx  # block-scaled formats: OCP MX and NVFP4
 
 __version__ = "0.1.0"
 
@@ -31,5 +32,5 @@ __all__ = [
     "cast", "encode", "decode", "bits", "code_dtype", "add", "mul", "fma", "matmul", "sum",
     "Quantizer", "quantizer", "nn", "optim", "reference",
     "allreduce", "ALLREDUCE_ALGORITHMS", "cost_model", "aps_allreduce", "aps_exponent", "scaled_allreduce",
-    "LossScaler", "RoundoffReport", "LayerReport", "APSOptimizer", "compressors", "distributed",
+    "LossScaler", "RoundoffReport", "LayerReport", "APSOptimizer", "compressors", "distributed", "mx",
 ]

@@ -256,7 +256,7 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr
             CPU or CUDA. Never modified unless ``out`` is ``x``.
         fmt: a :class:`FloatFormat`, a name (``"e5m2"``) or a torch float dtype.
         rounding: ``"nearest"`` (ties to even encoding), ``"stochastic"``, ``"toward_zero"``,
-            ``"up"`` or ``"down"``.
+            ``"up"``, ``"down"``, ``"nearest_away"`` (ties away from zero) or ``"odd"`` (round to odd).
         saturate: clamp every overflow, infinite inputs included, to ±max.
         sr_bits: stochastic rounding only: round with k random bits, so probabilities are
             quantized to 2**-k (hardware style); None uses 32 bits.
