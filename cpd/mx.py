@@ -39,6 +39,7 @@ See docs/mx.md.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -182,6 +183,11 @@ def _floor_log2(a: torch.Tensor) -> torch.Tensor:
     return torch.frexp(a)[1].to(torch.int32) - 1
 
 
+def _emax_elem(el: FloatFormat) -> int:
+    """The spec's emax_elem: the exponent of the element format's largest value, floor(log2 max)."""
+    return math.frexp(el.max)[1] - 1
+
+
 def _tensor_scale(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     """NVFP4's float32 per-tensor scale T = amax / (max_scale * max_elem) (1 for 0 or non-finite)."""
     amax = x.abs().amax() if x.numel() else torch.zeros((), device=x.device)
@@ -206,7 +212,7 @@ def _block_scales(xb: torch.Tensor, fmt: BlockFormat, t: torch.Tensor | None) ->
     else:
         if fmt.scale_rule == "even":  # amax to the element's precision first (unbounded exponent)
             a = _cast(a, FloatFormat(8, el.man, bias=127), saturate=True)
-        e = _floor_log2(a) - el.emax
+        e = _floor_log2(a) - _emax_elem(el)
         if fmt.scale_rule == "ceil":  # one binade up where max_elem * 2^e < amax
             below = torch.ldexp(torch.full_like(a, el.max, dtype=torch.float64), e.to(torch.float64)) < a.double()
             e = e + below.to(torch.int32)

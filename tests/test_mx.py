@@ -26,7 +26,8 @@ from cpd import mx
 def data(shape, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-12, 12, shape, generator=g).float())
-    x.view(-1)[:3] = torch.tensor([0.0, -0.0, 3.0])
+    k = min(3, x.numel())
+    x.view(-1)[:k] = torch.tensor([0.0, -0.0, 3.0])[:k]
     return x
 
 
@@ -165,3 +166,16 @@ def test_inputs_not_modified():
     mx.cast(x, mx.NVFP4)
     mx.encode(x, mx.MXFP4)
     assert torch.equal(x, before)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+import cpd.testing as ct  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(ct.block_formats(max_block=20), st.integers(1, 3), st.integers(1, 45), st.integers(0, 1000),
+       st.sampled_from(["nearest", "toward_zero", "up", "odd"]))
+def test_random_block_formats_match_reference(fmt, rows, cols, seed, mode):
+    x = data((rows, cols), seed=seed)
+    assert same(mx.cast(x, fmt, mode), mx_oracle.quantize(x.numpy(), fmt, mode)), fmt
