@@ -224,17 +224,24 @@ def _block_scales(xb: torch.Tensor, fmt: BlockFormat, t: torch.Tensor | None) ->
 
 def _elements(xb, s, fmt: BlockFormat, t, mode: Rounding, generator) -> torch.Tensor:
     """P_i: the block values divided by their scale, rounded and saturated to the element format."""
-    finite = torch.isfinite(s).unsqueeze(-1)
-    s1 = torch.where(finite, s.unsqueeze(-1), torch.ones_like(s).unsqueeze(-1))
+    finite = torch.isfinite(s)
+    all_finite = bool(finite.all())
+    s1 = (s if all_finite else torch.where(finite, s, torch.ones_like(s))).unsqueeze(-1)
+    el = fmt.element
     if fmt.scale_rule != "amax":  # a power of two: x * 2^-e exactly, rounded once
         inv = torch.ldexp(torch.ones_like(s1), -_floor_log2(s1).to(torch.float32))
-        p = _mul(xb, inv.expand_as(xb).contiguous(), fmt.element, mode, saturate=True, generator=generator)
+        if mode in (Rounding.NEAREST, Rounding.NEAREST_AWAY) and el.smallest_subnormal >= 2.0 ** -120:
+            # fl(x * 2^-e) is exact unless it is below 2^-126, where it is so far below half the
+            # element's smallest value that both it and the exact quotient round to the same ±0.
+            p = _cast(xb * inv, el, mode, saturate=True)
+        else:
+            p = _mul(xb, inv.expand_as(xb).contiguous(), el, mode, saturate=True, generator=generator)
     else:
         d = s1 * t if t is not None else s1
-        p = _cast((xb / d).contiguous(), fmt.element, mode, saturate=True, generator=generator)
+        p = _cast((xb / d).contiguous(), el, mode, saturate=True, generator=generator)
     if fmt.is_int:
         p = p + 0.0  # integers have no -0 (their codes are two's complement)
-    return torch.where(finite, p, torch.zeros_like(p))
+    return p if all_finite else torch.where(finite.unsqueeze(-1), p, torch.zeros_like(p))
 
 
 def _quantize(x, fmt: BlockFormat, rounding, generator):
@@ -250,7 +257,7 @@ def _quantize(x, fmt: BlockFormat, rounding, generator):
 
 def _dequantize(p, s, t):
     d = s if t is None else s * t
-    return p * d.unsqueeze(-1)  # NaN scales make the whole block NaN
+    return p.mul_(d.unsqueeze(-1))  # in place (p is ours); NaN scales make the whole block NaN
 
 
 # --------------------------------------------------------------------------------------- custom ops
