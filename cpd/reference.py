@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 from fractions import Fraction
 
 from .formats import FloatFormat, Specials
@@ -70,7 +71,7 @@ from .rounding import Rounding
 
 __all__ = [
     "DETERMINISTIC_MODES", "max_code", "code_value", "max_value", "round_value", "cast",
-    "add", "mul", "fma", "allreduce",
+    "add", "mul", "fma", "allreduce", "mx_block",
 ]
 
 #: The rounding modes this reference defines (stochastic rounding has no single answer).
@@ -522,3 +523,54 @@ def allreduce(rows, fmt, *, algorithm: str = "ring", group_size: int | None = No
     k = group_size
     groups = [_sequential(acc, rows[g * k:(g + 1) * k]) for g in range(w // k)]
     return _ring(acc, [s for s, _ in groups], [c for _, c in groups] if kahan else None)
+
+
+# --------------------------------------------------------------------------------------- block formats
+def mx_block(values, fmt, rounding="nearest", *, tensor_scale: float | None = None) -> list[float]:
+    """One block of :func:`cpd.mx.cast`: the shared-scale rule of OCP MX v1.0 §6.3 (and NVFP4's
+    ``"amax"`` rule), written out. ``fmt`` is a :class:`cpd.mx.BlockFormat`; ``values`` the
+    block's floats; ``tensor_scale`` NVFP4's ``T`` (see :mod:`cpd.mx`).
+
+    1. A NaN or an infinity in the block: every element is NaN.
+    2. ``amax = max |v|``; 0 gives the scale format's smallest positive value. ``"floor"``:
+       ``S = 2^(floor(log2 amax) - emax_elem)``; ``"ceil"``: the least power of two with
+       ``amax <= max_elem * S``; ``"even"``: ``amax`` rounded to the element's mantissa width
+       first; ``"amax"``: ``amax / max_elem (/ T)`` in float32, rounded to the scale format.
+       ``S`` is clamped to the scale format's positive values.
+    3. Each element: ``v / S`` rounded (saturating) to the element format, times ``S``.
+    """
+    el, sf = fmt.element, fmt.scale
+    vals = [float(v) for v in values]
+    if any(not math.isfinite(v) for v in vals):
+        return [math.nan] * len(vals)
+    positive = [code_value(sf, c) for c in range(max_code(sf) + 1) if code_value(sf, c) > 0]
+    smallest, largest = positive[0], positive[-1]
+    amax = max((abs(Fraction(v)) for v in vals), default=Fraction(0))
+    max_elem = max_value(el)
+    emax_elem = _floor_log2(max_elem)
+    f32 = lambda v: struct.unpack("<f", struct.pack("<f", v))[0]  # noqa: E731
+    if amax == 0:
+        s = smallest
+    elif fmt.scale_rule == "amax":
+        q = f32(f32(float(amax)) / f32(float(max_elem)))
+        q = f32(q / tensor_scale) if tensor_scale is not None else q
+        s = max(Fraction(round_value(Fraction(q), sf, "nearest", saturate=True)), smallest)
+    else:
+        a = amax
+        if fmt.scale_rule == "even":
+            a = Fraction(round_value(amax, FloatFormat(8, el.man), "nearest", saturate=True))
+        e = _floor_log2(a) - emax_elem
+        if fmt.scale_rule == "ceil":
+            e += max_elem * Fraction(2) ** e < amax
+        s = Fraction(2) ** min(max(e, _floor_log2(smallest)), _floor_log2(largest))
+    out = []
+    for v in vals:
+        if fmt.scale_rule == "amax":
+            d = f32(float(s) * (tensor_scale if tensor_scale is not None else 1.0))
+            out.append(f32(round_value(f32(v / d), el, rounding, saturate=True) * d))
+        else:
+            p = round_value(Fraction(v) / s if v != 0 else v, el, rounding, saturate=True)
+            out.append(float(Fraction(p) * s) if p != 0 else p)
+    if fmt.is_int:
+        out = [0.0 if r == 0 else r for r in out]
+    return out

@@ -179,3 +179,16 @@ import cpd.testing as ct  # noqa: E402
 def test_random_block_formats_match_reference(fmt, rows, cols, seed, mode):
     x = data((rows, cols), seed=seed)
     assert same(mx.cast(x, fmt, mode), mx_oracle.quantize(x.numpy(), fmt, mode)), fmt
+
+
+@pytest.mark.parametrize("fmt", PRESETS + VARIANTS[:3], ids=lambda f: f.name)
+def test_readable_reference_agrees(fmt):
+    """cpd.reference.mx_block, the spec written out in cpd, agrees with the kernels (and so with
+    tests/mx_oracle.py, which the test above checks independently)."""
+    x = data((64,), seed=12)
+    x[7] = 1e-30
+    t = float(mx.encode(x, fmt).tensor_scale) if fmt.tensor_scale else None
+    for mode in ("nearest", "odd"):
+        ref = [v for i in range(0, 64, fmt.block_size)
+               for v in cpd.reference.mx_block(x[i:i + fmt.block_size].tolist(), fmt, mode, tensor_scale=t)]
+        assert same(mx.cast(x, fmt, mode), np.array(ref, dtype=np.float32)), mode
