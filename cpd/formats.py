@@ -117,65 +117,7 @@ class FloatFormat:
     signed: bool = dataclasses.field(default=True, kw_only=True)
 
     def __post_init__(self) -> None:
-        for name, lo, hi in (("exp", 1, 8), ("man", 0, 23)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"FloatFormat {name} must be an int, got {type(v).__name__}")
-            if not lo <= v <= hi:
-                raise ValueError(f"FloatFormat {name}={v} is out of range; allowed {lo}..{hi}")
-        allowed = ", ".join(repr(m.value) for m in Specials)
-        if isinstance(self.specials, str):
-            try:
-                object.__setattr__(self, "specials", Specials(self.specials.lower()))
-            except ValueError:
-                raise ValueError(f"FloatFormat specials={self.specials!r} is unknown; allowed: {allowed}") from None
-        elif not isinstance(self.specials, Specials):
-            raise TypeError(f"FloatFormat specials must be a str or Specials, got {type(self.specials).__name__}")
-        if self.bias is None:
-            high = self.specials in _HIGH_BIAS
-            object.__setattr__(self, "bias", (1 << (self.exp - 1)) - (0 if high else 1))
-        elif isinstance(self.bias, bool) or not isinstance(self.bias, int):
-            raise TypeError(f"FloatFormat bias must be an int or None, got {type(self.bias).__name__}")
-        for name in ("subnormals", "signed"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"FloatFormat {name} must be a bool, got {type(getattr(self, name)).__name__}")
-        sp = self.specials
-        if sp is Specials.FNU and self.signed:
-            raise ValueError("FloatFormat specials='fnu' is unsigned (E8M0: no sign, no zero); pass signed=False")
-        if sp is Specials.FNU and not self.subnormals:
-            raise ValueError("FloatFormat specials='fnu' has no subnormals to flush (every exponent field is a "
-                             "normal binade); leave subnormals=True")
-        if not self.signed and sp in (Specials.FNUZ, Specials.FINITE):
-            raise ValueError(f"FloatFormat specials={sp.value!r} cannot be unsigned (signed=False): 'fnuz' keeps "
-                             "its NaN in the sign bit and 'finite' has no NaN for negative inputs; allowed "
-                             "unsigned specials: 'ieee', 'fn', 'p3109', 'fnu'")
-        if not self.signed and self.nan_code is None:
-            raise ValueError(f"FloatFormat(exp={self.exp}, man={self.man}, specials={sp.value!r}, signed=False) has no "
-                             "NaN code for negative inputs; use man >= 1 or specials='fn'/'p3109'")
-        if self.max_code <= 0:
-            raise ValueError(
-                f"FloatFormat(exp={self.exp}, man={self.man}, specials={sp.value!r}) has no "
-                "positive finite value; use more bits or specials='finite'"
-            )
-        if not self.subnormals and self.max_code >> self.man == 0:
-            raise ValueError(
-                f"FloatFormat(exp={self.exp}, man={self.man}, specials={sp.value!r}) has no normal "
-                "numbers, so subnormals=False would flush every value to zero; keep subnormals=True"
-            )
-        if self.emin - self.man < -149 and not self._no_zero:
-            raise ValueError(
-                f"FloatFormat bias={self.bias} puts the smallest subnormal 2^{self.emin - self.man} below "
-                f"float32's 2^-149; allowed bias <= {self.bias + (self.emin - self.man + 149)} for "
-                f"exp={self.exp}, man={self.man}"
-            )
-        if self._no_zero and self.emin < -149:
-            raise ValueError(f"FloatFormat bias={self.bias} puts the smallest value 2^{self.emin} below float32's "
-                             f"2^-149; allowed bias <= 149")
-        if self.emax > 127:
-            raise ValueError(
-                f"FloatFormat bias={self.bias} puts the largest exponent 2^{self.emax} above float32's "
-                f"2^127; allowed bias >= {self.bias + self.emax - 127} for exp={self.exp}, man={self.man}"
-            )
+        _validate(self)
 
     # ----------------------------------------------------------------------------- codes
     @property
@@ -291,25 +233,7 @@ class FloatFormat:
         """Short name that :meth:`parse` reads back: ``e5m2``, ``e4m3fn``, ``e2m1finite``,
         ``e4m3fnuz``, ``e4m3b11fnuz``, ``e8m0fnu``, ``p3109_k8p3se``; ``b<bias>`` for a custom
         bias, ``nosub`` without subnormals, a leading ``u`` for other unsigned formats."""
-        sp, high = self.specials, 1 << (self.exp - 1)
-        default_bias = high if sp in _HIGH_BIAS else high - 1
-        core = f"e{self.exp}m{self.man}"
-        if self._is_p3109():
-            k, p = self.bits, self.man + 1
-            return f"p3109_k{k}p{p}{'s' if self.signed else 'u'}{'e' if sp is Specials.P3109 else 'f'}"
-        b = f"b{self.bias}" if self.bias != default_bias else ""
-        nosub = "" if self.subnormals else "nosub"
-        if sp is Specials.FNUZ:  # ml_dtypes' order: e4m3b11fnuz
-            return f"{core}{b}fnuz{nosub}"
-        if sp is Specials.FNU:
-            return f"{core}{b}fnu"
-        if sp is Specials.FN and self.bits < 8 and self.signed:
-            suffix = "fn_nan"  # "fn" alone is ml_dtypes' no-NaN sub-byte spelling (e2m1fn = finite)
-        elif sp is Specials.IEEE:
-            suffix = "ieee" if core in _AMBIGUOUS and not b and not nosub else ""
-        else:
-            suffix = {Specials.FN: "fn", Specials.FINITE: "finite", Specials.P3109: "p3109"}[sp]
-        return ("" if self.signed else "u") + f"{core}{suffix}{b}{nosub}"
+        return _name_of(self)
 
     def _is_p3109(self) -> bool:
         """Whether this is exactly a P3109 format (standard bias, subnormals) named p3109_k..."""
@@ -388,65 +312,161 @@ class FloatFormat:
             pass
         if not isinstance(spec, str):
             raise TypeError(f"fmt must be a FloatFormat, a name or a torch dtype, got {type(spec).__name__}")
-        key = spec.strip().lower().replace("_", "")
-        if re.fullmatch(r"e\dm\d+b-?\d+.*|.*b-\d+(nosub)?", key) is None:
-            key = key.replace("-", "")  # "fp8-e5m2"; a negative bias keeps its minus
-        if key in _AMBIGUOUS:
-            raise ValueError(
-                f"fmt={spec!r} is ambiguous: the MX preset cpd.{key.upper()} (no inf, no NaN, ml_dtypes' "
-                f"float{1 + int(key[1]) + int(key[3])}_{key}fn) is {key + 'fn'!r} (also 'mx{_MX_KIND[key]}_{key}'), "
-                f"the IEEE-like {key} with inf and NaN codes is {key + 'ieee'!r}")
-        if key in _ALIASES:
-            return _ALIASES[key]
-        m = re.fullmatch(r"p3109k(\d+)p(\d+)([su])([ef])", key)
-        if m:
-            return cls.p3109(int(m.group(1)), int(m.group(2)), signed=m.group(3) == "s",
-                             domain="extended" if m.group(4) == "e" else "finite")
-        m = re.fullmatch(r"(?:(?:float|fp)(\d+))?(u)?e(\d)m(\d+)(?:b(-?\d+))?(fnnan|fnuz|fnu|fn|finite|ieee|p3109)?"
-                         r"(?:b(-?\d+))?(nosub)?", key)
-        if m and not (m.group(5) and m.group(7)):
-            width, uns, exp, man = m.group(1), m.group(2) is not None, int(m.group(3)), int(m.group(4))
-            suffix, bias = m.group(6) or "ieee", m.group(5) or m.group(7)
-            if suffix == "fn":
-                suffix = "fn" if uns or 1 + exp + man >= 8 else "finite"
-            specials = {"fnnan": "fn"}.get(suffix, suffix)
-            f = cls(exp, man, specials=specials, bias=None if bias is None else int(bias),
-                    subnormals=m.group(8) is None, signed=not uns and specials != "fnu")
-            if width is not None and int(width) != f.bits:
-                raise ValueError(f"fmt={spec!r} says {width} bits but {f.name} has {f.bits}")
-            return f
-        raise ValueError(
-            f"fmt={spec!r} is not a format name; use e.g. 'e5m2', 'e4m3fn', 'e4m3fnuz', 'e8m0fnu', 'e2m1fn', "
-            f"'p3109_k8p3se', 'fp16', 'bf16', 'tf32', 'fp32' or one of {sorted(PRESETS)}"
-        )
+        return _parse_name(cls, spec)
 
     def __str__(self) -> str:
-        def p2(v: float) -> str:
-            k = Fraction(v).denominator.bit_length() - 1 if v < 1 else Fraction(v).numerator.bit_length() - 1
-            return f"2^{-k if v < 1 else k} = {v:.9g}"
-
-        specials = {
-            Specials.IEEE: "ieee (top exponent code: ±inf and NaN)" if self.man else "ieee (top exponent code: ±inf, no NaN)",
-            Specials.FN: "fn (no inf; only the all-ones code is NaN)",
-            Specials.FINITE: "finite (no inf, no NaN)",
-            Specials.FNUZ: "fnuz (no inf, no -0; the -0 code is the NaN)",
-            Specials.P3109: ("p3109 (no -0; the -0 code is the NaN, ±inf at the top codes)" if self.signed
-                             else "p3109 (all ones is NaN, +inf below it)"),
-            Specials.FNU: "fnu (no inf, no zero; all ones is NaN)",
-        }[self.specials]
-        sign = "1 sign, " if self.signed else "unsigned, "
-        return (
-            f"{self.name}: {self.bits} bits ({sign}{self.exp} exponent, {self.man} mantissa), bias {self.bias}\n"
-            f"  max {self.max:.9g}, smallest normal {p2(self.smallest_normal)}, "
-            f"smallest subnormal {p2(self.smallest_subnormal)}\n"
-            f"  eps {p2(self.eps)}, emin {self.emin}, emax {self.emax}, specials {specials}"
-            + ("" if self.subnormals else ", subnormals flushed to zero")
-        )
+        return _describe(self)
 
 
 #: Bare names that meant two formats (upper case: the MX preset; lower case: IEEE-like): an error.
 _AMBIGUOUS = {"e2m1": "fp4", "e3m2": "fp6", "e2m3": "fp6"}
 _MX_KIND = _AMBIGUOUS
+
+
+def _validate(self: "FloatFormat") -> None:
+    """FloatFormat.__post_init__: types, ranges, the convention's default bias, float32's range."""
+    for name, lo, hi in (("exp", 1, 8), ("man", 0, 23)):
+        v = getattr(self, name)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"FloatFormat {name} must be an int, got {type(v).__name__}")
+        if not lo <= v <= hi:
+            raise ValueError(f"FloatFormat {name}={v} is out of range; allowed {lo}..{hi}")
+    allowed = ", ".join(repr(m.value) for m in Specials)
+    if isinstance(self.specials, str):
+        try:
+            object.__setattr__(self, "specials", Specials(self.specials.lower()))
+        except ValueError:
+            raise ValueError(f"FloatFormat specials={self.specials!r} is unknown; allowed: {allowed}") from None
+    elif not isinstance(self.specials, Specials):
+        raise TypeError(f"FloatFormat specials must be a str or Specials, got {type(self.specials).__name__}")
+    if self.bias is None:
+        high = self.specials in _HIGH_BIAS
+        object.__setattr__(self, "bias", (1 << (self.exp - 1)) - (0 if high else 1))
+    elif isinstance(self.bias, bool) or not isinstance(self.bias, int):
+        raise TypeError(f"FloatFormat bias must be an int or None, got {type(self.bias).__name__}")
+    for name in ("subnormals", "signed"):
+        if not isinstance(getattr(self, name), bool):
+            raise TypeError(f"FloatFormat {name} must be a bool, got {type(getattr(self, name)).__name__}")
+    sp = self.specials
+    if sp is Specials.FNU and self.signed:
+        raise ValueError("FloatFormat specials='fnu' is unsigned (E8M0: no sign, no zero); pass signed=False")
+    if sp is Specials.FNU and not self.subnormals:
+        raise ValueError("FloatFormat specials='fnu' has no subnormals to flush (every exponent field is a "
+                         "normal binade); leave subnormals=True")
+    if not self.signed and sp in (Specials.FNUZ, Specials.FINITE):
+        raise ValueError(f"FloatFormat specials={sp.value!r} cannot be unsigned (signed=False): 'fnuz' keeps "
+                         "its NaN in the sign bit and 'finite' has no NaN for negative inputs; allowed "
+                         "unsigned specials: 'ieee', 'fn', 'p3109', 'fnu'")
+    if not self.signed and self.nan_code is None:
+        raise ValueError(f"FloatFormat(exp={self.exp}, man={self.man}, specials={sp.value!r}, signed=False) has no "
+                         "NaN code for negative inputs; use man >= 1 or specials='fn'/'p3109'")
+    if self.max_code <= 0:
+        raise ValueError(
+            f"FloatFormat(exp={self.exp}, man={self.man}, specials={sp.value!r}) has no "
+            "positive finite value; use more bits or specials='finite'"
+        )
+    if not self.subnormals and self.max_code >> self.man == 0:
+        raise ValueError(
+            f"FloatFormat(exp={self.exp}, man={self.man}, specials={sp.value!r}) has no normal "
+            "numbers, so subnormals=False would flush every value to zero; keep subnormals=True"
+        )
+    if self.emin - self.man < -149 and not self._no_zero:
+        raise ValueError(
+            f"FloatFormat bias={self.bias} puts the smallest subnormal 2^{self.emin - self.man} below "
+            f"float32's 2^-149; allowed bias <= {self.bias + (self.emin - self.man + 149)} for "
+            f"exp={self.exp}, man={self.man}"
+        )
+    if self._no_zero and self.emin < -149:
+        raise ValueError(f"FloatFormat bias={self.bias} puts the smallest value 2^{self.emin} below float32's "
+                         f"2^-149; allowed bias <= 149")
+    if self.emax > 127:
+        raise ValueError(
+            f"FloatFormat bias={self.bias} puts the largest exponent 2^{self.emax} above float32's "
+            f"2^127; allowed bias >= {self.bias + self.emax - 127} for exp={self.exp}, man={self.man}"
+        )
+
+
+def _name_of(self: "FloatFormat") -> str:
+    """FloatFormat.name: see there."""
+    sp, high = self.specials, 1 << (self.exp - 1)
+    default_bias = high if sp in _HIGH_BIAS else high - 1
+    core = f"e{self.exp}m{self.man}"
+    if self._is_p3109():
+        k, p = self.bits, self.man + 1
+        return f"p3109_k{k}p{p}{'s' if self.signed else 'u'}{'e' if sp is Specials.P3109 else 'f'}"
+    b = f"b{self.bias}" if self.bias != default_bias else ""
+    nosub = "" if self.subnormals else "nosub"
+    if sp is Specials.FNUZ:  # ml_dtypes' order: e4m3b11fnuz
+        return f"{core}{b}fnuz{nosub}"
+    if sp is Specials.FNU:
+        return f"{core}{b}fnu"
+    if sp is Specials.FN and self.bits < 8 and self.signed:
+        suffix = "fn_nan"  # "fn" alone is ml_dtypes' no-NaN sub-byte spelling (e2m1fn = finite)
+    elif sp is Specials.IEEE:
+        suffix = "ieee" if core in _AMBIGUOUS and not b and not nosub else ""
+    else:
+        suffix = {Specials.FN: "fn", Specials.FINITE: "finite", Specials.P3109: "p3109"}[sp]
+    return ("" if self.signed else "u") + f"{core}{suffix}{b}{nosub}"
+
+
+def _parse_name(cls, spec: str) -> "FloatFormat":
+    """FloatFormat.parse of a name (see its docstring)."""
+    key = spec.strip().lower().replace("_", "")
+    if re.fullmatch(r"e\dm\d+b-?\d+.*|.*b-\d+(nosub)?", key) is None:
+        key = key.replace("-", "")  # "fp8-e5m2"; a negative bias keeps its minus
+    if key in _AMBIGUOUS:
+        raise ValueError(
+            f"fmt={spec!r} is ambiguous: the MX preset cpd.{key.upper()} (no inf, no NaN, ml_dtypes' "
+            f"float{1 + int(key[1]) + int(key[3])}_{key}fn) is {key + 'fn'!r} (also 'mx{_MX_KIND[key]}_{key}'), "
+            f"the IEEE-like {key} with inf and NaN codes is {key + 'ieee'!r}")
+    if key in _ALIASES:
+        return _ALIASES[key]
+    m = re.fullmatch(r"p3109k(\d+)p(\d+)([su])([ef])", key)
+    if m:
+        return cls.p3109(int(m.group(1)), int(m.group(2)), signed=m.group(3) == "s",
+                         domain="extended" if m.group(4) == "e" else "finite")
+    m = re.fullmatch(r"(?:(?:float|fp)(\d+))?(u)?e(\d)m(\d+)(?:b(-?\d+))?(fnnan|fnuz|fnu|fn|finite|ieee|p3109)?"
+                     r"(?:b(-?\d+))?(nosub)?", key)
+    if m and not (m.group(5) and m.group(7)):
+        width, uns, exp, man = m.group(1), m.group(2) is not None, int(m.group(3)), int(m.group(4))
+        suffix, bias = m.group(6) or "ieee", m.group(5) or m.group(7)
+        if suffix == "fn":
+            suffix = "fn" if uns or 1 + exp + man >= 8 else "finite"
+        specials = {"fnnan": "fn"}.get(suffix, suffix)
+        f = cls(exp, man, specials=specials, bias=None if bias is None else int(bias),
+                subnormals=m.group(8) is None, signed=not uns and specials != "fnu")
+        if width is not None and int(width) != f.bits:
+            raise ValueError(f"fmt={spec!r} says {width} bits but {f.name} has {f.bits}")
+        return f
+    raise ValueError(
+        f"fmt={spec!r} is not a format name; use e.g. 'e5m2', 'e4m3fn', 'e4m3fnuz', 'e8m0fnu', 'e2m1fn', "
+        f"'p3109_k8p3se', 'fp16', 'bf16', 'tf32', 'fp32' or one of {sorted(PRESETS)}"
+    )
+
+
+def _describe(self: "FloatFormat") -> str:
+    """str(FloatFormat): a readable summary."""
+    def p2(v: float) -> str:
+        k = Fraction(v).denominator.bit_length() - 1 if v < 1 else Fraction(v).numerator.bit_length() - 1
+        return f"2^{-k if v < 1 else k} = {v:.9g}"
+
+    specials = {
+        Specials.IEEE: "ieee (top exponent code: ±inf and NaN)" if self.man else "ieee (top exponent code: ±inf, no NaN)",
+        Specials.FN: "fn (no inf; only the all-ones code is NaN)",
+        Specials.FINITE: "finite (no inf, no NaN)",
+        Specials.FNUZ: "fnuz (no inf, no -0; the -0 code is the NaN)",
+        Specials.P3109: ("p3109 (no -0; the -0 code is the NaN, ±inf at the top codes)" if self.signed
+                         else "p3109 (all ones is NaN, +inf below it)"),
+        Specials.FNU: "fnu (no inf, no zero; all ones is NaN)",
+    }[self.specials]
+    sign = "1 sign, " if self.signed else "unsigned, "
+    return (
+        f"{self.name}: {self.bits} bits ({sign}{self.exp} exponent, {self.man} mantissa), bias {self.bias}\n"
+        f"  max {self.max:.9g}, smallest normal {p2(self.smallest_normal)}, "
+        f"smallest subnormal {p2(self.smallest_subnormal)}\n"
+        f"  eps {p2(self.eps)}, emin {self.emin}, emax {self.emax}, specials {specials}"
+        + ("" if self.subnormals else ", subnormals flushed to zero")
+    )
 
 
 FP32 = FloatFormat(8, 23)
