@@ -67,11 +67,15 @@ REF_FORMATS = [cpd.E4M3FNUZ, cpd.E8M0, FloatFormat.p3109(8, 3), FloatFormat.p310
                FloatFormat(3, 1, specials="fnu", signed=False), FloatFormat(2, 1, specials="fnuz")]
 
 
+#: Every deterministic mode, and saturation with one mode of each overflow kind (time).
+COMBOS = [(m, False) for m in oracle.DET_MODES] + [("nearest", True), ("up", True)]
+
+
 @functools.lru_cache(maxsize=None)
 def expected(fmt):
     xs = grid_inputs(fmt)
     exp = {(m, sat): np.array([oracle.oracle_cast(x, fmt, m, sat) for x in xs], dtype=np.float32)
-           for m in oracle.DET_MODES for sat in (False, True)}
+           for m, sat in COMBOS}
     return np.array(xs, dtype=np.float32), exp
 
 
