@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import functools
 import math
-import struct
 from fractions import Fraction
 
 from .formats import FloatFormat, Specials
@@ -526,6 +525,9 @@ def allreduce(rows, fmt, *, algorithm: str = "ring", group_size: int | None = No
 
 
 # --------------------------------------------------------------------------------------- block formats
+_FLOAT32 = FloatFormat(8, 23)
+
+
 def mx_block(values, fmt, rounding="nearest", *, tensor_scale: float | None = None) -> list[float]:
     """One block of :func:`cpd.mx.cast`: the shared-scale rule of OCP MX v1.0 §6.3 (and NVFP4's
     ``"amax"`` rule), written out. ``fmt`` is a :class:`cpd.mx.BlockFormat`; ``values`` the
@@ -548,7 +550,7 @@ def mx_block(values, fmt, rounding="nearest", *, tensor_scale: float | None = No
     amax = max((abs(Fraction(v)) for v in vals), default=Fraction(0))
     max_elem = max_value(el)
     emax_elem = _floor_log2(max_elem)
-    f32 = lambda v: struct.unpack("<f", struct.pack("<f", v))[0]  # noqa: E731
+    f32 = lambda v: round_value(float(v), _FLOAT32)  # noqa: E731  (a float32 operation's rounding)
     if amax == 0:
         s = smallest
     elif fmt.scale_rule == "amax":
