@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # Tutorial 7: the number formats of 2026 hardware -- FNUZ, P3109, E8M0, MX and NVFP4
+# # Tutorial 8: the number formats of 2026 hardware -- FNUZ, P3109, E8M0, MX and NVFP4
 #
 # **What you will learn**
 #
@@ -25,7 +25,7 @@
 # 4. How much error each block format makes on data with outliers, against a per-tensor scale,
 #    as a table and a plot.
 #
-# Run it as a script (`python tutorials/07_block_formats.py`) or as a notebook (`jupytext --to
+# Run it as a script (`python tutorials/08_block_formats.py`) or as a notebook (`jupytext --to
 # notebook`). `CPD_TUTORIAL_SMALL=1` uses small tensors; figures go to `$CPD_TUTORIAL_OUT`.
 
 # %%
@@ -44,7 +44,7 @@ import cpd  # noqa: E402
 from cpd import mx  # noqa: E402
 
 SMALL = os.environ.get("CPD_TUTORIAL_SMALL") == "1"
-OUT = Path(os.environ.get("CPD_TUTORIAL_OUT") or tempfile.mkdtemp(prefix="cpd_tutorial07_"))
+OUT = Path(os.environ.get("CPD_TUTORIAL_OUT") or tempfile.mkdtemp(prefix="cpd_tutorial08_"))
 OUT.mkdir(parents=True, exist_ok=True)
 print("figures go to", OUT)
 
