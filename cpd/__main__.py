@@ -35,7 +35,7 @@ import torch
 
 import cpd
 
-from . import __version__, _launch, demo
+from . import __version__, _launch, demo, mx
 from .formats import PRESETS
 
 __all__ = ["main", "COMMANDS", "format_table"]
@@ -86,8 +86,6 @@ def format_table() -> str:
 
 def block_format_table() -> str:
     """The block-scaled presets of cpd.mx: element, block size, scale, rule, bits per element."""
-    from . import mx
-
     header = ["cpd.mx preset", "element", "elem max", "block", "scale", "rule", "tensor scale", "bits/elem"]
     rows = [[key, f.element.name, f"{f.element.max:g}", str(f.block_size), f.scale.name, f.scale_rule,
              "float32" if f.tensor_scale else "-", f"{f.bits_per_element:.4g}"] for key, f in mx.PRESETS.items()]
