@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     print(f"x: {a.rows} x {a.cols} float32 ({n} elements), {torch.get_num_threads()} threads; "
           f"copy {copy * 1e3:.3f} ms ({n / copy / 1e9:.2f} G elements/s)\n")
     names = ["dynamic_tree", "static_tree", "linear", "mantissa8", "onebit", "threshold:1.5", "adaptive",
-             "bitpack16", "e5m2", "E2M1"]
+             "bitpack16", "e5m2", "e2m1fn"]
     comps = [(nm, get(nm)) for nm in names]
     comps.append(("adaptive sample=256",
                   Adaptive(64, sample=256, generator=torch.Generator().manual_seed(0))))

@@ -9,8 +9,8 @@ CPU (C++/OpenMP) and CUDA (NVRTC), from one numerics core.
 """
 
 from . import nn, optim, reference
-from .formats import (BF16, E2M1, E2M3, E3M2, E4M3, E4M3FN, E5M2, FP16, FP32, PRESETS, TF32, FloatFormat,
-                      Specials)
+from .formats import (BF16, E2M1, E2M3, E3M2, E4M3, E4M3B11FNUZ, E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ, E8M0, FP16,
+                      FP32, PRESETS, TF32, FloatFormat, Specials)
 from .nn import Quantizer, quantizer
 from .ops import add, bits, cast, code_dtype, decode, encode, fma, mul
 from .ops import matmul, sum  # noqa: A004
@@ -23,15 +23,17 @@ from .optim import APSOptimizer
 from . import compressors  # noqa: E402  (the literature's gradient compressors; see cpd/compressors)
 from . import distributed
 from .tensor_core import FusedDot, tensor_core  # noqa: E402  (issue 15: matrix-unit accumulators)
+from . import mx  # block-scaled formats: OCP MX and NVFP4
 
 __version__ = "0.1.0"
 
 __all__ = [
     "FloatFormat", "Specials", "Rounding", "PRESETS", "ReduceConfig", "CompressedReduceConfig",
     "FP32", "TF32", "FP16", "BF16", "E5M2", "E4M3", "E4M3FN", "E3M2", "E2M3", "E2M1",
+    "E4M3FNUZ", "E5M2FNUZ", "E4M3B11FNUZ", "E8M0",
     "cast", "encode", "decode", "bits", "code_dtype", "add", "mul", "fma", "matmul", "sum",
     "Quantizer", "quantizer", "nn", "optim", "reference",
     "allreduce", "ALLREDUCE_ALGORITHMS", "cost_model", "aps_allreduce", "aps_exponent", "scaled_allreduce",
     "LossScaler", "RoundoffReport", "LayerReport", "APSOptimizer", "compressors", "distributed",
-    "FusedDot", "tensor_core",
+    "FusedDot", "tensor_core", "mx",
 ]

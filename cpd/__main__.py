@@ -35,7 +35,7 @@ import torch
 
 import cpd
 
-from . import __version__, _launch, demo
+from . import __version__, _launch, demo, mx
 from .formats import PRESETS
 
 __all__ = ["main", "COMMANDS", "format_table"]
@@ -79,7 +79,16 @@ def format_table() -> str:
     rows = []
     for key, f in PRESETS.items():
         rows.append([key, f.name, str(f.bits), str(f.exp), str(f.man), str(f.bias), f"{f.max:.9g}",
-                     _num(f.smallest_normal), _num(f.smallest_subnormal), _num(f.eps), f.specials.value])
+                     _num(f.smallest_normal), _num(f.smallest_subnormal), _num(f.eps),
+                     f.specials.value + ("" if f.signed else ", unsigned")])
+    return _table(header, rows)
+
+
+def block_format_table() -> str:
+    """The block-scaled presets of cpd.mx: element, block size, scale, rule, bits per element."""
+    header = ["cpd.mx preset", "element", "elem max", "block", "scale", "rule", "tensor scale", "bits/elem"]
+    rows = [[key, f.element.name, f"{f.element.max:g}", str(f.block_size), f.scale.name, f.scale_rule,
+             "float32" if f.tensor_scale else "-", f"{f.bits_per_element:.4g}"] for key, f in mx.PRESETS.items()]
     return _table(header, rows)
 
 
@@ -90,6 +99,10 @@ def _setup_formats(p: argparse.ArgumentParser) -> None:
 
 def _run_formats(args: argparse.Namespace) -> int:
     print(format_table())
+    print()
+    print(block_format_table())
+    print("\nNames parse case-insensitively, like ml_dtypes' (e4m3fnuz, e8m0fnu, e2m1fn) and gfloat's "
+          "(p3109_k8p3se); see docs/formats.md.")
     if args.verbose:
         for f in PRESETS.values():
             print()

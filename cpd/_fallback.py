@@ -104,10 +104,14 @@ def cast(x: torch.Tensor, fmt: FloatFormat, rounding: Rounding, saturate: bool, 
     dc = d.clamp(max=25)
     r = M >> dc
     rem = M & ((1 << dc) - 1)
+    twice, quantum = rem << 1, 1 << dc
+    lsb = (r & 1) if fmt.man else (r & (ee + fmt.bias) & 1)
     if rounding is Rounding.NEAREST:
-        twice, quantum = rem << 1, 1 << dc
-        lsb = (r & 1) if fmt.man else (r & (ee + fmt.bias) & 1)
         up = (twice > quantum) | ((twice == quantum) & (lsb == 1))
+    elif rounding is Rounding.NEAREST_AWAY:
+        up = (twice >= quantum) & (rem != 0)
+    elif rounding is Rounding.ODD:
+        up = (rem != 0) & (lsb == 0)
     elif rounding is Rounding.STOCHASTIC:
         frac = torch.where(d <= 32, rem << (32 - d).clamp(min=0), rem >> (d - 32).clamp(min=0, max=63)) & _M32
         mask = (_M32 << (32 - sr_bits)) & _M32
@@ -121,7 +125,7 @@ def cast(x: torch.Tensor, fmt: FloatFormat, rounding: Rounding, saturate: bool, 
     mag = _compose(r + up.to(torch.int64), qexp)
     mag = _finish_overflow(mag, sign, fmt, rounding, saturate)  # 3a., 3b.
     mag = torch.where(a == _INF, _outward(fmt, saturate), mag)  # 2. (an outward max is never flushed)
-    res = sign | mag  # a NaN from an fn overflow keeps the sign too
+    res = _convention(sign, mag, a, fmt)  # 4. a NaN from an fn overflow keeps the sign too
     res = torch.where(a > _INF, u, res)
     return _bits_to_float(res).reshape(x.shape)
 
@@ -129,30 +133,43 @@ def cast(x: torch.Tensor, fmt: FloatFormat, rounding: Rounding, saturate: bool, 
 def encode_values(v: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     """Codes (int64) of float32 values that are already values of ``fmt`` (numerics.h encode_value_bits)."""
     u = _u32(v).reshape(-1)
-    sign_code = torch.where(u >= _SIGN, 1 << (fmt.exp + fmt.man), 0)
+    sign_code = torch.where(u >= _SIGN, 1 << (fmt.exp + fmt.man), 0) if fmt.signed else torch.zeros_like(u)
     a = u & 0x7FFFFFFF
     M, eq, ee, qexp, d = _split(a, fmt)
-    code = (M >> d.clamp(max=25)) + ((ee - fmt.emin) << fmt.man)
-    code = torch.where(a == _INF, ((1 << fmt.exp) - 1) << fmt.man if fmt.has_inf else 0, code)
-    code = torch.where(a > _INF, fmt.nan_code or 0, code)
-    return (sign_code | code).reshape(v.shape)
+    code_sub = (1 << fmt.man) if fmt.specials is Specials.FNU else 0  # FNU: field 0 is a normal binade
+    code = sign_code | ((M >> d.clamp(max=25)) + ((ee - fmt.emin) << fmt.man) - code_sub)
+    code = torch.where(a == _INF, sign_code | (fmt.inf_code or 0), code)
+    nan = fmt.nan_code or 0
+    code = torch.where(a > _INF, nan if _nan_fixed(fmt) else sign_code | nan, code)
+    return code.reshape(v.shape)
+
+
+def _nan_fixed(fmt: FloatFormat) -> bool:
+    """Whether NaN has one code whatever its sign (numerics.h Format::nan_fixed)."""
+    return not fmt.signed or fmt.specials in (Specials.FNUZ, Specials.P3109)
 
 
 def decode(codes: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     """float32 values of codes given as int64 (numerics.h decode_bits)."""
-    c = codes.reshape(-1).to(torch.int64)
     width = fmt.exp + fmt.man
+    c = codes.reshape(-1).to(torch.int64) & ((1 << (width + int(fmt.signed))) - 1)
     sign = torch.where((c >> width) & 1 == 1, _SIGN, 0)
     mag = c & ((1 << width) - 1)
     field, frac = mag >> fmt.man, mag & ((1 << fmt.man) - 1)
-    r = torch.where(field != 0, frac | (1 << fmt.man), frac)
-    val = _compose(r, field.clamp(min=1) - fmt.bias - fmt.man)
+    no_zero = fmt.specials is Specials.FNU
+    r = torch.where((field != 0) | no_zero, frac | (1 << fmt.man), frac)
+    val = _compose(r, (field if no_zero else field.clamp(min=1)) - fmt.bias - fmt.man)
     if fmt.specials is Specials.IEEE:
         top = field == (1 << fmt.exp) - 1
         val = torch.where(top, torch.where(frac != 0, _QNAN, _INF), val)
-    elif fmt.specials is Specials.FN:
+    elif fmt.specials in (Specials.FN, Specials.FNU):
         val = torch.where(mag == (1 << width) - 1, _QNAN, val)
-    return _bits_to_float(sign | val).reshape(codes.shape)
+    elif fmt.specials is Specials.P3109:
+        val = torch.where(mag == fmt.inf_code, _INF, val)
+    out = sign | val
+    if _nan_fixed(fmt) and fmt.nan_code is not None:
+        out = torch.where(c == fmt.nan_code, _QNAN, out)
+    return _bits_to_float(out).reshape(codes.shape)
 
 
 # ------------------------------------------------------------------------------------------
@@ -216,10 +233,14 @@ def _round_wide(w, fmt: FloatFormat, rounding: Rounding, saturate: bool, rand) -
     rem = torch.where(d > 0, S & ((1 << dc) - 1), 0)
     half = 1 << (dc - 1)
     r = torch.where(d > 0, S >> dc, S << (-d).clamp(min=0, max=62))
+    lsb = (r & 1) if fmt.man else (r & (ee + fmt.bias) & 1)
     if rounding is Rounding.NEAREST:
-        lsb = (r & 1) if fmt.man else (r & (ee + fmt.bias) & 1)
         tie = (rem == half) & (d > 0) & (d <= 62)
         up = ((rem > half) & (d <= 62)) | (tie & (sticky == 1)) | (tie & (sticky == 0) & (lsb == 1))
+    elif rounding is Rounding.NEAREST_AWAY:
+        up = (rem >= half) & (d > 0) & (d <= 62)
+    elif rounding is Rounding.ODD:
+        up = (d > 0) & ((rem != 0) | (sticky == 1)) & (lsb == 0)
     elif rounding is Rounding.STOCHASTIC:
         frac = torch.where(d <= 32, rem << (32 - d).clamp(min=0, max=32), rem >> (d - 32).clamp(min=0, max=62))
         mask = (_M32 << (32 - rand[1])) & _M32
@@ -231,14 +252,29 @@ def _round_wide(w, fmt: FloatFormat, rounding: Rounding, saturate: bool, rand) -
         up = (d > 0) & ((rem != 0) | (sticky == 1)) & away
     mag = _compose(r + up.to(torch.int64), qexp.clamp(max=128))
     mag = _finish_overflow(mag, sign, fmt, rounding, saturate)
-    return sign | mag
+    return _convention(sign, mag, torch.ones_like(mag), fmt)
 
 
 def _outward(fmt: FloatFormat, saturate: bool) -> int:
     """What an outward overflow or an infinite input becomes (numerics.h Format::outward_bits)."""
     if saturate or fmt.specials is Specials.FINITE:
         return _max_bits(fmt)
-    return _INF if fmt.specials is Specials.IEEE else _QNAN
+    return _INF if fmt.specials in (Specials.IEEE, Specials.P3109) else _QNAN
+
+
+def _convention(sign, mag, a, fmt: FloatFormat):
+    """numerics.h convention_bits: sign | mag with no -0 (fnuz, p3109, unsigned), no zero (fnu:
+    magnitudes below 2^emin become 2^emin, a zero input NaN) and unsigned (negative inputs NaN)."""
+    if fmt.has_negative_zero:
+        return sign | mag
+    s = torch.where(mag == 0, 0, sign)
+    nan = torch.zeros_like(mag, dtype=torch.bool)
+    if fmt.specials is Specials.FNU:
+        mag = torch.where(mag < _min_normal_bits(fmt), _min_normal_bits(fmt), mag)
+        nan = a == 0
+    if not fmt.signed:
+        nan = nan | ((sign != 0) & (a != 0))
+    return torch.where(nan, _QNAN, s | mag)
 
 
 def _finish_overflow(mag, sign, fmt: FloatFormat, rounding: Rounding, saturate: bool):
@@ -246,6 +282,7 @@ def _finish_overflow(mag, sign, fmt: FloatFormat, rounding: Rounding, saturate: 
     max_bits, outward = _max_bits(fmt), _outward(fmt, saturate)
     inward = {
         Rounding.TOWARD_ZERO: torch.ones_like(sign, dtype=torch.bool),
+        Rounding.ODD: torch.ones_like(sign, dtype=torch.bool),
         Rounding.UP: sign != 0,
         Rounding.DOWN: sign == 0,
     }.get(rounding, torch.zeros_like(sign, dtype=torch.bool))
@@ -276,7 +313,7 @@ def arith_bits(op: str, ua: torch.Tensor, ub: torch.Tensor, uc: torch.Tensor | N
     if op == "mul":
         special = fa * fb
         w = _wide_mul(ua, ub)
-        zero = w[3]
+        zero = _convention(w[3], torch.zeros_like(ua), torch.zeros_like(ua), fmt)
     else:
         if op == "add":
             w = _wide_add(_wide_of(ua), _wide_of(ub))
@@ -290,6 +327,7 @@ def arith_bits(op: str, ua: torch.Tensor, ub: torch.Tensor, uc: torch.Tensor | N
             zs = (uc & _SIGN, p[3])
         down = rounding is Rounding.DOWN
         zero = torch.where(zs[0] == zs[1], zs[0], _SIGN if down else 0)
+        zero = _convention(zero, torch.zeros_like(ua), torch.zeros_like(ua), fmt)
     rounded = _round_wide(w, fmt, rounding, saturate, rand)
     res = torch.where(w[0] == 0, zero, rounded)
     # non-finite operands: float32 arithmetic, then the cast (same random word)

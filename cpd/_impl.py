@@ -31,7 +31,6 @@ __all__ = ["fmt_tuple", "fmt_of", "code_dtype_of", "Extension", "Fallback", "Ker
            "decode", "arith", "matmul", "batch_shape", "register",
            "register_cpu"]
 
-_SPECIALS = {0: "ieee", 1: "fn", 2: "finite"}
 _warned: set = set()
 
 
@@ -47,7 +46,7 @@ def fmt_tuple(spec) -> tuple[int, int, int, int, bool] | None:
 
 def fmt_of(t) -> FloatFormat:
     exp, man, bias, specials, subnormals = t
-    return FloatFormat(exp, man, bias=bias, specials=_SPECIALS[specials], subnormals=subnormals)
+    return FloatFormat.from_core(exp, man, bias, specials, subnormals)
 
 
 def code_dtype_of(t) -> torch.dtype:

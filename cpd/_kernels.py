@@ -31,7 +31,7 @@ __all__ = ["Geometry", "Launch", "pack", "cast", "encode", "decode", "arith", "m
 MAX_THREADS = 256
 #: Rounding.code -> the cast kernel specialized for that mode.
 CAST_KERNELS = {0: "cpd_cast_nearest", 1: "cpd_cast_stochastic", 2: "cpd_cast_toward_zero", 3: "cpd_cast_up",
-                4: "cpd_cast_down"}
+                4: "cpd_cast_down", 5: "cpd_cast_nearest_away", 6: "cpd_cast_odd"}
 CODE_SUFFIX = {torch.uint8: "u8", torch.int16: "i16", torch.int32: "i32"}
 #: The tiled matmul (cuda/kernels/matmul.cu): a block computes TILE_M x TILE_N outputs with
 #: MATMUL_THREADS threads, each a register tile of (TILE_M / 16) x (TILE_N / 16) outputs.

@@ -64,12 +64,13 @@ def _check_rounding_args(rounding, saturate, sr_bits, generator) -> tuple[Roundi
 
 
 def _fmt_args(fmt: FloatFormat) -> tuple[int, int, int, int, bool]:
-    return fmt.exp, fmt.man, fmt.bias, fmt.specials.code, fmt.subnormals
+    return fmt.exp, fmt.man, fmt.bias, fmt.core_specials, fmt.subnormals
 
 
 def _fmt_spec(fmt: FloatFormat | None) -> list[int]:
-    """The ops' format argument: ``[exp, man, bias, specials, subnormals]`` ([] for None)."""
-    return [] if fmt is None else [fmt.exp, fmt.man, fmt.bias, fmt.specials.code, int(fmt.subnormals)]
+    """The ops' format argument: ``[exp, man, bias, specials, subnormals]`` ([] for None); ``specials``
+    is the core's integer (:attr:`FloatFormat.core_specials`: the convention and the unsigned flag)."""
+    return [] if fmt is None else [fmt.exp, fmt.man, fmt.bias, fmt.core_specials, int(fmt.subnormals)]
 
 
 def code_dtype(fmt: FloatFormat) -> torch.dtype:
@@ -197,7 +198,7 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr
             CPU or CUDA. Never modified unless ``out`` is ``x``.
         fmt: a :class:`FloatFormat`, a name (``"e5m2"``) or a torch float dtype.
         rounding: ``"nearest"`` (ties to even encoding), ``"stochastic"``, ``"toward_zero"``,
-            ``"up"`` or ``"down"``.
+            ``"up"``, ``"down"``, ``"nearest_away"`` (ties away from zero) or ``"odd"`` (round to odd).
         saturate: clamp every overflow, infinite inputs included, to ±max.
         sr_bits: stochastic rounding only: round with k random bits, so probabilities are
             quantized to 2**-k (hardware style); None uses 32 bits.

@@ -13,7 +13,7 @@ What it covers:
 
 * :func:`round_value`: the exact rational ``q`` (or a float, with its NaN/inf/signed zero)
   rounded to a format, in the deterministic modes ``"nearest"``, ``"toward_zero"``, ``"up"``,
-  ``"down"``; :func:`cast` is the same for one float.
+  ``"down"``, ``"nearest_away"``, ``"odd"``; :func:`cast` is the same for one float.
 * :func:`add`, :func:`mul`, :func:`fma`: the exact result of the operation rounded once, with
   IEEE 754's rules for special operands and for the sign of an exact zero.
 * :func:`allreduce`: the emulated allreduce of :func:`cpd.allreduce`, algorithm by algorithm, in
@@ -35,19 +35,25 @@ learning", 2022):
    that of the lowest binade (gradual underflow). ``a / quantum = n + r`` with an integer ``n``
    and ``0 <= r < 1``, so the two candidates are ``n`` and ``n + 1`` quanta.
 3. Choose: ``nearest`` takes the closer candidate; on a tie (``r == 1/2``) the one whose
-   *encoding* is even. ``toward_zero`` takes ``n``; ``up`` takes ``n + 1`` for positive values
-   with ``r > 0``; ``down`` takes ``n + 1`` for negative values with ``r > 0``.
+   *encoding* is even. ``nearest_away`` takes the closer one, a tie away from zero. ``odd``
+   takes the one whose encoding is odd (when ``r > 0``). ``toward_zero`` takes ``n``; ``up``
+   takes ``n + 1`` for positive values with ``r > 0``; ``down`` takes ``n + 1`` for negative
+   values with ``r > 0``.
 4. The grid continues above the largest finite value as if the exponent were unbounded (IEEE's
    overflow rule), so a tie just above ``max`` is decided by encodings like any other tie: with
    E4M3FN (max 448, an even code) 464 rounds down to 448; with E5M2 (max 57344, an odd code)
    61440 rounds up, i.e. overflows.
 5. Overflow (the chosen candidate is above ``max``): modes that round toward zero for this sign
-   (``toward_zero``; ``up`` for negatives; ``down`` for positives) give ``±max``. Otherwise
-   ``saturate=True`` or ``specials="finite"`` give ``±max``, ``"ieee"`` gives ``±inf`` and
-   ``"fn"`` gives NaN.
+   (``toward_zero``; ``up`` for negatives; ``down`` for positives) and ``odd`` give ``±max``.
+   Otherwise ``saturate=True`` or ``specials="finite"`` give ``±max``, ``"ieee"`` and
+   ``"p3109"`` give ``±inf``, the others (``"fn"``, ``"fnuz"``, ``"fnu"``) NaN.
 6. Without subnormals (``fmt.subnormals=False``) a result whose magnitude is below the smallest
    normal is replaced by a zero of the same sign (flush *after* rounding).
 7. The result carries the sign of ``q``.
+8. The convention has the last word: where there is no -0 (``"fnuz"``, ``"p3109"``, unsigned
+   formats) a zero is +0; an unsigned format (``signed=False``) turns a negative ``q`` into NaN;
+   ``"fnu"`` (E8M0) has no zero: a zero ``q`` is NaN and a positive one below ``2^emin`` (its
+   smallest value, ``2^-bias``) rounds to ``2^emin`` in every mode.
 
 A format's codes are read from its five fields only (``exp``, ``man``, ``bias``, ``specials``,
 ``subnormals``); see :func:`max_code` and :func:`code_value`.
@@ -64,11 +70,12 @@ from .rounding import Rounding
 
 __all__ = [
     "DETERMINISTIC_MODES", "max_code", "code_value", "max_value", "round_value", "cast",
-    "add", "mul", "fma", "allreduce",
+    "add", "mul", "fma", "allreduce", "mx_block",
 ]
 
 #: The rounding modes this reference defines (stochastic rounding has no single answer).
-DETERMINISTIC_MODES = (Rounding.NEAREST, Rounding.TOWARD_ZERO, Rounding.UP, Rounding.DOWN)
+DETERMINISTIC_MODES = (Rounding.NEAREST, Rounding.TOWARD_ZERO, Rounding.UP, Rounding.DOWN, Rounding.NEAREST_AWAY,
+                       Rounding.ODD)
 
 #: The algorithms :func:`allreduce` knows, in the order of :data:`cpd.ALLREDUCE_ALGORITHMS`.
 _ALGORITHMS = ("ring", "hierarchical", "tree", "sequential")
@@ -80,14 +87,18 @@ def max_code(fmt: FloatFormat) -> int:
 
     A magnitude code is ``field << man | frac`` with ``exp`` field bits and ``man`` fraction bits.
     ``"ieee"`` reserves the all-ones field for ±inf and NaN, so the largest finite code is the one
-    just below it; ``"fn"`` reserves only the all-ones code (NaN); ``"finite"`` reserves nothing.
+    just below it; ``"fn"`` and ``"fnu"`` reserve only the all-ones code (NaN); ``"p3109"`` the
+    all-ones code (±inf; unsigned: NaN, and +inf below it); ``"finite"`` and ``"fnuz"`` (whose
+    NaN is the -0 code) reserve no magnitude.
     """
     fmt = FloatFormat.parse(fmt)
     all_ones = (1 << (fmt.exp + fmt.man)) - 1
     if fmt.specials is Specials.IEEE:
         return (((1 << fmt.exp) - 1) << fmt.man) - 1
-    if fmt.specials is Specials.FN:
+    if fmt.specials in (Specials.FN, Specials.FNU):
         return all_ones - 1
+    if fmt.specials is Specials.P3109:
+        return all_ones - (1 if fmt.signed else 2)
     return all_ones
 
 
@@ -97,10 +108,11 @@ def code_value(fmt: FloatFormat, code: int) -> Fraction:
 
     ``field == 0``: ``frac / 2^man * 2^emin`` (zero and subnormals);
     ``field >= 1``: ``(1 + frac / 2^man) * 2^(field - bias)``; where ``emin = 1 - bias``.
+    ``"fnu"`` has no zero and no subnormals: every field is ``(1 + frac / 2^man) * 2^(field - bias)``.
     """
     fmt = FloatFormat.parse(fmt)
     field, frac = code >> fmt.man, code & ((1 << fmt.man) - 1)
-    if field == 0:
+    if field == 0 and fmt.specials is not Specials.FNU:
         return Fraction(frac, 1 << fmt.man) * Fraction(2) ** (1 - fmt.bias)
     return (1 + Fraction(frac, 1 << fmt.man)) * Fraction(2) ** (field - fmt.bias)
 
@@ -116,7 +128,7 @@ def _mode(rounding) -> Rounding:
     mode = Rounding.parse(rounding)
     if mode is Rounding.STOCHASTIC:
         raise ValueError("rounding='stochastic' has no exact reference (its result depends on random words, "
-                         "not only on the value); allowed: 'nearest', 'toward_zero', 'up', 'down'")
+                         "not only on the value); allowed: 'nearest', 'toward_zero', 'up', 'down', 'nearest_away', 'odd'")
     return mode
 
 
@@ -131,13 +143,20 @@ def _overflow_value(fmt: FloatFormat, mode: Rounding, negative: bool, saturate: 
     """Step 5: what a magnitude above max becomes (before the sign is applied)."""
     toward_zero = (mode is Rounding.TOWARD_ZERO or (mode is Rounding.UP and negative)
                    or (mode is Rounding.DOWN and not negative))
-    if toward_zero or saturate or fmt.specials is Specials.FINITE:
+    if toward_zero or mode is Rounding.ODD or saturate or fmt.specials is Specials.FINITE:
         return float(max_value(fmt))
-    return math.inf if fmt.specials is Specials.IEEE else math.nan
+    return math.inf if fmt.specials in (Specials.IEEE, Specials.P3109) else math.nan
 
 
 def _signed(v: float, negative: bool) -> float:
     return -v if negative else v
+
+
+def _zero(fmt: FloatFormat, negative: bool) -> float:
+    """Step 8 for an exact zero: the signed zero, +0 without -0, NaN without zero (fnu)."""
+    if fmt.specials is Specials.FNU:
+        return math.nan
+    return -0.0 if negative and fmt.has_negative_zero else 0.0
 
 
 def round_value(q, fmt, rounding="nearest", *, saturate: bool = False) -> float:
@@ -179,31 +198,39 @@ def round_value(q, fmt, rounding="nearest", *, saturate: bool = False) -> float:
             return math.nan
         negative = math.copysign(1.0, q) < 0
         if math.isinf(q):
+            if negative and not fmt.signed:
+                return math.nan  # 8.
             return _signed(_overflow_value(fmt, Rounding.NEAREST, negative, saturate), negative)
         if q == 0:
-            return _signed(0.0, negative)
+            return _zero(fmt, negative)
     elif q == 0:
-        return 0.0
+        return _zero(fmt, False)
     q = Fraction(q)
     negative = q < 0
     a = abs(q)
+    if negative and not fmt.signed:
+        return math.nan  # 8. (an unsigned format has no negative values)
+    emin = fmt.emin  # 1 - bias; -bias for fnu
+    if fmt.specials is Specials.FNU and a < Fraction(2) ** emin:
+        return float(Fraction(2) ** emin)  # 8. (no zero: its smallest value)
     # 2. The binade, the quantum and the two candidates n and n + 1 (in quanta).
-    emin = 1 - fmt.bias
     e = max(_floor_log2(a), emin)
     quantum = Fraction(2) ** (e - fmt.man)
     n = math.floor(a / quantum)
     r = a / quantum - n
     # 3. The decision.
+    # On the grid of binade e, n quanta is the magnitude code (e - emin) * 2^man + n (for a
+    # normal n = 2^man + frac and field = e - emin + 1; for a subnormal e = emin and n = frac);
+    # fnu's field 0 is the binade emin, so its code is 2^man less.
+    code = (e - emin) * (1 << fmt.man) + n - ((1 << fmt.man) if fmt.specials is Specials.FNU else 0)
     if r == 0:
         up = False
     elif mode is Rounding.NEAREST:
-        if r != Fraction(1, 2):
-            up = r > Fraction(1, 2)
-        else:
-            # On the grid of binade e, n quanta is the magnitude code (e - emin) * 2^man + n
-            # (for a normal n = 2^man + frac and field = e - emin + 1; for a subnormal e = emin
-            # and n = frac), so the tie goes up exactly when that code is odd.
-            up = ((e - emin) * (1 << fmt.man) + n) % 2 == 1
+        up = r > Fraction(1, 2) if r != Fraction(1, 2) else code % 2 == 1  # a tie: to the even code
+    elif mode is Rounding.NEAREST_AWAY:
+        up = r >= Fraction(1, 2)
+    elif mode is Rounding.ODD:
+        up = code % 2 == 0
     elif mode is Rounding.TOWARD_ZERO:
         up = False
     elif mode is Rounding.UP:
@@ -217,7 +244,9 @@ def round_value(q, fmt, rounding="nearest", *, saturate: bool = False) -> float:
     # 6. Flush after rounding.
     if not fmt.subnormals and v < Fraction(2) ** emin:
         v = Fraction(0)
-    # 7. The sign.
+    # 7. The sign; 8. no -0 where the format has none.
+    if v == 0:
+        return _zero(fmt, negative)
     return _signed(float(v), negative)
 
 
@@ -270,7 +299,7 @@ def add(x: float, y: float, fmt, rounding="nearest", *, saturate: bool = False) 
         return cast(x + y, fmt, mode, saturate=saturate)
     exact = Fraction(x) + Fraction(y)
     if exact == 0:
-        return _zero_sum(_negative(x), _negative(y), mode)
+        return round_value(_zero_sum(_negative(x), _negative(y), mode), fmt, mode)
     return round_value(exact, fmt, mode, saturate=saturate)
 
 
@@ -286,7 +315,7 @@ def mul(x: float, y: float, fmt, rounding="nearest", *, saturate: bool = False) 
         return cast(x * y, fmt, mode, saturate=saturate)
     exact = Fraction(x) * Fraction(y)
     if exact == 0:
-        return -0.0 if _negative(x) != _negative(y) else 0.0
+        return round_value(-0.0 if _negative(x) != _negative(y) else 0.0, fmt, mode)
     return round_value(exact, fmt, mode, saturate=saturate)
 
 
@@ -307,7 +336,7 @@ def fma(c: float, a: float, b: float, fmt, rounding="nearest", *, saturate: bool
         return cast(c, fmt, mode, saturate=saturate)
     exact = Fraction(c) + Fraction(a) * Fraction(b)
     if exact == 0:
-        return _zero_sum(_negative(c), _negative(a) != _negative(b), mode)
+        return round_value(_zero_sum(_negative(c), _negative(a) != _negative(b), mode), fmt, mode)
     return round_value(exact, fmt, mode, saturate=saturate)
 
 
@@ -493,3 +522,57 @@ def allreduce(rows, fmt, *, algorithm: str = "ring", group_size: int | None = No
     k = group_size
     groups = [_sequential(acc, rows[g * k:(g + 1) * k]) for g in range(w // k)]
     return _ring(acc, [s for s, _ in groups], [c for _, c in groups] if kahan else None)
+
+
+# --------------------------------------------------------------------------------------- block formats
+_FLOAT32 = FloatFormat(8, 23)
+
+
+def mx_block(values, fmt, rounding="nearest", *, tensor_scale: float | None = None) -> list[float]:
+    """One block of :func:`cpd.mx.cast`: the shared-scale rule of OCP MX v1.0 §6.3 (and NVFP4's
+    ``"amax"`` rule), written out. ``fmt`` is a :class:`cpd.mx.BlockFormat`; ``values`` the
+    block's floats; ``tensor_scale`` NVFP4's ``T`` (see :mod:`cpd.mx`).
+
+    1. A NaN or an infinity in the block: every element is NaN.
+    2. ``amax = max |v|``; 0 gives the scale format's smallest positive value. ``"floor"``:
+       ``S = 2^(floor(log2 amax) - emax_elem)``; ``"ceil"``: the least power of two with
+       ``amax <= max_elem * S``; ``"even"``: ``amax`` rounded to the element's mantissa width
+       first; ``"amax"``: ``amax / max_elem (/ T)`` in float32, rounded to the scale format.
+       ``S`` is clamped to the scale format's positive values.
+    3. Each element: ``v / S`` rounded (saturating) to the element format, times ``S``.
+    """
+    el, sf = fmt.element, fmt.scale
+    vals = [float(v) for v in values]
+    if any(not math.isfinite(v) for v in vals):
+        return [math.nan] * len(vals)
+    positive = [code_value(sf, c) for c in range(max_code(sf) + 1) if code_value(sf, c) > 0]
+    smallest, largest = positive[0], positive[-1]
+    amax = max((abs(Fraction(v)) for v in vals), default=Fraction(0))
+    max_elem = max_value(el)
+    emax_elem = _floor_log2(max_elem)
+    f32 = lambda v: round_value(float(v), _FLOAT32)  # noqa: E731  (a float32 operation's rounding)
+    if amax == 0:
+        s = smallest
+    elif fmt.scale_rule == "amax":
+        q = f32(f32(float(amax)) / f32(float(max_elem)))
+        q = f32(q / tensor_scale) if tensor_scale is not None else q
+        s = max(Fraction(round_value(Fraction(q), sf, "nearest", saturate=True)), smallest)
+    else:
+        a = amax
+        if fmt.scale_rule == "even":
+            a = Fraction(round_value(amax, FloatFormat(8, el.man), "nearest", saturate=True))
+        e = _floor_log2(a) - emax_elem
+        if fmt.scale_rule == "ceil":
+            e += max_elem * Fraction(2) ** e < amax
+        s = Fraction(2) ** min(max(e, _floor_log2(smallest)), _floor_log2(largest))
+    out = []
+    for v in vals:
+        if fmt.scale_rule == "amax":
+            d = f32(float(s) * (tensor_scale if tensor_scale is not None else 1.0))
+            out.append(f32(round_value(f32(v / d), el, rounding, saturate=True) * d))
+        else:
+            p = round_value(Fraction(v) / s if v != 0 else v, el, rounding, saturate=True)
+            out.append(float(Fraction(p) * s) if p != 0 else p)
+    if fmt.is_int:
+        out = [0.0 if r == 0 else r for r in out]
+    return out

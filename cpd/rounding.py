@@ -1,6 +1,6 @@
 """Rounding modes and their string names.
 
-The integer value of each member is what the numerics core (``cuda/include/cpd/numerics.h``)
+The integer code of each member is what the numerics core (``cuda/include/cpd/base.h``)
 receives; keep the two in step.
 """
 
@@ -27,6 +27,14 @@ class Rounding(enum.Enum):
     UP = "up"
     #: IEEE roundTowardNegative.
     DOWN = "down"
+    #: IEEE roundTiesToAway: to nearest, ties away from zero (microxcaling's default; what
+    #: ml_dtypes and torch do when they cast to float8_e8m0fnu).
+    NEAREST_AWAY = "nearest_away"
+    #: Round to odd: exact values stay; anything else takes the neighbour with the odd encoding
+    #: (truncation that sets a sticky last bit). Rounding to odd at p + 2 or more bits and then to
+    #: nearest at p bits equals rounding to nearest once (Boldo & Melquiond, 2008). Overflows
+    #: give ±max, like toward_zero.
+    ODD = "odd"
 
     @property
     def code(self) -> int:
@@ -61,5 +69,7 @@ _CODES = {
     Rounding.TOWARD_ZERO: 2,
     Rounding.UP: 3,
     Rounding.DOWN: 4,
+    Rounding.NEAREST_AWAY: 5,
+    Rounding.ODD: 6,
 }
 _FROM_CODE = {c: m for m, c in _CODES.items()}

@@ -44,7 +44,7 @@ import torch
 
 from . import _cpu, _fused_dot_ref
 from .formats import BF16, E2M1, E4M3FN, E5M2, FP16, FP32, TF32, FloatFormat
-from .ops import _backend, _batch_shape, _check_tensor, _sum_to, cast
+from .ops import _batch_shape, _check_tensor, _sum_to, cast
 
 __all__ = ["FusedDot", "tensor_core", "tensor_core_matmul", "ARCHITECTURES", "INPUT_KINDS"]
 
@@ -211,25 +211,50 @@ def tensor_core(arch: str, a: str = "e4m3", b: str | None = None, out: str = "f3
 
 
 # ----------------------------------------------------------------------------------- the op
-@torch.library.custom_op("cpd::fused_dot_matmul", mutates_args=())
-def _fused_dot_op(a: torch.Tensor, b: torch.Tensor, group: int, frac: int, out: int, a_emin: int, b_emin: int,
-                  zero_exp: int, a_man: int, a_emax: int, b_man: int, b_emax: int) -> torch.Tensor:
-    """a (..., M, K) @ b (..., K, N) under the fused-dot model; see :func:`tensor_core_matmul`."""
+def _run(a, b, group, frac, out, a_emin, b_emin, zero_exp, a_man, a_emax, b_man, b_emax, body):
+    """Broadcast the batch dims, make both operands contiguous (B, M, K) / (B, K, N), run ``body``."""
     batch = _batch_shape(a.shape, b.shape)
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
     B = math.prod(batch)
     a3 = a.expand(*batch, M, K).reshape(B, M, K).contiguous()
     b3 = b.expand(*batch, K, N).reshape(B, K, N).contiguous()
     p = _fused_dot_ref.Params(group, frac, out, a_emin, b_emin, zero_exp)
-    backend = _backend(a3)
-    if backend == "cuda":
-        y = _cuda_matmul(a3, b3, p)
-    elif backend == "cpu":
-        y = torch.ops.cpd_fused_dot.matmul(a3, b3, group, frac, out, a_emin, b_emin, zero_exp, a_man, a_emax,
-                                           b_man, b_emax, 0)
-    else:
-        y = _fused_dot_ref.matmul_torch(a3, b3, p)
-    return y.reshape(*batch, M, N)
+    return body(a3, b3, p, (a_man, a_emax, b_man, b_emax)).reshape(*batch, M, N)
+
+
+@torch.library.custom_op("cpd::fused_dot_matmul", mutates_args=())
+def _fused_dot_op(a: torch.Tensor, b: torch.Tensor, group: int, frac: int, out: int, a_emin: int, b_emin: int,
+                  zero_exp: int, a_man: int, a_emax: int, b_man: int, b_emax: int) -> torch.Tensor:
+    """a (..., M, K) @ b (..., K, N) under the fused-dot model; see :func:`tensor_core_matmul`.
+
+    Devices other than CPU and CUDA run the pure-torch path (the CPU and CUDA kernels are
+    registered per dispatch key below, as :mod:`cpd.ops` does for its ops)."""
+    return _run(a, b, group, frac, out, a_emin, b_emin, zero_exp, a_man, a_emax, b_man, b_emax,
+                lambda a3, b3, p, _: _fused_dot_ref.matmul_torch(a3, b3, p))
+
+
+def _cpu_body(a3, b3, p, fields):
+    if _cpu.extension() is None:  # loading the extension registers torch.ops.cpd_fused_dot
+        return _fused_dot_ref.matmul_torch(a3, b3, p)
+    return torch.ops.cpd_fused_dot.matmul(a3, b3, p.group, p.frac, p.out, p.a_emin, p.b_emin, p.zero_exp, *fields, 0)
+
+
+def _cuda_body(a3, b3, p, fields):
+    from . import _cuda, _impl
+
+    if isinstance(_cuda.engine(a3.device), _impl.Fallback):  # no NVRTC / driver for this device
+        return _fused_dot_ref.matmul_torch(a3, b3, p)
+    return _cuda_matmul(a3, b3, p)
+
+
+@_fused_dot_op.register_kernel("cpu")
+def _(a, b, *args):
+    return _run(a, b, *args, _cpu_body)
+
+
+@_fused_dot_op.register_kernel("cuda")
+def _(a, b, *args):
+    return _run(a, b, *args, _cuda_body)
 
 
 @_fused_dot_op.register_fake
@@ -255,8 +280,7 @@ _fused_dot_op.register_autograd(_backward, setup_context=_setup)
 def _cuda_matmul(a3: torch.Tensor, b3: torch.Tensor, p: _fused_dot_ref.Params) -> torch.Tensor:
     """Launch cuda/kernels/fused_dot.cu through cpd._cuda's NVRTC loader (one thread per output).
 
-    Works with both launch interfaces of cpd._cuda: ``launch(Launch, device)`` (the per-device
-    engines) and the older ``_launch(x, file, name, n, args)``.
+    The launch is built as a :class:`cpd._kernels.Launch`, like every kernel of :mod:`cpd.ops`.
     """
     import ctypes
 
@@ -270,15 +294,12 @@ def _cuda_matmul(a3: torch.Tensor, b3: torch.Tensor, p: _fused_dot_ref.Params) -
     i, ll, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
     args = [(ptr, a3.data_ptr()), (ptr, b3.data_ptr()), (ptr, y.data_ptr()), (ll, B), (ll, M), (ll, K), (ll, N),
             (i, p.group), (i, p.frac), (i, p.out), (i, p.a_emin), (i, p.b_emin), (i, p.zero_exp)]
-    if hasattr(_cuda, "launch"):
-        from . import _kernels
+    from . import _kernels
 
-        sms = torch.cuda.get_device_properties(a3.device).multi_processor_count
-        blocks = max(1, min((y.numel() + 255) // 256, sms * 32))
-        _cuda.launch(_kernels.Launch("fused_dot.cu", "cpd_fused_dot_matmul", (blocks, 1, 1), (256, 1, 1),
-                                     tuple(args)), a3.device)
-    else:
-        _cuda._launch(a3, "fused_dot.cu", "cpd_fused_dot_matmul", y.numel(), args)
+    sms = torch.cuda.get_device_properties(a3.device).multi_processor_count
+    blocks = max(1, min((y.numel() + 255) // 256, sms * 32))
+    _cuda.launch(_kernels.Launch("fused_dot.cu", "cpd_fused_dot_matmul", (blocks, 1, 1), (256, 1, 1), tuple(args)),
+                 a3.device)
     return y
 
 

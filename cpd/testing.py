@@ -1,6 +1,8 @@
 """Helpers for users' own tests of low-precision code.
 
-- :func:`formats`: a hypothesis strategy of valid :class:`~cpd.FloatFormat` values.
+- :func:`formats`: a hypothesis strategy of valid :class:`~cpd.FloatFormat` values (any of the
+  conventions ``ieee``, ``fn``, ``finite``, ``fnuz``, ``p3109``, ``fnu``; signed or not).
+- :func:`block_formats`: a strategy of :class:`cpd.mx.BlockFormat` values (MX-style and NVFP4-style).
 - :func:`boundary_values`: a strategy of float32 values where rounding decisions happen for a
   format: its values, the midpoints between neighbours, one float32 ulp either side of those,
   the overflow threshold, subnormals, zeros and infinities.
@@ -36,7 +38,7 @@ from .collectives import _stack_workers
 from .formats import FloatFormat
 from .rounding import Rounding
 
-__all__ = ["formats", "boundary_values", "boundary_list", "format_values", "reference_sum",
+__all__ = ["formats", "block_formats", "boundary_values", "boundary_list", "format_values", "reference_sum",
            "assert_allreduce_matches"]
 
 
@@ -48,16 +50,19 @@ def _st():
     return st
 
 
-def _valid(exp: int, man: int, bias: int, specials: str, subnormals: bool) -> FloatFormat | None:
+def _valid(exp: int, man: int, bias: int | None, specials: str, subnormals: bool, signed: bool = True):
     try:
-        return FloatFormat(exp, man, bias=bias, specials=specials, subnormals=subnormals)
+        return FloatFormat(exp, man, bias=bias, specials=specials, subnormals=subnormals, signed=signed)
     except ValueError:
         return None
 
 
 def formats(*, min_bits: int = 2, max_bits: int = 32, specials=("ieee", "fn", "finite"), custom_bias: bool = False,
-            subnormals=(True, False)):
+            subnormals=(True, False), signed=(True,)):
     """Strategy of valid formats with ``min_bits <= 1 + exp + man <= max_bits``.
+
+    ``specials`` may also name ``"fnuz"``, ``"p3109"`` and ``"fnu"`` (E8M0-like, always unsigned);
+    ``signed=(True, False)`` also draws unsigned formats (where the convention allows one).
 
     ``custom_bias=True`` also draws biases other than the default (within float32's range).
     A draw that is not a valid format (a bias outside float32's range, no positive finite value,
@@ -73,13 +78,17 @@ def formats(*, min_bits: int = 2, max_bits: int = 32, specials=("ieee", "fn", "f
     def draw(d):
         exp = d(st.integers(1, min(8, max_bits - 1)))
         man = d(st.integers(max(0, min_bits - 1 - exp), min(23, max_bits - 1 - exp)))
-        default = (1 << (exp - 1)) - 1
-        bias = d(st.integers(default - 20, default + 20)) if custom_bias else default
         spec, sub = d(st.sampled_from(list(specials))), d(st.sampled_from(list(subnormals)))
+        sgn = d(st.sampled_from(list(signed))) and spec != "fnu"
+        default = (1 << (exp - 1)) - (0 if spec in ("fnuz", "p3109") else 1)
+        bias = d(st.integers(default - 20, default + 20)) if custom_bias else default
+        if spec == "fnu":
+            sub = True
         # An invalid draw (bias out of float32's range, no positive value, no normals to keep)
         # falls back to the first valid of these; (8, man, "finite") with the default bias
         # overflows float32, (1, 0, "ieee") has no positive value, but one of them always holds.
-        for args in ((bias, spec, sub), (default, spec, True), (default, "ieee", True), (default, "finite", True)):
+        for args in ((bias, spec, sub, sgn), (None, spec, True, sgn), (None, spec, True, True),
+                     (None, "ieee", True, True), (None, "finite", True, True)):
             f = _valid(exp, man, *args)
             if f is not None:
                 return f
@@ -88,8 +97,33 @@ def formats(*, min_bits: int = 2, max_bits: int = 32, specials=("ieee", "fn", "f
     return draw()
 
 
+def block_formats(*, max_block: int = 64, two_level: bool = True):
+    """Strategy of :class:`cpd.mx.BlockFormat` values: an element of at most 8 bits (any
+    convention with values), a block size in 1..``max_block``, an E8M0 scale with one of the
+    power-of-two rules, or (``two_level``) an E4M3FN scale with the ``"amax"`` rule and
+    optionally a tensor scale (NVFP4-like)."""
+    from . import mx
+    from .formats import E4M3FN, E8M0
+
+    st = _st()
+
+    @st.composite
+    def draw(d):
+        elem = d(formats(min_bits=3, max_bits=8, specials=("ieee", "fn", "finite", "fnuz", "p3109"),
+                         subnormals=(True,)))
+        size = d(st.integers(1, max_block))
+        if two_level and d(st.booleans()):
+            return mx.BlockFormat(elem, size, scale=E4M3FN, scale_rule="amax", tensor_scale=d(st.booleans()))
+        return mx.BlockFormat(elem, size, scale=E8M0, scale_rule=d(st.sampled_from(["floor", "ceil", "even"])))
+
+    return draw()
+
+
 def _f32(v) -> float:
-    return struct.unpack("<f", struct.pack("<f", float(v)))[0]
+    try:
+        return struct.unpack("<f", struct.pack("<f", float(v)))[0]
+    except OverflowError:  # beyond float32's range (a format whose max is float32's)
+        return math.copysign(math.inf, float(v))
 
 
 def _next(v: float, up: bool) -> float:

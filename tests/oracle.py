@@ -10,6 +10,12 @@ decision is derived from the definition with exact rational arithmetic (``fracti
     specials "ieee":   field == 2^exp - 1 is inf (frac == 0) or NaN (frac != 0)
     specials "fn":     only the all-ones magnitude is NaN, no inf
     specials "finite": every code is a number
+    specials "fnuz":   every magnitude is a number; the code of -0 (sign bit alone) is the NaN
+    specials "p3109":  the all-ones magnitude is inf, the code of -0 is the NaN; unsigned: all
+                       ones is NaN, the code below it +inf
+    specials "fnu":    (unsigned) no zero: field 0 is (1 + frac / 2^man) * 2^-bias; all ones NaN
+    signed False:      no sign bit; a negative input is NaN, -0 is +0
+    no -0 (fnuz, p3109, unsigned): a zero result is +0
 
 Positive magnitudes grow with the magnitude code, so rounding a value means finding the two
 consecutive codes c, c + 1 whose values bracket it (by bisection) and applying the rule:
@@ -19,7 +25,11 @@ consecutive codes c, c + 1 whose values bracket it (by bisection) and applying t
   ("unbounded exponent"), so ``max_code + 1`` is a hypothetical value; rounding to it is an
   overflow.
 * ``toward_zero``: c; ``up``/``down``: c + 1 when that moves toward +inf/-inf, else c.
-* overflow: ``saturate`` or specials "finite" give ±max; otherwise "ieee" gives ±inf and "fn" NaN.
+* ``nearest_away``: the closer one, a tie away from zero; ``odd``: c + 1 when x is inexact and c's
+  code is even (an overflow in this mode gives ±max).
+* overflow: ``saturate`` or specials "finite" give ±max; otherwise "ieee"/"p3109" give ±inf and
+  the others NaN.
+* "fnu" (no zero): a positive value below the smallest, 2^-bias, rounds to it in every mode.
   Infinite inputs become that same overflow value in every mode.
 * ``subnormals=False``: a result (rounded with gradual underflow; a saturated ±max too) whose magnitude is below
   2^(1 - bias) becomes a zero of the input's sign.
@@ -43,7 +53,7 @@ __all__ = [
     "oracle_neighbours", "f32", "f32_bits", "f32_from_bits", "same_f32",
 ]
 
-DET_MODES = ("nearest", "toward_zero", "up", "down")
+DET_MODES = ("nearest", "toward_zero", "up", "down", "nearest_away", "odd")
 MODES = DET_MODES + ("stochastic",)
 
 INF = math.inf
@@ -76,14 +86,19 @@ def same_f32(a: float, b: float) -> bool:
 
 # ----------------------------------------------------------------------------------- a format's fields
 def key(fmt) -> tuple:
-    """The five defining fields as plain values (the only thing read from a FloatFormat)."""
+    """The six defining fields as plain values (the only thing read from a FloatFormat)."""
     specials = fmt.specials.value if hasattr(fmt.specials, "value") else str(fmt.specials)
-    return (int(fmt.exp), int(fmt.man), int(fmt.bias), specials, bool(fmt.subnormals))
+    return (int(fmt.exp), int(fmt.man), int(fmt.bias), specials, bool(fmt.subnormals),
+            bool(getattr(fmt, "signed", True)))
 
 
 def nbits(fmt) -> int:
     exp, man, *_ = key(fmt)
-    return 1 + exp + man
+    return int(key(fmt)[5]) + exp + man
+
+
+def _no_neg_zero(k: tuple) -> bool:
+    return k[3] in ("fnuz", "p3109") or not k[5]
 
 
 def top_field(fmt) -> int:
@@ -92,12 +107,18 @@ def top_field(fmt) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _kind(k: tuple, c: int) -> str:
-    exp, man, bias, specials, _ = k
+    exp, man, bias, specials, _, signed = k
     field, frac = c >> man, c & ((1 << man) - 1)
+    ones = (1 << (exp + man)) - 1
     if specials == "ieee" and field == (1 << exp) - 1:
         return "inf" if frac == 0 else "nan"
-    if specials == "fn" and c == (1 << (exp + man)) - 1:
+    if specials in ("fn", "fnu") and c == ones:
         return "nan"
+    if specials == "p3109":
+        if c == ones:
+            return "inf" if signed else "nan"
+        if c == ones - 1 and not signed:
+            return "inf"
     return "finite"
 
 
@@ -108,9 +129,9 @@ def mag_code_kind(fmt, c: int) -> str:
 
 def _value(k: tuple, c: int) -> Fraction:
     """The definition's value of magnitude code c, ignoring specials (also used one past the top)."""
-    exp, man, bias, _, _ = k
+    exp, man, bias, specials = k[:4]
     field, frac = c >> man, c & ((1 << man) - 1)
-    if field == 0:
+    if field == 0 and specials != "fnu":
         return Fraction(frac, 1 << man) * Fraction(2) ** (1 - bias)
     return (1 + Fraction(frac, 1 << man)) * Fraction(2) ** (field - bias)
 
@@ -139,17 +160,22 @@ def max_code(fmt) -> int:
 
 
 def nan_code(fmt) -> int | None:
-    """Canonical (quiet) positive NaN code: ieee -> top field with the top mantissa bit; fn -> all ones."""
-    exp, man, _, specials, _ = key(fmt)
+    """Canonical (quiet) NaN code: ieee -> top field with the top mantissa bit; fn, fnu and unsigned
+    p3109 -> all ones; fnuz and signed p3109 -> the sign bit alone (the -0 code)."""
+    exp, man, _, specials, _, signed = key(fmt)
+    if specials in ("fnuz", "p3109") and signed:
+        return 1 << (exp + man)
     if specials == "ieee":
         return None if man == 0 else ((1 << exp) - 1 << man) | (1 << (man - 1))
-    if specials == "fn":
+    if specials in ("fn", "fnu", "p3109"):
         return (1 << (exp + man)) - 1
     return None
 
 
 def inf_code(fmt) -> int | None:
-    exp, man, _, specials, _ = key(fmt)
+    exp, man, _, specials, _, signed = key(fmt)
+    if specials == "p3109":
+        return (1 << (exp + man)) - (1 if signed else 2)
     return ((1 << exp) - 1) << man if specials == "ieee" else None
 
 
@@ -158,7 +184,8 @@ def max_value(fmt) -> Fraction:
 
 
 def smallest_normal(fmt) -> Fraction:
-    return Fraction(2) ** (1 - key(fmt)[2])
+    k = key(fmt)
+    return Fraction(2) ** ((0 if k[3] == "fnu" else 1) - k[2])
 
 
 @functools.lru_cache(maxsize=None)
@@ -174,7 +201,9 @@ def positive_values(fmt) -> list[Fraction]:
 def code_value(fmt, code: int) -> float:
     """Value of a full code (sign bit included) as a Python float: ±inf, NaN or an exact number."""
     exp, man = key(fmt)[:2]
-    neg = (code >> (exp + man)) & 1
+    if nan_code(fmt) is not None and code == nan_code(fmt):
+        return NAN
+    neg = (code >> (exp + man)) & 1 if key(fmt)[5] else 0
     c = code & ((1 << (exp + man)) - 1)
     kind = _kind(key(fmt), c)
     if kind == "nan":
@@ -218,15 +247,19 @@ def _overflow(k: tuple, saturate: bool):
     """What an overflow (or an infinite input) becomes, before the flush rule."""
     if saturate or k[3] == "finite":
         return _value(k, _max_code(k))
-    return INF if k[3] == "ieee" else NAN
+    return INF if k[3] in ("ieee", "p3109") else NAN
 
 
 def _finish(k: tuple, c: int, saturate: bool, neg: bool) -> float:
     """Value of rounding to magnitude code c (c == max_code+1: overflow), flushed and signed."""
+    if neg and not k[5]:
+        return NAN  # unsigned: a negative input (a zero was handled before)
     v = _overflow(k, saturate) if c > _max_code(k) else _value(k, c)
     if not k[4] and 0 < v < Fraction(2) ** (1 - k[2]):  # also a saturated max that is subnormal
         v = 0
     v = float(v)
+    if v == 0 and _no_neg_zero(k):
+        return 0.0
     return -v if neg else v
 
 
@@ -245,6 +278,11 @@ def oracle_cast(x: float, fmt, mode: str = "nearest", saturate: bool = False) ->
     return oracle_round(Fraction(x), fmt, mode, saturate, zero_negative=neg)
 
 
+def _no_zero_small(k: tuple, a: Fraction) -> bool:
+    """fnu has no zero: a magnitude below its smallest value 2^-bias rounds to that value."""
+    return k[3] == "fnu" and a < Fraction(2) ** -k[2]
+
+
 def oracle_neighbours(x: float, fmt, saturate: bool = False) -> tuple[float, float, Fraction]:
     """(lo, hi, p): the results of rounding x toward zero (lo) and away from zero (hi), as cast
     would give them (overflow, flush and sign rules applied), and the exact probability p that
@@ -256,6 +294,9 @@ def oracle_neighbours(x: float, fmt, saturate: bool = False) -> tuple[float, flo
     neg = _neg(x)
     if math.isinf(x):
         v = _finish(k, _max_code(k) + 1, saturate, neg)
+        return v, v, Fraction(0)
+    if x == 0 or (neg and not k[5]) or _no_zero_small(k, Fraction(abs(x))):
+        v = oracle_cast(x, fmt, "nearest", saturate)
         return v, v, Fraction(0)
     c, p = _analyse(k, Fraction(abs(x)))
     return _finish(k, c, saturate, neg), _finish(k, c + 1, saturate, neg), p
@@ -271,6 +312,7 @@ def oracle_code(v: float, fmt) -> int:
         assert c is not None, "format has no NaN code"
         return c
     sign = (1 << (exp + man)) if math.copysign(1.0, v) < 0 else 0
+    assert not (sign and (not key(fmt)[5] or (v == 0 and _no_neg_zero(key(fmt))))), f"{v} is not a value"
     if math.isinf(v):
         c = inf_code(fmt)
         assert c is not None, "format has no inf code"
@@ -285,7 +327,7 @@ def bias_range(exp: int, man: int, specials: str) -> tuple[int, int]:
     """Inclusive range of biases that keep a format inside float32: its smallest positive value
     2^(1 - bias - man) at least 2^-149, and both its top binade exponent max(field of max, 1) - bias
     and hence 2^emin at most 2^127. Computed from the definition, not from cpd."""
-    k = (exp, man, 0, specials, True)
+    k = (exp, man, 0, specials, True, True)
     field = _max_code(k) >> man
     return max(field, 1) - 127, 150 - man
 
@@ -296,13 +338,25 @@ def oracle_round(q: Fraction, fmt, mode: str = "nearest", saturate: bool = False
     ``zero_negative`` (the caller applies IEEE's sign-of-zero rule for sums), else +0.0."""
     k = key(fmt)
     if q == 0:
-        return -0.0 if zero_negative else 0.0
+        if k[3] == "fnu":
+            return NAN  # no zero
+        return -0.0 if zero_negative and not _no_neg_zero(k) else 0.0
     neg = q < 0
+    if neg and not k[5]:
+        return NAN
+    if _no_zero_small(k, abs(q)):
+        return float(Fraction(2) ** -k[2])
     c, p = _analyse(k, abs(q))
     if p == 0:
         away = False
     elif mode == "nearest":
         away = p > Fraction(1, 2) if p != Fraction(1, 2) else (c + 1) % 2 == 0
+    elif mode == "nearest_away":
+        away = p >= Fraction(1, 2)
+    elif mode == "odd":
+        away = c % 2 == 0
+        if c + away > _max_code(k):  # an overflow to odd gives ±max
+            away = False
     elif mode == "toward_zero":
         away = False
     elif mode == "up":
@@ -319,5 +373,8 @@ def oracle_round_neighbours(q: Fraction, fmt, saturate: bool = False) -> tuple[f
     the exact rational q != 0 stochastically (see oracle_neighbours)."""
     k = key(fmt)
     neg = q < 0
+    if (neg and not k[5]) or _no_zero_small(k, abs(q)):
+        v = oracle_round(q, fmt, "nearest", saturate)
+        return v, v, Fraction(0)
     c, p = _analyse(k, abs(q))
     return _finish(k, c, saturate, neg), _finish(k, c + 1, saturate, neg), p

@@ -19,8 +19,9 @@ import cpd
 from oracle import oracle_round, oracle_round_neighbours
 
 FMTS = [cpd.FloatFormat(5, 2), cpd.FloatFormat(5, 10), cpd.BF16, cpd.E4M3FN, cpd.FP32, cpd.FloatFormat(3, 0),
-        cpd.FloatFormat(8, 3, bias=140, subnormals=False)]
-MODES = ["nearest", "toward_zero", "up", "down"]
+        cpd.FloatFormat(8, 3, bias=140, subnormals=False), cpd.E4M3FNUZ, cpd.FloatFormat.p3109(8, 3, signed=False),
+        cpd.E8M0]
+MODES = ["nearest", "toward_zero", "up", "down", "nearest_away", "odd"]
 
 
 def f32(bits: int) -> float:

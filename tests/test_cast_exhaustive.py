@@ -224,7 +224,9 @@ def test_oracle_sanity():
     assert [oracle.oracle_cast(v, e2m1) for v in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, 100.0)] == \
         [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, 6.0]
     assert [oracle.oracle_cast(v, e5m2, m) for m in oracle.DET_MODES for v in (0.3, -0.3)] == \
-        [0.3125, -0.3125, 0.25, -0.25, 0.3125, -0.25, 0.25, -0.3125]
+        [0.3125, -0.3125, 0.25, -0.25, 0.3125, -0.25, 0.25, -0.3125, 0.3125, -0.3125, 0.3125, -0.3125]
+    assert [oracle.oracle_cast(0.28125, e5m2, m) for m in ("nearest", "nearest_away", "odd")] == [0.25, 0.3125, 0.3125]
+    assert oracle.oracle_cast(0.25, e5m2, "odd") == 0.25 and oracle.oracle_cast(1e6, e5m2, "odd") == 57344.0
     assert math.isnan(oracle.oracle_cast(1e9, cpd.E4M3FN))
     assert oracle.oracle_cast(1e9, cpd.E4M3FN, "toward_zero") == 448.0
     assert oracle.oracle_cast(math.inf, cpd.E4M3FN, "toward_zero", saturate=True) == 448.0

@@ -808,7 +808,7 @@ def test_wire_layout_matches_payloads():
     chunk shapes the compressed allreduce sends; None exactly for data-dependent parts."""
     g = torch.Generator().manual_seed(3)
     for name in ("onebit", "threshold", "adaptive:4", "dynamic_tree", "static_tree", "linear", "mantissa8",
-                 "e5m2", "e2m1", "fp16", "bitpack16"):
+                 "e5m2", "e2m1ieee", "fp16", "bitpack16"):
         comp = cpd.compressors.get(name)
         for shape in ((7, 5), (5,), (1,), (3, 2, 2), (9, 1)):
             p = comp.encode(torch.randn(shape, generator=g) * 0.01)

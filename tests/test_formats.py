@@ -158,7 +158,10 @@ def test_default_bias():
     ("fp16", cpd.FP16), ("half", cpd.FP16), ("float16", cpd.FP16), ("bf16", cpd.BF16), ("bfloat16", cpd.BF16),
     ("fp32", cpd.FP32), ("float32", cpd.FP32), ("tf32", cpd.TF32), ("fp4", cpd.E2M1), ("fp4_e2m1", cpd.E2M1),
     ("fp6_e3m2", cpd.E3M2), ("fp6_e2m3", cpd.E2M3), ("e2m1finite", cpd.E2M1), ("e3m2finite", cpd.E3M2),
-    ("e2m1", FloatFormat(2, 1)), ("e3m2", FloatFormat(3, 2)), ("e2m3", FloatFormat(2, 3)),
+    ("e2m1ieee", FloatFormat(2, 1)), ("e3m2ieee", FloatFormat(3, 2)), ("E2M3IEEE", FloatFormat(2, 3)),
+    ("e2m1fn", cpd.E2M1), ("mxfp4_e2m1", cpd.E2M1), ("e3m2fn", cpd.E3M2), ("e2m3fn", cpd.E2M3),
+    ("e4m3fnuz", cpd.E4M3FNUZ), ("float8_e5m2fnuz", cpd.E5M2FNUZ), ("e4m3b11fnuz", cpd.E4M3B11FNUZ),
+    ("e8m0fnu", cpd.E8M0), ("E8M0", cpd.E8M0), ("e3m1fn_nan", FloatFormat(3, 1, specials="fn")),
     ("e4m3b3", FloatFormat(4, 3, bias=3)), ("e4m3fnb-3nosub", FloatFormat(4, 3, bias=-3, specials="fn", subnormals=False)),
     ("e6m9", FloatFormat(6, 9)), ("e6m9fn", FloatFormat(6, 9, specials="fn")),
     ("e7m23finite", FloatFormat(7, 23, specials="finite")),
@@ -216,7 +219,7 @@ def test_names_encode_every_field():
 @pytest.mark.parametrize("f", ALL, ids=fid)
 def test_every_name_round_trips(f):
     """parse(f.name) == f for every format: custom bias (b<bias>, also negative), nosub, and ieee
-    formats whose bare name is also a preset's (e2m1 is the IEEE-like e2m1, E2M1 is e2m1finite)."""
+    formats whose bare name was ambiguous (the IEEE-like e2m1 is e2m1ieee, E2M1 is e2m1finite)."""
     assert FloatFormat.parse(f.name) == f
 
 
@@ -288,7 +291,8 @@ def test_rounding_parse():
     R = cpd.Rounding
     assert R.parse("nearest") is R.NEAREST and R.parse("Stochastic") is R.STOCHASTIC
     assert R.parse(R.UP) is R.UP
-    assert {m.value for m in R} == {"nearest", "stochastic", "toward_zero", "up", "down"}
+    assert {m.value for m in R} == {"nearest", "stochastic", "toward_zero", "up", "down", "nearest_away", "odd"}
+    assert R.parse("Nearest_Away") is R.NEAREST_AWAY and R.parse("odd") is R.ODD
     with pytest.raises(ValueError, match="rounding='near'"):
         R.parse("near")
     with pytest.raises(TypeError, match="rounding"):

@@ -162,7 +162,8 @@ def inputs(shape_a, shape_b, seed=0, scale_a=1.0, scale_b=1.0):
 
 
 PAIRS = [(F52, F510), (cpd.E4M3, cpd.BF16), (None, F52), (cpd.E5M2, cpd.FP16), (cpd.BF16, cpd.E4M3FN),
-         (None, cpd.FP32), (cpd.FloatFormat(3, 0), cpd.FloatFormat(4, 1, subnormals=False))]
+         (None, cpd.FP32), (cpd.FloatFormat(3, 0), cpd.FloatFormat(4, 1, subnormals=False)),
+         (cpd.E4M3FNUZ, cpd.FloatFormat.p3109(8, 3)), (None, cpd.E5M2FNUZ)]
 PAIR_IDS = [f"{m.name if m else 'exact'}-{a.name}" for m, a in PAIRS]
 
 
@@ -179,7 +180,7 @@ def test_matches_exact_reference(mul, acc, variant):
         assert bits_equal(got, want), (got, want)
 
 
-@pytest.mark.parametrize("mode", ["toward_zero", "up", "down"])
+@pytest.mark.parametrize("mode", ["toward_zero", "up", "down", "nearest_away", "odd"])
 @pytest.mark.parametrize("mul,acc", PAIRS[:3], ids=PAIR_IDS[:3])
 def test_directed_modes(mul, acc, mode):
     a, b = inputs((4, 6), (6, 3), seed=2)

@@ -62,7 +62,7 @@ print(f"cpd {cpd.__version__}: {len(data[0])} training and {len(data[2])} test d
 g = torch.Generator().manual_seed(0)
 x = torch.randn(256, 16, generator=g) * 1e-2
 names = ["dynamic_tree", "static_tree:-1", "linear", "mantissa8:-1", "onebit", "threshold:0.015", "adaptive:16",
-         "bitpack16", "e5m2", "E2M1"]
+         "bitpack16", "e5m2", "e2m1fn"]
 print(f"{'compressor':<16} {'bytes':>6} {'ratio':>6} {'rel. L2 error':>14}   parts")
 for name in names:
     c = get(name)

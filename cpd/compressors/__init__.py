@@ -16,7 +16,7 @@ name                method                                                module
 ``threshold``       Strom (2015) threshold τ (``threshold:0.01``; default τ = 0.001, Dryden's MNIST value)
 ``adaptive``        Dryden et al. (2016) adaptive, π = 64 (``adaptive:16``; ``adaptive:64:sample=256``)
 ``bitpack8/16/24``  Bitpack truncation to the leading bytes (paper 004)     :mod:`.awp`
-a format name       APS-style cast to a :class:`cpd.FloatFormat` (``"e5m2"``, ``"e2m1"``, ...) :mod:`.floatformat`
+a format name       APS-style cast to a :class:`cpd.FloatFormat` (``"e5m2"``, ``"e2m1fn"``, ...) :mod:`.floatformat`
 =================== ===================================================== ===========================
 
 :class:`AWP` (adaptive weight precision) is a stateful helper for weights, not a gradient

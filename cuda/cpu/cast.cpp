@@ -191,6 +191,8 @@ void cast_mode(const float* x, float* y, int64_t n, const cpd::Format f, int64_t
     case cpd::TOWARD_ZERO: cast_det<cpd::TOWARD_ZERO, FAST>(x, y, n, f); break;
     case cpd::UP: cast_det<cpd::UP, FAST>(x, y, n, f); break;
     case cpd::DOWN: cast_det<cpd::DOWN, FAST>(x, y, n, f); break;
+    case cpd::NEAREST_AWAY: cast_det<cpd::NEAREST_AWAY, FAST>(x, y, n, f); break;
+    case cpd::ODD: cast_det<cpd::ODD, FAST>(x, y, n, f); break;
     case cpd::STOCHASTIC: cast_sr<FAST>(x, y, n, f, sr_bits, seed, offset); break;
     default: TORCH_CHECK(false, "cpd: unknown rounding mode ", mode);
   }
@@ -234,6 +236,8 @@ void encode_path(const float* x, Code* c, int64_t n, const cpd::Format f, int64_
     case cpd::TOWARD_ZERO: encode_loop<Code, cpd::TOWARD_ZERO, FAST>(x, c, n, f); break;
     case cpd::UP: encode_loop<Code, cpd::UP, FAST>(x, c, n, f); break;
     case cpd::DOWN: encode_loop<Code, cpd::DOWN, FAST>(x, c, n, f); break;
+    case cpd::NEAREST_AWAY: encode_loop<Code, cpd::NEAREST_AWAY, FAST>(x, c, n, f); break;
+    case cpd::ODD: encode_loop<Code, cpd::ODD, FAST>(x, c, n, f); break;
     default: TORCH_CHECK(false, "cpd: encode takes a deterministic rounding mode, got ", mode);
   }
 }

@@ -76,6 +76,8 @@ CPD_CAST_KERNEL(stochastic, cpd::STOCHASTIC)
 CPD_CAST_KERNEL(toward_zero, cpd::TOWARD_ZERO)
 CPD_CAST_KERNEL(up, cpd::UP)
 CPD_CAST_KERNEL(down, cpd::DOWN)
+CPD_CAST_KERNEL(nearest_away, cpd::NEAREST_AWAY)
+CPD_CAST_KERNEL(odd, cpd::ODD)
 
 namespace {
 

@@ -140,6 +140,7 @@ struct FormatD {
   int subnormals;
   long long emin, man;  // for round_d_sr
   u64 sr_mask;          // the top sr_bits bits of a 32-bit word (round_d_sr)
+  u64 uz, no_zero, uns; // the conventions (Format::uz, no_zero, !is_signed), for convention_d
 };
 
 CPD_FN u64 dbits_of(double x) {
@@ -181,7 +182,18 @@ CPD_FN FormatD make_format_d(const Format& f) {
   g.emin = f.emin;
   g.man = f.man;
   g.sr_mask = 0xffffffffull;
+  g.uz = f.uz;
+  g.no_zero = f.no_zero;
+  g.uns = f.is_signed ^ 1u;
   return g;
+}
+
+// convention_bits on double bits: sign | mag with the format's conventions applied (a = |x|).
+CPD_FN u64 convention_d(u64 sign, u64 mag, u64 a, const FormatD& g) {
+  u64 s = sel64(g.uz & (u64)(mag == 0ull), 0ull, sign);
+  mag = sel64(g.no_zero & (u64)(mag < g.min_normal), g.min_normal, mag);
+  u64 nan = (g.no_zero & (u64)(a == 0ull)) | (g.uns & (u64)(sign != 0ull) & (u64)(a != 0ull));
+  return sel64(nan, 0x7ff8000000000000ull, s | mag);
 }
 
 // Round x to the format to nearest, ties to even (x exact, or rounded to odd at 53 bits); the
@@ -195,7 +207,7 @@ CPD_FN double round_d(double x, const FormatD& g) {
   u64 mag = sel64((u64)(a < g.min_normal), s, n);
   mag = sel64((u64)(mag > g.max_mag), g.outward, mag);                     // overflow, x = inf
   mag = sel64((u64)((g.subnormals == 0) & (mag < g.min_normal)), 0ull, mag);
-  return double_of(sel64((u64)(a > INF64), u, sign | mag));                // NaN stays
+  return double_of(sel64((u64)(a > INF64), u, convention_d(sign, mag, a, g)));  // NaN stays
 }
 
 // x + y exact, rounded to odd at 53 bits (see FormatD); non-finite sums pass through.
@@ -235,7 +247,7 @@ CPD_FN double round_d_sr(double x, const FormatD& g, u32 rand) {
   mag = sel64((u64)(a == 0ull), 0ull, mag);                                 // zeros keep their sign
   mag = sel64((u64)(mag > g.max_mag), g.outward, mag);                     // overflow, x = inf
   mag = sel64((u64)((g.subnormals == 0) & (mag < g.min_normal)), 0ull, mag);
-  return double_of(sel64((u64)(a > INF64), u, sign | mag));                // NaN stays
+  return double_of(sel64((u64)(a > INF64), u, convention_d(sign, mag, a, g)));  // NaN stays
 }
 
 CPD_FN double add_d_sr(double x, double y, const FormatD& g, u32 rand) { return round_d_sr(add_odd(x, y), g, rand); }

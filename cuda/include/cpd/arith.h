@@ -118,10 +118,14 @@ CPD_FN u32 round_wide(const Wide& w, const Format& f, int mode, u32 rand, int sr
     int dc = imin(d, 63);  // S < 2^62, so for d >= 63 r = 0 and rem = S < half still holds
     u64 rem = w.S & ((1ull << dc) - 1ull), half = 1ull << (dc - 1);
     r = w.S >> dc;
+    u32 lsb = (u32)r & (f.man ? 1u : (u32)(ee + f.bias)) & 1u;
+    u32 tie = (u32)(rem == half);
     if (mode == NEAREST) {
-      u32 lsb = (u32)r & (f.man ? 1u : (u32)(ee + f.bias)) & 1u;
-      u32 tie = (u32)(rem == half);
       up = (u32)(rem > half) | (tie & w.sticky) | (tie & (w.sticky ^ 1u) & lsb);
+    } else if (mode == NEAREST_AWAY) {
+      up = (u32)(rem >= half);
+    } else if (mode == ODD) {
+      up = ((u32)(rem != 0) | w.sticky) & (lsb ^ 1u);
     } else if (mode == STOCHASTIC) {
       u32 frac = d <= 32 ? (u32)(rem << (32 - d)) : (u32)(rem >> imin(d - 32, 63));
       up = sr_carry(frac, rand, sr_bits);
@@ -133,8 +137,12 @@ CPD_FN u32 round_wide(const Wide& w, const Format& f, int mode, u32 rand, int sr
   u32 mag = compose((u32)(r + up), qexp);
   if (mag > f.max_bits) mag = rounds_inward(mode, w.sign) ? f.max_bits : f.outward_bits;  // 3a.
   if (!f.subnormals && mag < f.min_normal_bits) mag = 0;                                   // 3b.
-  return w.sign | mag;                                                                     // 4.
+  return convention_bits(w.sign, mag, 1u, f);                                              // 4.
 }
+
+// An exact zero result of sign `sign` in the format: the signed zero, +0 where there is no -0,
+// NaN where there is no zero (FNU).
+CPD_FN u32 zero_bits(u32 sign, const Format& f) { return convention_bits(sign, 0u, 0u, f); }
 
 // The sign of an exact zero sum x + y (IEEE 754 §6.3): the common sign if both addends have
 // it, otherwise +0, except -0 when rounding down.
@@ -146,14 +154,21 @@ CPD_FN u32 mul_bits(u32 ua, u32 ub, const Format& f, int mode, u32 rand, int sr_
   if (!(is_finite_bits(ua) & is_finite_bits(ub)))
     return cast_bits_generic(bits_of(fmul(float_of(ua), float_of(ub))), f, mode, rand, sr_bits);
   Wide p = wide_mul(ua, ub);
-  return p.S == 0 ? p.sign : round_wide(p, f, mode, rand, sr_bits);
+  return p.S == 0 ? zero_bits(p.sign, f) : round_wide(p, f, mode, rand, sr_bits);
 }
 
 CPD_FN u32 add_bits(u32 ua, u32 ub, const Format& f, int mode, u32 rand, int sr_bits) {
   if (!(is_finite_bits(ua) & is_finite_bits(ub)))
     return cast_bits_generic(bits_of(fadd(float_of(ua), float_of(ub))), f, mode, rand, sr_bits);
   Wide s = wide_add(wide_of(ua), wide_of(ub));
-  return s.S == 0 ? zero_sum_sign(ua & SIGN, ub & SIGN, mode) : round_wide(s, f, mode, rand, sr_bits);
+  return s.S == 0 ? zero_bits(zero_sum_sign(ua & SIGN, ub & SIGN, mode), f) : round_wide(s, f, mode, rand, sr_bits);
+}
+
+// Whether the format is signed with a classic convention (IEEE, FN, FINITE): the float32- and
+// float64-lane shortcuts below (add_fast_applies, nearest_f_applies) assume it; the others
+// (FNUZ, P3109, FNU, unsigned) take the exact paths, whose final step is convention_bits.
+CPD_FN int plain_convention(const Format& f) {
+  return (int)(f.is_signed && !f.uz && !f.no_zero && f.specials <= SPECIALS_FINITE);
 }
 
 // A faster add_bits for the common case of a low-precision accumulator: round to nearest, a
@@ -168,7 +183,7 @@ CPD_FN u32 add_bits(u32 ua, u32 ub, const Format& f, int mode, u32 rand, int sr_
 // add_fast_applies once and add_fast_operands per element (tests/test_arith_fast.py checks the
 // identity over every pair of codes of the 8-bit formats).
 CPD_FN int add_fast_applies(const Format& f, int mode) {
-  return (int)(mode == NEAREST && f.fast && f.man <= 10 && f.emin - f.man >= -126);
+  return (int)(mode == NEAREST && f.fast && f.man <= 10 && f.emin - f.man >= -126 && plain_convention(f));
 }
 
 CPD_FN u32 add_fast_operands(u32 ua, u32 ub, const Format& f) {
@@ -213,7 +228,8 @@ struct FormatF {
 
 CPD_FN int nearest_f_applies(const Format& f, int mode) {
   int emax = (int)(f.max_bits >> 23) - 127;
-  return (int)(mode == NEAREST && f.fast && f.man >= 1 && f.man <= 21 && emax + 24 - f.man <= 127);
+  return (int)(mode == NEAREST && f.fast && f.man >= 1 && f.man <= 21 && emax + 24 - f.man <= 127 &&
+               plain_convention(f));
 }
 
 CPD_FN FormatF make_format_f(const Format& f) {
@@ -283,7 +299,7 @@ CPD_FN u32 fma_bits(u32 uc, u32 ua, u32 ub, const Format& f, int mode, u32 rand,
   if (!is_finite_bits(uc)) return cast_bits_generic(uc, f, mode, rand, sr_bits);
   Wide p = wide_mul(ua, ub);
   Wide s = wide_add(wide_of(uc), p);
-  return s.S == 0 ? zero_sum_sign(uc & SIGN, p.sign, mode) : round_wide(s, f, mode, rand, sr_bits);
+  return s.S == 0 ? zero_bits(zero_sum_sign(uc & SIGN, p.sign, mode), f) : round_wide(s, f, mode, rand, sr_bits);
 }
 
 }  // namespace cpd

@@ -17,9 +17,17 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 // Rounding modes and special-value conventions: the integers of cpd/rounding.py and
-// cpd/formats.py (Rounding.code, Specials.code).
-enum { NEAREST = 0, STOCHASTIC = 1, TOWARD_ZERO = 2, UP = 3, DOWN = 4 };
-enum { SPECIALS_IEEE = 0, SPECIALS_FN = 1, SPECIALS_FINITE = 2 };
+// cpd/formats.py (Rounding.code, FloatFormat.core_specials = Specials.code, plus
+// SPECIALS_UNSIGNED for a format without a sign bit).
+//   NEAREST_AWAY  to nearest, ties away from zero
+//   ODD           round to odd: inexact results take the neighbour with the odd encoding
+enum { NEAREST = 0, STOCHASTIC = 1, TOWARD_ZERO = 2, UP = 3, DOWN = 4, NEAREST_AWAY = 5, ODD = 6 };
+//   FNUZ   no inf, no -0: the -0 code is the one NaN (ml_dtypes float8_e4m3fnuz)
+//   P3109  no -0: the -0 code is the one NaN, ±inf at the all-ones magnitudes (unsigned: NaN all
+//          ones, +inf below it)
+//   FNU    unsigned, no zero, no inf: every exponent field is a normal binade, all ones is NaN (E8M0)
+enum { SPECIALS_IEEE = 0, SPECIALS_FN = 1, SPECIALS_FINITE = 2, SPECIALS_FNUZ = 3, SPECIALS_P3109 = 4,
+       SPECIALS_FNU = 5, SPECIALS_UNSIGNED = 8 };
 
 const u32 SIGN = 0x80000000u;
 const u32 INF_BITS = 0x7f800000u;

@@ -38,6 +38,8 @@ CPD_FN u32 sr_carry(u32 frac, u32 rand, int sr_bits) {
 //      nearest:     rem > half, or rem == half and the result's encoding is odd. The encoding's
 //                   last bit is r's last bit, except with man = 0 where it is the last bit of the
 //                   exponent field ee + bias (r = 1) or 0 (r = 0, the code of zero).
+//      nearest_away: rem >= half.
+//      odd:         rem != 0 and r's encoding is even (the same last bit as nearest's).
 //      directed:    any rem != 0, in the mode's direction for this sign.
 //      stochastic:  rem / 2^d scaled to a 32-bit fraction F (exact for d <= 32; for d > 32 the
 //                   bits below 2^-32 of a quantum are dropped), truncated to sr_bits; add as many
@@ -47,11 +49,15 @@ CPD_FN u32 round_mag(const Split& s, const Format& f, int mode, u32 sign, u32 ra
   int dc = imin(s.d, 25);
   u32 r = s.M >> dc;
   u32 rem = s.M & ((1u << dc) - 1u);
+  u32 twice = rem << 1, quantum = 1u << dc;
+  u32 lsb = r & sel((u32)(f.man != 0), 1u, (u32)(s.ee + f.bias)) & 1u;
   u32 up;
   if (mode == NEAREST) {
-    u32 twice = rem << 1, quantum = 1u << dc;
-    u32 lsb = r & sel((u32)(f.man != 0), 1u, (u32)(s.ee + f.bias)) & 1u;
     up = (twice > quantum) | ((twice == quantum) & lsb);
+  } else if (mode == NEAREST_AWAY) {
+    up = (u32)(twice >= quantum) & (u32)(rem != 0);
+  } else if (mode == ODD) {
+    up = (u32)(rem != 0) & (lsb ^ 1u);
   } else if (mode == STOCHASTIC) {
     up = sr_carry(sr_fraction(s), rand, sr_bits);
   } else if (mode == TOWARD_ZERO) {
@@ -64,10 +70,24 @@ CPD_FN u32 round_mag(const Split& s, const Format& f, int mode, u32 sign, u32 ra
 }
 
 // True when rounding |x| in this mode moves toward zero for this sign, so that an overflow gives
-// the largest finite value and never infinity (IEEE 754 §7.4).
+// the largest finite value and never infinity (IEEE 754 §7.4). Round to odd counts as inward: it
+// is truncation with a sticky last bit, and ±max stands for everything beyond it.
 CPD_FN u32 rounds_inward(int mode, u32 sign) {
   u32 neg = sign >> 31;
-  return (u32)(mode == TOWARD_ZERO) | ((u32)(mode == UP) & neg) | ((u32)(mode == DOWN) & (neg ^ 1u));
+  return (u32)(mode == TOWARD_ZERO || mode == ODD) | ((u32)(mode == UP) & neg) | ((u32)(mode == DOWN) & (neg ^ 1u));
+}
+
+// The conventions' last word on a result: sign | mag, mag already rounded, range-checked and
+// flushed; a = |input| (0 for an exact zero). In this order:
+//   no -0 (FNUZ, P3109, unsigned):  a zero magnitude gets the + sign;
+//   no zero (FNU):                  a magnitude below 2^emin (0 included) becomes 2^emin;
+//   NaN:                            FNU's zero input, and an unsigned format's negative input.
+// Plain IEEE/FN/FINITE formats pass through unchanged (uz = no_zero = 0, is_signed = 1).
+CPD_FN u32 convention_bits(u32 sign, u32 mag, u32 a, const Format& f) {
+  u32 s = sel(f.uz & (u32)(mag == 0u), 0u, sign);
+  mag = sel(f.no_zero & (u32)(mag < f.min_normal_bits), f.min_normal_bits, mag);
+  u32 nan = (f.no_zero & (u32)(a == 0u)) | ((f.is_signed ^ 1u) & (u32)(sign != 0u) & (u32)(a != 0u));
+  return sel(nan, QNAN_BITS, s | mag);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -79,7 +99,8 @@ CPD_FN u32 rounds_inward(int mode, u32 sign) {
 //      a. overflow (result > max): saturate, finite formats and inward rounding give ±max;
 //         otherwise ieee gives ±inf and fn gives NaN;
 //      b. subnormals off and 0 < result < 2^emin: signed zero;
-//   4. the sign is put back (zeros keep theirs).
+//   4. the sign is put back (zeros keep theirs), and the convention has its say (convention_bits:
+//      no -0, no zero, unsigned).
 //
 // `outward` (f.outward_bits) is ±max with saturate or for finite formats, else inf (ieee) or
 // NaN (fn). Written as two-way selects, not early returns, so that the host loop vectorizes.
@@ -91,7 +112,7 @@ CPD_FN u32 finish_cast(u32 u, u32 a, u32 sign, u32 mag, const Format& f, int mod
   mag = sel((u32)(a == INF_BITS), f.outward_bits, mag);                     // 2.
   u32 flush = (u32)(f.subnormals == 0) & (u32)(mag < f.min_normal_bits);
   mag = sel(flush, 0u, mag);                                                // 3b.
-  u32 res = sign | mag;  // a NaN from an fn overflow keeps the sign too      // 4.
+  u32 res = convention_bits(sign, mag, a, f);  // a NaN from an fn overflow keeps the sign  // 4.
   return sel((u32)(a > INF_BITS), u, res);                                  // 1.
 }
 
@@ -118,6 +139,9 @@ CPD_FN u32 cast_bits_generic(u32 u, const Format& f, int mode, u32 rand, int sr_
 //                     man = 0 the last bit of the format's exponent field, which is the float32
 //                     field + bias - 127, of the same parity as field + bias + 1. A tie rounds up
 //                     exactly when that bit is 1 (odd -> even); above half always rounds up.
+//         nearest_away: (a + half) & ~qmask (half = half_m1 + lsb_bit; d0 = 0 drops nothing).
+//         odd:        t + 2^d0 when dropped != 0 and t's encoding is even (its last bit is the
+//                     even bit above): from an even encoding one quantum up is the odd one.
 //         directed:   t + 2^d0 when dropped != 0 and the mode goes away from zero.
 //         stochastic: frac = dropped << (32 - d0), round up on the carry as in round_mag.
 //      A carry out of the mantissa lands in the float32 exponent field, which is the next binade
@@ -146,6 +170,11 @@ CPD_FN u32 round_normal_fast(u32 a, u32 sign, const Format& f, int mode, u32 ran
   if (mode == NEAREST) {
     u32 even = ((a >> (23 - f.man)) + f.parity_add) & f.lsb_bit;
     return (a + f.half_m1 + even) & ~f.qmask;                                // N2. nearest
+  } else if (mode == NEAREST_AWAY) {
+    return (a + f.half_m1 + f.lsb_bit) & ~f.qmask;
+  } else if (mode == ODD) {
+    u32 odd = ((a >> (23 - f.man)) + f.parity_add) & 1u;
+    return t + (((u32)(dropped != 0) & (odd ^ 1u)) << (23 - f.man));
   } else if (mode == STOCHASTIC) {
     return t + (sr_carry(dropped << f.sr_shift, rand, sr_bits) << (23 - f.man));
   } else {
@@ -165,7 +194,13 @@ CPD_FN u32 round_sub_fast(u32 a, u32 sign, const Format& f, int mode, u32 rand, 
   u32 tz = sel((u32)(v > ax), bits_of(fsub(v, f.sub_q)), bits_of(v));        // toward zero
   u32 tz_up = bits_of(fadd(float_of(tz), f.sub_q));                          // one quantum further
   u32 grow;
-  if (mode == STOCHASTIC) {
+  if (mode == NEAREST_AWAY) {  // rem = a - t exact (< q); 2 rem >= q is a tie or more
+    float rem = fsub(ax, float_of(tz));
+    grow = (u32)(fadd(rem, rem) >= f.sub_q) & (u32)(a < f.min_normal_bits);
+  } else if (mode == ODD) {  // t's code is bits(t + C) - bits(C) (see encode_value_bits_fast)
+    u32 code = bits_of(fadd(float_of(tz), f.sub_c)) - bits_of(f.sub_c);
+    grow = (u32)(float_of(tz) < ax) & ((code & 1u) ^ 1u);
+  } else if (mode == STOCHASTIC) {
     // rem < q below 2^emin; elsewhere (huge, inf, NaN) it is replaced by 0 before the
     // conversion, which must stay in range (a float -> u32 conversion out of range is undefined).
     u32 rem = sel((u32)(a < f.min_normal_bits), bits_of(fsub(ax, float_of(tz))), 0u);

@@ -10,8 +10,14 @@ namespace cpd {
 // ------------------------------------------------------------------------------------------
 // The format descriptor. Built once per launch from the Python FloatFormat's five fields.
 struct Format {
-  int exp, man, bias, specials, subnormals;
-  int emin;            // 1 - bias
+  int exp, man, bias, specials, subnormals;  // specials: the convention (SPECIALS_UNSIGNED removed)
+  int emin;            // 1 - bias (-bias for FNU, whose field 0 is a normal binade)
+  u32 is_signed;       // 1: a sign bit above the exp + man bits
+  u32 uz;              // 1: no -0 (FNUZ, P3109, unsigned): a zero result is +0
+  u32 no_zero;         // 1: no zero (FNU): positive results below 2^emin are 2^emin, a zero input NaN
+  u32 sign_code;       // the sign bit of a code (1 << (exp + man)), 0 when unsigned
+  u32 nan_fixed;       // 1: NaN has one code, nan_code, whatever the sign (FNUZ, P3109, unsigned)
+  u32 code_sub;        // FNU: 1 << man (the implicit bit of field 0 is not in the code), else 0
   u32 max_bits;        // float32 bits of the largest finite value
   u32 min_normal_bits; // float32 bits of 2^emin
   u32 code_mag_mask;   // (1 << (exp + man)) - 1: every bit of a code but the sign
@@ -57,28 +63,50 @@ CPD_FN int fast_path_applies(const Format& f) {
   return (int)(f.man >= 0 && f.man <= 23 && f.emin >= -126 && qsub >= -149 && qsub <= 31 && f.max_bits < INF_BITS);
 }
 
+// The special codes of each convention (mask = all ones below the sign bit, top = the all-ones
+// exponent field):
+//                max code              +inf code        NaN code
+//   IEEE         (top << man) - 1      top << man       top << man | half   (± by the sign bit)
+//   FN           mask - 1              -                mask                (± by the sign bit)
+//   FINITE       mask                  -                -
+//   FNUZ         mask                  -                sign bit alone (the -0 code)
+//   P3109        mask - 1              mask             sign bit alone;  unsigned: mask - 2, mask - 1, mask
+//   FNU          mask - 1              -                mask (unsigned; field 0 is 2^-bias, no zero)
+// Unsigned IEEE/FN keep their codes, without a sign bit.
 // `saturate` only matters to cast_bits; encode/decode ignore it.
 CPD_FN Format make_format(int exp, int man, int bias, int specials, int subnormals, int saturate) {
   Format f;
+  int conv = specials & (SPECIALS_UNSIGNED - 1);
+  u32 uns = (u32)((specials & SPECIALS_UNSIGNED) != 0);
   f.exp = exp;
   f.man = man;
   f.bias = bias;
-  f.specials = specials;
+  f.specials = conv;
   f.subnormals = subnormals;
-  f.emin = 1 - bias;
+  f.is_signed = uns ^ 1u;
+  f.uz = (u32)(conv == SPECIALS_FNUZ || conv == SPECIALS_P3109) | uns;
+  f.no_zero = (u32)(conv == SPECIALS_FNU);
+  f.emin = (int)(f.no_zero ^ 1u) - bias;
   f.code_mag_mask = (1u << (exp + man)) - 1u;
-  u32 top_field = (1u << exp) - 1u;
-  u32 max_code = specials == SPECIALS_IEEE ? (top_field << man) - 1u
-               : specials == SPECIALS_FN   ? f.code_mag_mask - 1u
-                                           : f.code_mag_mask;
+  f.sign_code = uns ? 0u : f.code_mag_mask + 1u;
+  f.code_sub = f.no_zero << man;
+  u32 top_field = (1u << exp) - 1u, mask = f.code_mag_mask;
+  u32 max_code = conv == SPECIALS_IEEE ? (top_field << man) - 1u
+               : (conv == SPECIALS_FN || conv == SPECIALS_FNU) ? mask - 1u
+               : conv == SPECIALS_P3109 ? mask - 1u - uns
+                                        : mask;
   u32 field = max_code >> man, frac = max_code & ((1u << man) - 1u);
-  f.max_bits = compose(field ? frac | (1u << man) : frac, imax((int)field, 1) - bias - man);
+  u32 normal = (u32)(field != 0) | f.no_zero;
+  f.max_bits = compose(normal ? frac | (1u << man) : frac, (f.no_zero ? (int)field : imax((int)field, 1)) - bias - man);
   f.min_normal_bits = compose(1, f.emin);
-  f.inf_code = specials == SPECIALS_IEEE ? top_field << man : 0u;
-  f.nan_code = specials == SPECIALS_FN ? f.code_mag_mask
-             : (specials == SPECIALS_IEEE && man > 0) ? (top_field << man) | (1u << (man - 1)) : 0u;
-  f.outward_bits = (saturate || specials == SPECIALS_FINITE) ? f.max_bits
-                 : specials == SPECIALS_IEEE ? INF_BITS : QNAN_BITS;
+  f.inf_code = conv == SPECIALS_IEEE ? top_field << man : conv == SPECIALS_P3109 ? mask - uns : 0u;
+  u32 neg_zero_nan = (u32)(conv == SPECIALS_FNUZ || conv == SPECIALS_P3109) & (uns ^ 1u);
+  f.nan_fixed = neg_zero_nan | uns;
+  f.nan_code = neg_zero_nan ? f.sign_code
+             : (conv == SPECIALS_FN || conv == SPECIALS_P3109 || conv == SPECIALS_FNU) ? mask
+             : (conv == SPECIALS_IEEE && man > 0) ? (top_field << man) | (1u << (man - 1)) : 0u;
+  f.outward_bits = (saturate || conv == SPECIALS_FINITE) ? f.max_bits
+                 : (conv == SPECIALS_IEEE || conv == SPECIALS_P3109) ? INF_BITS : QNAN_BITS;
   // Fast-path constants (see cast_bits_fast). qsub = emin - man is the exponent of q.
   int d0 = 23 - imin(imax(man, 0), 23), qsub = f.emin - man, k = 32 - qsub;
   f.fast = fast_path_applies(f);
