@@ -131,6 +131,40 @@ def inner(opts) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------ kernels
+def kernel_rates(n: int = 1 << 22, reps: int = 5) -> str:
+    """Single-thread throughput of the fused kernels (G elements/s), measured side by side."""
+    import cpd
+    from cpd.distributed import kernels
+    from cpd.distributed.layout import layout
+    from cpd.rounding import Rounding
+
+    torch.set_num_threads(1)
+    x = torch.randn(n, generator=torch.Generator().manual_seed(0)) * 2.0 ** -10
+    rows = ["| kernel | format | ns / element | G elements / s (1 thread) |", "|---|---|---|---|"]
+
+    def rate(fn):
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) / reps / n
+
+    for fmt in (cpd.FloatFormat.parse("e4m3"), cpd.FloatFormat(3, 0)):
+        lay = layout(fmt, (n,), 1)
+        segs = lay.segments(0, [0], [fmt.emax + 7])
+        buf = kernels.encode(x, segs, lay.wf, Rounding.NEAREST, False)
+        acc, out = buf.clone(), torch.empty(n)
+        for name, fn in (("encode (scale, cast, pack)", lambda: kernels.encode(x, segs, lay.wf, Rounding.NEAREST,
+                                                                               False, out=acc)),
+                         ("hop (decode, add, encode)", lambda: kernels.hop(buf, acc, n, lay.wf, Rounding.NEAREST,
+                                                                           False)),
+                         ("decode (unscale, 1/W)", lambda: kernels.decode(buf, segs, out, lay.wf, 0.5))):
+            t = rate(fn)
+            rows.append(f"| {name} | {fmt.name} | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------------------------------ the driver
 def run_one(rate: str, nproc: int, opts) -> dict | None:
     out = Path(tempfile.mkdtemp(prefix="bench_wire_")) / "res.json"
@@ -174,6 +208,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--width", type=int, default=1536, help="MLP width (1536: 4.7M weights)")
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--no-kernels", action="store_true", help="skip the single-thread kernel rates")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--netns", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -182,6 +217,8 @@ def main(argv=None) -> int:
         opts.rate = opts.rates[0]
         return inner(opts)
     print(f"machine: {machine()}")
+    if not opts.no_kernels:
+        print(kernel_rates(), flush=True)
     print(f"MLP width {opts.width}, batch {opts.batch}, {opts.reps} timed reps per variant (medians of "
           "loss.backward(): backward + communication)")
     results = []

@@ -16,6 +16,10 @@ Invariants defended:
   a rank that raises mid-step or dies makes the others raise CommunicationError within the
   timeout (the parent process enforces a deadline: nothing hangs);
 * sub-byte packing round-trips for every width 1..8;
+* pipelining: the ring cut into 8-element sub-chunks gives the bits and bytes of one message per
+  chunk (and the emulator's), for odd sizes, layers smaller than W, an empty layer, 1-element
+  buckets, Kahan, W = 3 and 4; a rank stalling inside a hop of the pipelined ring makes every
+  rank raise a cpd.distributed error (none hangs);
 * compressors across processes (``APSHookState(compressor=...)``,
   ``APSOptimizer(compressor=..., process_group=...)``): for onebit, threshold, adaptive,
   dynamic_tree and e5m2, ring and pairwise, W = 2, 3, 4, every step's averaged gradients equal

@@ -88,7 +88,7 @@ Package layout (the layers import downward only):
 from __future__ import annotations
 
 from . import kernels
-from .config import ALGORITHMS, _check_compressor_config, _check_config
+from ..config import PROCESS_ALGORITHMS as ALGORITHMS
 from .engine import _Engine
 from .hook import APSHookState, aps_hook
 from .report import CommunicationError, StepReport

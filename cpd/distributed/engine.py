@@ -10,25 +10,51 @@ raises a ValueError naming the fields and each rank's value), and turns any fail
 
 from __future__ import annotations
 
+import datetime
+import enum
+
 import torch
 
-from .config import _describe, _timedelta
 from .reduce_compressed import CompressedReducer
 from .reduce_format import FormatReducer
 from .report import CommunicationError, StepReport
+from ..formats import FloatFormat
 from .transport import Transport
 
 __all__ = ["_Engine"]
+
+
+def _timedelta(timeout) -> datetime.timedelta:
+    if isinstance(timeout, datetime.timedelta):
+        return timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or a timedelta, got {timeout!r}")
+    return datetime.timedelta(seconds=float(timeout))
+
+
+def _describe(comp) -> str | None:
+    """A compressor's class and scalar settings: what must agree across ranks."""
+    if comp is None:
+        return None
+    attrs = []
+    for k, v in sorted(vars(comp).items()):
+        if isinstance(v, enum.Enum):
+            v = v.value
+        elif isinstance(v, FloatFormat):
+            v = v.name
+        if v is None or isinstance(v, (bool, int, float, str)):
+            attrs.append(f"{k}={v!r}")
+    return f"{type(comp).__name__}({', '.join(attrs)})"
 
 
 class _Engine:
     """One low-precision reducer over a process group; used by the hook state and APSOptimizer."""
 
     def __init__(self, cfg, process_group=None, timeout=120.0):
+        cfg = cfg.for_processes()  # the config validated itself; only the transport's orders remain
         self.cfg = cfg
         self.tp = tp = Transport(process_group, _timedelta(timeout))
-        if cfg.algorithm == "hierarchical" and tp.world % cfg.group_size:
-            raise ValueError(f"group_size={cfg.group_size} must divide the process group's size W={tp.world}")
+        cfg.check_workers(tp.world)
         self.checked = False
         self.check({})  # before any group that depends on the configuration is created
         sub = None

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ..rounding import Rounding
-from ..scaling import LossScaler
-from .config import _AUTO, _check_compressor_config, _check_config, _match
+from ..config import AUTO, make_config
+from ..primitives import match_prefix
+from ..scaling import loss_scaler_for
 from .engine import _Engine
 from .report import StepReport
 
@@ -41,7 +41,7 @@ class APSHookState:
     step on every rank (it backs off on inf/NaN, identically everywhere).
 
     With ``compressor=`` (instead of ``fmt``) the gradients travel as that
-    :class:`cpd.compressors.Compressor`'s payloads (see :meth:`_Engine._reduce_compressed` and
+    :class:`cpd.compressors.Compressor`'s payloads (see :mod:`cpd.distributed.reduce_compressed` and
     docs/compressors.md): the sums equal ``cpd.compressors.reduce_layers`` / emulated
     ``cpd.APSOptimizer(compressor=...)`` bit for bit, with one error-feedback state per layer on
     each rank (:attr:`compressor_states`; rank r holds the emulator's worker r state). The inf/NaN
@@ -80,32 +80,19 @@ class APSHookState:
     """
 
     def __init__(self, fmt=None, algorithm: str = "ring", *, group_size: int | None = None, kahan: bool = False,
-                 rounding="nearest", saturate: bool = False, scaling=_AUTO, margin: int = 0, fp32_layers=(),
+                 rounding="nearest", saturate: bool = False, scaling=AUTO, margin: int = 0, fp32_layers=(),
                  hybrid_steps: int = 0, loss_scaler=None, model: torch.nn.Module | None = None,
                  process_group=None, timeout=120.0, roundoff: bool = False, compressor=None):
         if not isinstance(roundoff, bool):
             raise TypeError(f"roundoff must be a bool, got {type(roundoff).__name__}")
         self.roundoff = roundoff
-        if compressor is not None:
-            if fmt is not None:
-                raise ValueError("give fmt= or compressor=, not both")
-            self.config = _check_compressor_config(compressor, algorithm, fp32_layers, hybrid_steps, {
-                "group_size": (group_size, None), "kahan": (kahan, False),
-                "rounding": (Rounding.parse(rounding), Rounding.NEAREST), "saturate": (saturate, False),
-                "scaling": (None if scaling is _AUTO else scaling, None), "margin": (margin, 0),
-                "loss_scaler": (loss_scaler, None), "roundoff": (roundoff, False)})
-            scaling = None
-        else:
-            if fmt is None:
-                raise TypeError("fmt is required (use cpd.FP32 for float32 communication), or give compressor=")
-            scaling = "aps" if scaling is _AUTO else scaling
-            self.config = _check_config(fmt, algorithm, group_size, kahan, rounding, saturate, scaling, margin,
-                                        fp32_layers, hybrid_steps)
-        if loss_scaler is not None and scaling != "loss":
-            raise ValueError("loss_scaler is only used with scaling='loss'")
-        if loss_scaler is not None and not isinstance(loss_scaler, LossScaler):
-            raise TypeError(f"loss_scaler must be a cpd.LossScaler, got {type(loss_scaler).__name__}")
-        self.loss_scaler = (loss_scaler or LossScaler()) if scaling == "loss" else None
+        #: The validated configuration (a :class:`cpd.ReduceConfig` or :class:`cpd.CompressedReduceConfig`).
+        self.config = make_config(fmt, compressor=compressor, what="APSHookState", algorithm=algorithm,
+                                  group_size=group_size, kahan=kahan, rounding=rounding, saturate=saturate,
+                                  scaling=scaling, margin=margin, fp32_layers=fp32_layers, hybrid_steps=hybrid_steps,
+                                  fmt_only={"loss_scaler": (loss_scaler, None), "roundoff": (roundoff, False)}
+                                  ).for_processes()
+        self.loss_scaler = loss_scaler_for(self.config.scaling, loss_scaler)
         self._names: dict[int, str] = {}
         if model is not None:
             if not isinstance(model, torch.nn.Module):
@@ -113,7 +100,7 @@ class APSHookState:
             inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
             self._names = {id(p): n for n, p in inner.named_parameters()}
             for prefix in self.config.fp32_layers:
-                if not any(_match(n, prefix) for n in self._names.values()):
+                if not any(match_prefix(n, prefix) for n in self._names.values()):
                     raise ValueError(f"fp32_layers prefix {prefix!r} matches no parameter; names are "
                                      f"{sorted(self._names.values())}")
         elif self.config.fp32_layers:

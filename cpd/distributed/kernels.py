@@ -9,7 +9,7 @@ extension is unavailable (``CPD_NO_EXTENSION=1``) and, in the tests, as the spec
   scaled by ``2**s`` (in float64, then float32, as :func:`cpd.aps_allreduce`), cast to the format
   and written as wire bytes (:mod:`.wire`: packed below 8 bits);
 * :func:`hop` — one ring hop, in place: ``acc = add(received, acc)`` in the format (one rounding),
-  or the Kahan merge of :class:`cpd.collectives._Acc`, on wire bytes;
+  or the Kahan merge of :class:`cpd.primitives.Accumulator`, on wire bytes;
 * :func:`decode` — wire bytes back to float32 at the segments' offsets, divided by ``2**s`` (in
   float64) and optionally multiplied by ``inv`` (the hook's ``1/W``);
 * :func:`absmax` — per-segment ``max |x|`` (NaN if any NaN), for the exponent exchange.
@@ -21,11 +21,11 @@ import functools
 
 import torch
 
-from ..collectives import _Acc
 from ..formats import FloatFormat
 from ..ops import cast
 from ..ops import decode as decode_codes
 from ..ops import encode as encode_codes
+from ..primitives import Accumulator
 from ..rounding import Rounding
 from .wire import WireFormat, pack_codes, unpack_codes
 
@@ -122,7 +122,7 @@ def hop(recv: torch.Tensor, acc: torch.Tensor, n: int, wf: WireFormat, rounding:
 
     Ring role (default): ``acc`` holds this rank's values x; the received partial sum s (with its
     compensation ``recv_c``, or +0) is merged: ``acc = add(s, x)``, or with ``kahan`` the Kahan
-    merge of :meth:`cpd.collectives._Acc.merge` whose new compensation goes to ``acc_c`` (with
+    merge of :meth:`cpd.primitives.Accumulator.merge` whose new compensation goes to ``acc_c`` (with
     ``carry``, ``acc_c`` first holds x's own compensation cx). ``sequential=True``: ``acc``
     (and ``acc_c``) hold the running sum s (and c), the received bytes are the next value x.
     """
@@ -144,8 +144,8 @@ def hop(recv: torch.Tensor, acc: torch.Tensor, n: int, wf: WireFormat, rounding:
 
 def hop_reference(recv, acc, n, wf: WireFormat, rounding: Rounding, saturate: bool, *, kahan=False, recv_c=None,
                   acc_c=None, carry=False, sequential=False) -> None:
-    """The specification of :func:`hop`: decode, :class:`cpd.collectives._Acc` merge, encode."""
-    a = _Acc(kahan, wf.fmt, rounding, saturate, None)
+    """The specification of :func:`hop`: decode, :class:`cpd.primitives.Accumulator` merge, encode."""
+    a = Accumulator(kahan, wf.fmt, rounding, saturate, None)
     r, mine = from_bytes(recv, n, wf), from_bytes(acc, n, wf)
     nb = wf.nbytes(n)
     if not kahan:
@@ -161,18 +161,23 @@ def hop_reference(recv, acc, n, wf: WireFormat, rounding: Rounding, saturate: bo
 
 
 # ------------------------------------------------------------------------------------ decode
-def decode(data: torch.Tensor, segs: torch.Tensor, out: torch.Tensor, wf: WireFormat, inv: float = 1.0) -> None:
-    """``out[off:off+n] = decode(...) / 2**s`` (float64 division, then float32), times ``inv``."""
+def decode(data: torch.Tensor, segs: torch.Tensor, out: torch.Tensor, wf: WireFormat, inv: float = 1.0) -> int:
+    """``out[off:off+n] = decode(...) / 2**s`` (float64 division, then float32), times ``inv``.
+    Returns how many of the written values are inf/NaN (the overflow check, fused)."""
     if out.is_cuda:
         from . import cuda_kernels
 
         cuda_kernels.decode(data, segs, out, wf, inv)
-        return
+        return _count_nonfinite(out, segs)
     ops = _ops()
     if ops is not None:
-        ops.wire_decode(data, segs, out, *_fargs(wf.fmt), wf.bits, False, wf.raw32, float(inv))
-        return
+        return int(ops.wire_decode(data, segs, out, *_fargs(wf.fmt), wf.bits, False, wf.raw32, float(inv)))
     decode_reference(data, segs, out, wf, inv)
+    return _count_nonfinite(out, segs)
+
+
+def _count_nonfinite(out: torch.Tensor, segs: torch.Tensor) -> int:
+    return sum(int((~torch.isfinite(out[off:off + n])).sum()) for off, n, _ in segs.tolist())
 
 
 def decode_reference(data, segs, out, wf: WireFormat, inv: float = 1.0) -> None:

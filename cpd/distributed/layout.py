@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import torch
 
-from ..collectives import chunk_bounds
+from ..primitives import chunk_bounds
 from ..formats import FloatFormat
 from .wire import WireFormat
 
 __all__ = ["Layout", "layout", "SUB_CHUNK"]
 
-#: Default sub-chunk size in elements (the pipelining unit of a ring hop on gloo).
-SUB_CHUNK = 1 << 18
+#: Default sub-chunk size in elements (the pipelining unit of a ring hop on gloo); the environment
+#: variable ``CPD_WIRE_SUBCHUNK`` overrides it (a positive multiple of 8).
+SUB_CHUNK = int(os.environ.get("CPD_WIRE_SUBCHUNK", 1 << 18))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,11 +62,18 @@ class Layout:
             out.append((base + self.wf.nbytes(a), base + self.wf.nbytes(b), b - a))
         return out
 
-    def segments(self, c: int, layer_offsets, scales) -> torch.Tensor:
-        """Kernel segments of chunk c: (offset in the flat tensor, length, scale exponent) rows,
-        for layers at ``layer_offsets`` (per stream layer) scaled by ``2**scales[k]``."""
-        return torch.tensor([(layer_offsets[k] + a, m, scales[k]) for k, a, m in self.rows[c]],
-                            dtype=torch.int64).reshape(-1, 3)
+    def segments(self, c: int, layer_offsets, scales, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """Kernel segments of elements ``[lo, hi)`` of chunk c (default all): (offset in the flat
+        tensor, length, scale exponent) rows, for layers at ``layer_offsets`` (per stream layer)
+        scaled by ``2**scales[k]``."""
+        hi = self.lengths[c] if hi is None else hi
+        out, pos = [], 0
+        for k, a, m in self.rows[c]:
+            s0, s1 = max(lo, pos), min(hi, pos + m)
+            if s1 > s0:
+                out.append((layer_offsets[k] + a + s0 - pos, s1 - s0, scales[k]))
+            pos += m
+        return torch.tensor(out, dtype=torch.int64).reshape(-1, 3)
 
 
 @functools.lru_cache(maxsize=512)

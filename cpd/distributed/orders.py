@@ -24,8 +24,8 @@ import dataclasses
 
 import torch
 
-from ..collectives import _Acc
 from ..formats import FP32
+from ..primitives import Accumulator
 from ..rounding import Rounding
 from . import kernels
 from .layout import Layout, layout
@@ -47,19 +47,40 @@ def _empty(n: int, device) -> torch.Tensor:
     return torch.empty(n, dtype=torch.uint8, device=device)
 
 
+def _each(lay: Layout, c: int, fn) -> None:
+    if fn is not None:
+        for j, (lo, hi, n) in enumerate(lay.subchunks(c)):
+            fn(c, j, lo, hi)
+
+
 def ring(tp: Transport, lay: Layout, s_buf: torch.Tensor, c_buf: torch.Tensor | None, members: list[int], pos: int,
-         sums: Sums, *, carry: bool = False) -> None:
+         sums: Sums, *, carry: bool = False, prepare=None, final=None) -> None:
     """Ring reduce-scatter + allgather of ``s_buf`` among ``members`` (this rank at ``pos``), in place.
 
     With Kahan, ``c_buf`` holds the compensations (``carry``: the local values come with theirs,
     the hierarchical leaders'); the compensation travels with the partial sum from the hop where
-    it exists (hop 1 with ``carry``, hop 2 otherwise), as the emulator's ``_Acc.merge`` specifies.
+    it exists (hop 1 with ``carry``, hop 2 otherwise), as the emulator's ``Accumulator.merge``
+    specifies.
+
+    ``prepare(c)`` fills chunk c of ``s_buf`` (the fused encode): chunk ``pos`` first, the others
+    while its messages travel. ``final(c, j, lo, hi)`` is called once per sub-chunk as soon as its
+    bytes are final (the fused decode), so decoding overlaps the rest of the allgather.
     """
     p = len(members)
     if p == 1:
+        for c in range(p):
+            if prepare is not None:
+                prepare(c)
+            _each(lay, c, final)
         return
     if not tp.tagged:
-        return _ring_batched(tp, lay, s_buf, c_buf, members, pos, sums, carry)
+        for c in range(p):
+            if prepare is not None:
+                prepare(c)
+        _ring_batched(tp, lay, s_buf, c_buf, members, pos, sums, carry)
+        for c in range(p):
+            _each(lay, c, final)
+        return
     nxt, prv = members[(pos + 1) % p], members[(pos - 1) % p]
     subs = [lay.subchunks(c) for c in range(p)]
     nsub = max(len(s) for s in subs)
@@ -91,9 +112,15 @@ def ring(tp: Transport, lay: Layout, s_buf: torch.Tensor, c_buf: torch.Tensor | 
         return out
 
     # Reduce-scatter.
+    if prepare is not None:
+        prepare(pos)
     for j in range(len(subs[pos])):
         send(0, 1, pos, j)
     recvs = post_reduce_recvs(1)
+    if prepare is not None:
+        for c in range(p):
+            if c != pos:
+                prepare(c)
     for h in range(1, p):
         cr = (pos - h) % p
         nxt_recvs = post_reduce_recvs(h + 1) if h + 1 < p else None
@@ -107,6 +134,8 @@ def ring(tp: Transport, lay: Layout, s_buf: torch.Tensor, c_buf: torch.Tensor | 
                 send(0, h + 1, cr, j)
             else:
                 send(1, 1, cr, j)  # the reduced chunk starts the allgather at once
+                if final is not None:
+                    final(cr, j, lo, hi)
         recvs = nxt_recvs
     # Allgather: hop g receives chunk (own - g) straight into s_buf and passes it on.
     own = (pos + 1) % p
@@ -120,6 +149,8 @@ def ring(tp: Transport, lay: Layout, s_buf: torch.Tensor, c_buf: torch.Tensor | 
             tp.wait((w,))
             if g + 1 < p:
                 send(1, g + 1, c, j)
+            if final is not None:
+                final(c, j, *subs[c][j][:2])
     for ws in reads.values():
         tp.wait(ws)
     tp.wait(other)
@@ -206,7 +237,7 @@ def one_rounding(tp: Transport, lay: Layout, s_buf: torch.Tensor) -> tuple[Layou
     else:
         recv.copy_(s_buf)
     seg = torch.tensor([[0, n, 0]], dtype=torch.int64)
-    acc = _Acc(False, FP32, Rounding.NEAREST, False, None)
+    acc = Accumulator(False, FP32, Rounding.NEAREST, False, None)
     total = None
     for r in range(w):
         row = torch.empty(n, dtype=torch.float32, device=s_buf.device)

@@ -21,7 +21,6 @@ from .layout import layout
 from .orders import Sums, one_rounding, ring
 from .reduce_format import NONE as _NONE
 from .reduce_format import NONFINITE as _NONFINITE
-from .reduce_format import _match
 from .report import StepReport
 from .transport import Transport
 from .wire import float32_ring_bytes
@@ -94,7 +93,7 @@ class CompressedReducer:
         flat = [None if g is None else g.detach().to(torch.float32).cpu().reshape(tuple(sh))
                 for g, sh in zip(grads, shapes)]
         all_fp32 = step < cfg.hybrid_steps
-        fp32 = [all_fp32 or any(_match(n, p) for p in cfg.fp32_layers) for n in names]
+        fp32 = [all_fp32 or cfg.is_fp32_layer(n) for n in names]
         # 1. Per layer: error-feedback value v = g + residual (not committed yet), and one MAX
         #    exchange of _NONE (no gradient) < 0 (finite) < 1 (v overflows float32) < _NONFINITE.
         values, codes = {}, []

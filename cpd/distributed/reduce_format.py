@@ -19,6 +19,7 @@ import torch
 
 from ..formats import FP32
 from ..ops import cast
+from ..primitives import ceil_log2
 from . import kernels
 from .layout import SUB_CHUNK, layout
 from .orders import Sums, hierarchical, one_rounding, ring
@@ -33,16 +34,6 @@ __all__ = ["FormatReducer", "NONE", "ZERO", "NONFINITE"]
 NONE = -(2**31) + 1
 ZERO = -(2**31) + 2
 NONFINITE = 2**31 - 1
-
-
-def ceil_log2(v: float) -> int:
-    """ceil(log2(v)) of a positive float, exactly (from its binary exponent)."""
-    m, e = math.frexp(v)
-    return e - 1 if m == 0.5 else e
-
-
-def _match(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
 
 
 class FormatReducer:
@@ -98,7 +89,7 @@ class FormatReducer:
             elif e == NONFINITE:
                 rep.status[name], rep.scale_exp[name] = "nonfinite", None
                 nonfinite.append(i)
-            elif all_fp32 or any(_match(name, p) for p in cfg.fp32_layers):
+            elif all_fp32 or cfg.is_fp32_layer(name):
                 rep.status[name], rep.scale_exp[name] = "fp32", None
                 f32.append(i)
             elif e == ZERO:
@@ -111,11 +102,14 @@ class FormatReducer:
                 rep.status[name], rep.scale_exp[name] = "lowp", s
                 low.append(i)
                 scales[i] = s
-        out = torch.zeros_like(flat)
+        out = torch.empty_like(flat)
+        for i, e in enumerate(ex):
+            if e == NONE:
+                out[offsets[i]:offsets[i] + sizes[i]] = 0.0
+        overflow = False  # possible without APS: a non-finite sum (counted by the fused decode)
         for fmt, layers in ((cfg.fmt, low), (FP32, f32)):
             if layers:
-                self._stream(fmt, layers, flat, out, offsets, sizes, scales, inv)
-        overflow = any(not bool(torch.isfinite(out[offsets[i]:offsets[i] + sizes[i]]).all()) for i in low + f32)
+                overflow |= self._stream(fmt, layers, flat, out, offsets, sizes, scales, inv) > 0
         for i in nonfinite:  # the float32 sum over the ranks (the emulator's x.sum(0)): visible, flagged
             x = flat[offsets[i]:offsets[i] + sizes[i]]
             rows = tp.all_gather(x) if w > 1 else [x]
@@ -132,8 +126,9 @@ class FormatReducer:
         rep.float32_bytes = float32_ring_bytes([n for n, e in zip(sizes, ex) if e != NONE], w, tp.pos)
         return out, rep
 
-    def _stream(self, fmt, layers, flat, out, offsets, sizes, scales, inv) -> None:
-        """Encode, reduce and decode the layers ``layers`` of one wire format."""
+    def _stream(self, fmt, layers, flat, out, offsets, sizes, scales, inv) -> int:
+        """Encode, reduce and decode the layers ``layers`` of one wire format; returns the number
+        of inf/NaN results."""
         cfg, tp = self.cfg, self.tp
         alg = cfg.algorithm
         k = cfg.group_size if alg == "hierarchical" else 1
@@ -141,21 +136,34 @@ class FormatReducer:
         offs = [offsets[i] for i in layers]
         sc = [scales.get(i, 0) for i in layers]
         buf = torch.empty(lay.nbytes, dtype=torch.uint8, device=flat.device)
-        for c in range(lay.parts):
+        bad = [0]
+
+        def prepare(c: int) -> None:  # the fused encode of chunk c, straight from the bucket
             lo, hi = lay.chunk(c)
             if hi > lo:
                 kernels.encode(flat, lay.segments(c, offs, sc), lay.wf, cfg.rounding, cfg.saturate, out=buf[lo:hi])
+
+        def final(c: int, j: int, lo: int, hi: int) -> None:  # the fused decode of one final sub-chunk
+            if hi > lo:
+                a = j * lay.sub  # sub-chunk j: elements [j * sub, (j + 1) * sub) of chunk c
+                b = min(lay.lengths[c], a + lay.sub)
+                bad[0] += kernels.decode(buf[lo:hi], lay.segments(c, offs, sc, a, b), out, lay.wf, inv)
+
         if alg == "ring":
             c_buf = torch.zeros_like(buf) if cfg.kahan else None
-            ring(tp, lay, buf, c_buf, tp.ranks, tp.pos, self.sums)
-        elif alg == "hierarchical":
+            ring(tp, lay, buf, c_buf, tp.ranks, tp.pos, self.sums, prepare=prepare, final=final)
+            return bad[0]
+        for c in range(lay.parts):
+            prepare(c)
+        if alg == "hierarchical":
             hierarchical(tp, lay, buf, self.sums, k, self.sub)
         else:
             lay, buf = one_rounding(tp, lay, buf)
         for c in range(lay.parts):
             lo, hi = lay.chunk(c)
             if hi > lo:
-                kernels.decode(buf[lo:hi], lay.segments(c, offs, sc), out, lay.wf, inv)
+                bad[0] += kernels.decode(buf[lo:hi], lay.segments(c, offs, sc), out, lay.wf, inv)
+        return bad[0]
 
     def _roundoff(self, names, flat, out, offsets, sizes, rep, scales):
         """The emulator's per-layer report rows (cpd.report.layer_stats) from every rank's float32

@@ -27,6 +27,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -96,10 +97,17 @@ inline u32 value_of_code(u32 c, const Wire& w) { return w.raw32 ? c : cpd::decod
 inline int64_t nbytes_of(int64_t n, int bits) { return (n * bits + 7) / 8; }
 
 // ---- code I/O: m codes starting at element e0 (a multiple of 8) of a byte stream
-void load_codes(const uint8_t* in, int64_t e0, int64_t m, const Wire& w, u32* codes) {
+void load_codes(const uint8_t* in, int64_t e0, int64_t m, const Wire& w, u32* __restrict codes) {
   const int b = w.bits;
   if (b == 8) {
     for (int64_t i = 0; i < m; ++i) codes[i] = in[e0 + i];
+  } else if (b == 4 && !w.msb) {  // two codes per byte, low nibble first
+    const uint8_t* __restrict p = in + e0 / 2;
+    for (int64_t k = 0; k < m / 2; ++k) {
+      codes[2 * k] = p[k] & 15u;
+      codes[2 * k + 1] = p[k] >> 4;
+    }
+    if (m & 1) codes[m - 1] = p[m / 2] & 15u;
   } else if (b > 8) {
     const int sz = b <= 16 ? 2 : 4;
     const uint8_t* p = in + e0 * sz;
@@ -129,10 +137,14 @@ void load_codes(const uint8_t* in, int64_t e0, int64_t m, const Wire& w, u32* co
   }
 }
 
-void store_codes(uint8_t* out, int64_t e0, int64_t m, const Wire& w, const u32* codes) {
+void store_codes(uint8_t* out, int64_t e0, int64_t m, const Wire& w, const u32* __restrict codes) {
   const int b = w.bits;
   if (b == 8) {
     for (int64_t i = 0; i < m; ++i) out[e0 + i] = (uint8_t)codes[i];
+  } else if (b == 4 && !w.msb) {  // two codes per byte, low nibble first; an odd tail pads with 0
+    uint8_t* __restrict p = out + e0 / 2;
+    for (int64_t k = 0; k < m / 2; ++k) p[k] = (uint8_t)(codes[2 * k] | (codes[2 * k + 1] << 4));
+    if (m & 1) p[m / 2] = (uint8_t)codes[m - 1];
   } else if (b > 8) {
     const int sz = b <= 16 ? 2 : 4;
     uint8_t* p = out + e0 * sz;
@@ -418,9 +430,38 @@ void wire_hop(const torch::Tensor& recv, const torch::Tensor& recv_c, torch::Ten
   });
 }
 
+namespace {
+// dst = v / 2^s (float64 division, then float32) times inv; returns how many results are inf/NaN.
+// The quotient is the exact v * 2^-s, so for -149 <= -s <= 127 (2^-s a float32 number) the
+// float32 product is the same single rounding (SCALE 1); otherwise float64 (SCALE 2).
+template <int SCALE, bool INV>
+int64_t finish_run(const float* __restrict v, float* __restrict dst, int64_t m, float pf, double pd, float inv) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    float x = v[i];
+    if (SCALE == 1) x = x * pf;
+    if (SCALE == 2) x = (float)((double)x * pd);
+    if (INV) x = x * inv;
+    dst[i] = x;
+    bad += (int64_t)((cpd::bits_of(x) & ~cpd::SIGN) >= cpd::INF_BITS);
+  }
+  return bad;
+}
+
+template <bool INV>
+int64_t finish(const float* v, float* dst, int64_t m, int64_t s, float inv) {
+  const double pd = std::ldexp(1.0, (int)-s);
+  if (s == 0) return finish_run<0, INV>(v, dst, m, 1.0f, pd, inv);
+  if (-s >= -149 && -s <= 127) return finish_run<1, INV>(v, dst, m, (float)pd, pd, inv);
+  return finish_run<2, INV>(v, dst, m, 1.0f, pd, inv);
+}
+}  // namespace
+
 // out[segment offsets] <- decode(codes) / 2^s (in double, then float32), times `inv` when inv != 1.
-void wire_decode(const torch::Tensor& in, const torch::Tensor& segs, torch::Tensor out, int64_t exp, int64_t man,
-                 int64_t bias, int64_t specials, bool subnormals, int64_t bits, bool msb, bool raw32, double inv) {
+// Returns the number of inf/NaN results (a 0-d int64 tensor): the overflow check, fused.
+torch::Tensor wire_decode(const torch::Tensor& in, const torch::Tensor& segs, torch::Tensor out, int64_t exp,
+                          int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t bits, bool msb,
+                          bool raw32, double inv) {
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.device().is_cpu(),
               "cpd_wire: out must be a contiguous float32 CPU tensor");
   const Wire w = make_wire(exp, man, bias, specials, subnormals, cpd::NEAREST, false, bits, msb, raw32);
@@ -437,26 +478,33 @@ void wire_decode(const torch::Tensor& in, const torch::Tensor& segs, torch::Tens
   float* op = out.data_ptr<float>();
   const float finv = (float)inv;
   const int64_t nblocks = (s.total + kBlock - 1) / kBlock;
-  NoGil nogil;
-  at::parallel_for(0, nblocks, 8, [&](int64_t b0, int64_t b1) {
-    u32 codes[kBlock];
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t e0 = b * kBlock, e1 = std::min(s.total, e0 + kBlock);
-      load_codes(ip, e0, e1 - e0, w, codes);
-      for_runs(s, e0, e1, [&](int64_t j, int64_t i0, int64_t e, int64_t run) {
-        float* __restrict dst = op + s.rows[3 * j] + i0;
-        const u32* __restrict c = codes + (e - e0);
-        const int64_t sc = s.rows[3 * j + 2];
-        const double p = std::ldexp(1.0, (int)sc);
-        for (int64_t i = 0; i < run; ++i) {
-          float v = table.empty() ? cpd::float_of(value_of_code(c[i], w)) : table[c[i]];
-          if (sc) v = (float)((double)v / p);
-          if (inv != 1.0) v = v * finv;
-          dst[i] = v;
+  std::atomic<int64_t> bad{0};
+  {
+    NoGil nogil;
+    at::parallel_for(0, nblocks, 8, [&](int64_t b0, int64_t b1) {
+      u32 codes[kBlock];
+      float vals[kBlock];
+      int64_t mine = 0;
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t e0 = b * kBlock, m = std::min(s.total, e0 + kBlock) - e0;
+        load_codes(ip, e0, m, w, codes);
+        if (!table.empty()) {
+          const float* __restrict t = table.data();
+          for (int64_t i = 0; i < m; ++i) vals[i] = t[codes[i]];
+        } else {
+          for (int64_t i = 0; i < m; ++i) vals[i] = cpd::float_of(value_of_code(codes[i], w));
         }
-      });
-    }
-  });
+        for_runs(s, e0, e0 + m, [&](int64_t j, int64_t i0, int64_t e, int64_t run) {
+          float* dst = op + s.rows[3 * j] + i0;
+          const int64_t sc = s.rows[3 * j + 2];
+          mine += inv != 1.0 ? finish<true>(vals + (e - e0), dst, run, sc, finv)
+                             : finish<false>(vals + (e - e0), dst, run, sc, finv);
+        });
+      }
+      bad += mine;
+    });
+  }
+  return torch::full({}, bad.load(), torch::kLong);
 }
 
 // Per segment (rows: offset, length, unused): max |x| as float32 (NaN if any NaN, inf if any inf).
