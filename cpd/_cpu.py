@@ -51,7 +51,7 @@ def _module_name() -> str:
     h = hashlib.sha256()
     import torch
 
-    for p in _sources() + [source_dir() / "include" / "cpd" / "numerics.h"]:
+    for p in _sources() + sorted((source_dir() / "include" / "cpd").glob("*.h")):
         h.update(p.read_bytes())
     h.update(" ".join(CFLAGS).encode())
     h.update(_cpu_id().encode())

@@ -3,8 +3,8 @@ torch's current stream.
 
 Compilation needs only the pip packages ``cuda-bindings`` and ``nvidia-cuda-nvrtc-cu12`` (the
 ``cuda`` extra), no nvcc and no GPU, so the test suite compiles every kernel for sm_70, sm_80 and
-sm_90 on any machine. The numerics core is passed to NVRTC as an in-memory header: NVRTC from
-pip has no system headers, which is why numerics.h includes nothing.
+sm_90 on any machine. The numerics headers are passed to NVRTC as in-memory headers: NVRTC from
+pip has no system headers, which is why they include nothing but each other.
 
 Cache: ``$CPD_CACHE_DIR`` (default ``~/.cache/cpd``)/nvrtc/<sha256 of source, header, options,
 NVRTC version>.cubin. Loaded modules are kept per (device, kernel file).
@@ -45,8 +45,10 @@ def available() -> bool:
         return False
 
 
-def _header_text() -> bytes:
-    return (source_dir() / "include" / "cpd" / "numerics.h").read_bytes()
+def _headers() -> list[tuple[bytes, bytes]]:
+    """(name, text) of every numerics header, as the kernels include them ("cpd/<part>.h")."""
+    folder = source_dir() / "include" / "cpd"
+    return [(f"cpd/{p.name}".encode(), p.read_bytes()) for p in sorted(folder.glob("*.h"))]
 
 
 def _kernel_source(name: str) -> bytes:
@@ -81,14 +83,16 @@ def compile_source(kernel_file: str = "cast.cu", arch: str = "sm_80", *, use_cac
     """
     from cuda.bindings import nvrtc
 
-    src, header = _kernel_source(kernel_file), _header_text()
+    src, headers = _kernel_source(kernel_file), _headers()
     opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
     _, major, minor = nvrtc.nvrtcVersion()
-    key = hashlib.sha256(src + header + b"\0".join(opts) + f"{major}.{minor}".encode()).hexdigest()[:24]
+    text = src + b"".join(n + t for n, t in headers) + b"\0".join(opts) + f"{major}.{minor}".encode()
+    key = hashlib.sha256(text).hexdigest()[:24]
     path = _cache_dir() / f"{Path(kernel_file).stem}-{arch}-{key}.cubin"
     if use_cache and path.exists():
         return path.read_bytes()
-    (prog,) = _check(nvrtc.nvrtcCreateProgram(src, kernel_file.encode(), 1, [header], [b"cpd/numerics.h"]), "create")
+    names, texts = [n for n, _ in headers], [t for _, t in headers]
+    (prog,) = _check(nvrtc.nvrtcCreateProgram(src, kernel_file.encode(), len(headers), texts, names), "create")
     try:
         _check(nvrtc.nvrtcCompileProgram(prog, len(opts), opts), f"compile of {kernel_file} for {arch}", prog)
         (size,) = _check(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")

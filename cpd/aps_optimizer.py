@@ -55,6 +55,52 @@ from .scaling import aps_allreduce, loss_scaler_for, scaled_allreduce
 __all__ = ["APSOptimizer"]
 
 
+def _optimizer_config(fmt, compressor, config, workers, process_group, loss_scaler, options: dict):
+    """The optimizer's validated config, with ``workers`` set (the process group's size in real
+    mode, else ``workers`` or 8) and, in emulated mode, an emulator order."""
+    if config is None and not isinstance(fmt, (ReduceConfig, CompressedReduceConfig)):
+        options = dict(options, workers=workers)
+    cfg = make_config(fmt, compressor=compressor, config=config, what="APSOptimizer",
+                      fmt_only={"loss_scaler": (loss_scaler, None)}, **options)
+    if process_group is not None:  # real mode: W = the group's size
+        group_workers = dist.get_world_size(process_group)
+        for w in (workers, cfg.workers):
+            if w is not None and w != group_workers:
+                raise ValueError(f"workers={w} differs from the process group's size {group_workers}")
+        workers = group_workers
+    if cfg.workers is None:
+        cfg = cfg.with_workers(workers if workers is not None else 8)
+    if process_group is None and isinstance(cfg, ReduceConfig):  # real mode: the transport checks its orders
+        cfg.require(EMULATED_ALGORITHMS, "the emulated optimizer (process_group=None)")
+    return cfg
+
+
+def _param_names(param_groups, model) -> dict:
+    """{id(parameter): layer name}: ``model.named_parameters()`` names, else ``"<group>.<index>"``."""
+    names = {}
+    if model is not None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        names = {id(p): n for n, p in model.named_parameters()}
+    return {id(p): names.get(id(p), f"{gi}.{pi}")
+            for gi, group in enumerate(param_groups) for pi, p in enumerate(group["params"])}
+
+
+def _load_residuals(states: dict, saved: dict, real: bool) -> None:
+    """Fill ``states`` ({layer: W CompressorStates}, or in real mode {layer: this process's state},
+    updated in place: the engine holds that dict) from ``{layer: [float64 residual or None]}``."""
+    if real:
+        states.clear()
+    for n, rs in saved.items():
+        if real and len(rs) != 1:
+            raise ValueError(f"state_dict holds {len(rs)} workers' residuals for layer {n!r}; a process "
+                             "of real mode loads its own (one per layer)")
+        loaded = [CompressorState() for _ in rs]
+        for st, r in zip(loaded, rs):
+            st.residual = None if r is None else r.clone()
+        states[n] = loaded[0] if real else loaded
+
+
 class APSOptimizer(WrappedOptimizer):
     """Emulated data-parallel training: W workers' gradients summed by a low-precision allreduce.
 
@@ -109,20 +155,7 @@ class APSOptimizer(WrappedOptimizer):
         self.opt = opt
         options = dict(algorithm=algorithm, group_size=group_size, kahan=kahan, rounding=rounding, scaling=scaling,
                        fp32_layers=fp32_layers, hybrid_steps=hybrid_steps)
-        if config is None and not isinstance(fmt, (ReduceConfig, CompressedReduceConfig)):
-            options["workers"] = workers
-        cfg = make_config(fmt, compressor=compressor, config=config, what="APSOptimizer",
-                          fmt_only={"loss_scaler": (loss_scaler, None)}, **options)
-        if process_group is not None:  # real mode: W = the group's size
-            group_workers = dist.get_world_size(process_group)
-            for w in (workers, cfg.workers):
-                if w is not None and w != group_workers:
-                    raise ValueError(f"workers={w} differs from the process group's size {group_workers}")
-            workers = group_workers
-        if cfg.workers is None:
-            cfg = cfg.with_workers(workers if workers is not None else 8)
-        if process_group is None and isinstance(cfg, ReduceConfig):  # real mode: the transport's orders
-            cfg.require(EMULATED_ALGORITHMS, "the emulated optimizer (process_group=None)")
+        cfg = _optimizer_config(fmt, compressor, config, workers, process_group, loss_scaler, options)
         #: The validated :class:`cpd.ReduceConfig` / :class:`cpd.CompressedReduceConfig`.
         self.config = cfg
         #: The communication format (None with a compressor) and the gradient compressor (None: fmt-based).
@@ -136,15 +169,7 @@ class APSOptimizer(WrappedOptimizer):
         self.loss_scaler = loss_scaler_for(cfg.scaling, loss_scaler)
         self._engine = None
         self._init_wrapper_hooks()
-        names = {}
-        if model is not None:
-            if not isinstance(model, torch.nn.Module):
-                raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-            names = {id(p): n for n, p in model.named_parameters()}
-        self._names: dict[int, str] = {}
-        for gi, group in enumerate(self.param_groups):
-            for pi, p in enumerate(group["params"]):
-                self._names[id(p)] = names.get(id(p), f"{gi}.{pi}")
+        self._names: dict[int, str] = _param_names(self.param_groups, model)
         for prefix in self.fp32_layers:
             if not any(match_prefix(n, prefix) for n in self._names.values()):
                 raise ValueError(f"fp32_layers prefix {prefix!r} matches no parameter; names are "
@@ -311,19 +336,9 @@ class APSOptimizer(WrappedOptimizer):
         self.steps = int(extra.get("steps", 0))
         self.skipped_steps = int(extra.get("skipped_steps", 0))
         if "compressor_residuals" in extra:
-            real = self._engine is not None  # real mode: one state per layer (this process's), in place
-            if not real:
+            if self._engine is None:
                 self.compressor_states = {}
-            else:
-                self.compressor_states.clear()
-            for n, rs in extra["compressor_residuals"].items():
-                if real and len(rs) != 1:
-                    raise ValueError(f"state_dict holds {len(rs)} workers' residuals for layer {n!r}; a process "
-                                     "of real mode loads its own (one per layer)")
-                states = [CompressorState() for _ in rs]
-                for s, r in zip(states, rs):
-                    s.residual = None if r is None else r.clone()
-                self.compressor_states[n] = states[0] if real else states
+            _load_residuals(self.compressor_states, extra["compressor_residuals"], real=self._engine is not None)
         ls = extra.get("loss_scaler")
         if ls is not None and self.loss_scaler is not None:
             self.loss_scaler.load_state_dict(ls)

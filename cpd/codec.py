@@ -47,25 +47,39 @@ def code_nbytes(n: int, fmt) -> int:
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack integer codes of ``bits`` bits (1..8) into a uint8 byte stream of ``ceil(n * bits / 8)``
     bytes, low bit first (the module's bit order). ``bits=8`` returns the codes as uint8.
-    Vectorized (eight codes make ``bits`` bytes of one int64 word); the input is not modified."""
+    Vectorized (eight codes make ``bits`` bytes of one int64 word; 1/2/4 bits whole codes per
+    byte); the input is not modified."""
     _check_bits(bits)
     if not isinstance(codes, torch.Tensor) or codes.dtype not in _INT_DTYPES:
         raise TypeError(f"codes must be an integer tensor, got {getattr(codes, 'dtype', type(codes).__name__)}")
     c = codes.reshape(-1)
     n = c.numel()
-    if n and not (bits == 8 and c.dtype == torch.uint8) and (bool((c < 0).any()) or bool((c >= (1 << bits)).any())):
-        raise ValueError(f"codes hold values outside the {bits}-bit range 0..{(1 << bits) - 1}")
+    if n and not (bits == 8 and c.dtype == torch.uint8):
+        lo, hi = torch.aminmax(c)  # one reduction (a comparison pass costs ~100x more on uint8)
+        if int(lo) < 0 or int(hi) >= (1 << bits):
+            raise ValueError(f"codes hold values outside the {bits}-bit range 0..{(1 << bits) - 1}")
     if bits == 8:
         return c.to(torch.uint8)
-    pad = (-n) % 8
+    if 8 % bits == 0:  # 1, 2, 4 bits: whole codes per byte, code j of a byte at bits [j*b, (j+1)*b)
+        k = 8 // bits
+        c = c.to(torch.uint8)
+        if n % k:
+            c = torch.cat([c, c.new_zeros(k - n % k)])
+        out = c[0::k].clone()
+        for j in range(1, k):
+            out |= c[j::k] << (j * bits)
+        return out
+    pad = (-n) % 8  # 3, 5, 6, 7 bits: eight codes make one (8*bits)-bit word, written as `bits` bytes
     c = c.to(torch.int64)
     if pad:
         c = torch.cat([c, c.new_zeros(pad)])
-    shifts = torch.arange(0, 8 * bits, bits, device=c.device, dtype=torch.int64)
-    words = (c.view(-1, 8) << shifts).sum(1)                       # 8 codes -> one (8*bits)-bit word
-    byte_shifts = torch.arange(0, 8 * bits, 8, device=c.device, dtype=torch.int64)
-    out = ((words.unsqueeze(1) >> byte_shifts) & 0xFF).to(torch.uint8).reshape(-1)
-    return out[:(n * bits + 7) // 8].contiguous()
+    words = c[0::8].clone()
+    for j in range(1, 8):
+        words |= c[j::8] << (j * bits)
+    out = torch.empty(words.numel(), bits, dtype=torch.uint8, device=c.device)
+    for k in range(bits):
+        out[:, k] = (words >> (8 * k)) & 0xFF
+    return out.reshape(-1)[:(n * bits + 7) // 8].contiguous()
 
 
 def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
@@ -79,15 +93,25 @@ def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     p = packed.reshape(-1)
     if bits == 8:
         return p.clone()
+    if 8 % bits == 0:
+        k, mask = 8 // bits, (1 << bits) - 1
+        out = torch.empty(p.numel(), k, dtype=torch.uint8, device=p.device)
+        for j in range(k):
+            out[:, j] = (p >> (j * bits)) & mask
+        return out.reshape(-1)[:n].contiguous()
     pad = (-need) % bits
     p = p.to(torch.int64)
     if pad:
         p = torch.cat([p, p.new_zeros(pad)])
-    byte_shifts = torch.arange(0, 8 * bits, 8, device=p.device, dtype=torch.int64)
-    words = (p.view(-1, bits) << byte_shifts).sum(1)
-    shifts = torch.arange(0, 8 * bits, bits, device=p.device, dtype=torch.int64)
-    codes = (words.unsqueeze(1) >> shifts) & ((1 << bits) - 1)
-    return codes.reshape(-1)[:n].to(torch.uint8)
+    p = p.view(-1, bits)
+    words = p[:, 0].clone()
+    for k in range(1, bits):
+        words |= p[:, k] << (8 * k)
+    mask = (1 << bits) - 1
+    codes = torch.empty(words.numel(), 8, dtype=torch.uint8, device=p.device)
+    for j in range(8):
+        codes[:, j] = (words >> (j * bits)) & mask
+    return codes.reshape(-1)[:n].contiguous()
 
 
 class FormatCodec:

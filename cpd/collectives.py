@@ -2,7 +2,7 @@
 
 W emulated workers each hold a gradient; :func:`allreduce` returns what every worker ends up
 with when the sum is accumulated in a low-precision format ``fmt``, one rounded addition per
-network hop, in the exact order of the named algorithm (DESIGN.md §3). Every hop is one fused
+network hop, in the exact order of the named algorithm (docs/design.md §3). Every hop is one fused
 :func:`cpd.add` (exact sum, rounded once) over all chunks of that step at once, so the cost is
 O(W) calls on n elements, not O(W^2) small calls.
 """

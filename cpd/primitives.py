@@ -4,7 +4,7 @@ exact ``ceil(log2)`` and the APS exponent.
 Everything above the numerics (:mod:`cpd.collectives`, :mod:`cpd.scaling`,
 :mod:`cpd.compressors`, :mod:`cpd.distributed`) builds on these, and this module imports only the
 numerics layer (:mod:`cpd.formats`, :mod:`cpd.rounding`, :mod:`cpd.ops`), so no reduction module
-needs to import another one for a helper (docs/design.md, "Layers").
+needs to import another one for a helper (docs/design.md §1).
 """
 
 from __future__ import annotations

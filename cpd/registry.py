@@ -4,7 +4,7 @@ A lower module (:mod:`cpd.collectives`, :mod:`cpd.config`) needs two things the 
 package provides: building a compressor from a name, and the compressed allreduce. Instead of an
 upward import (which made the ``collectives -> compressors -> collectives`` cycle),
 :mod:`cpd.compressors` registers them here when it is imported (``import cpd`` always imports it),
-and the lower module looks them up at call time. See docs/design.md, "Layers".
+and the lower module looks them up at call time. See docs/design.md §1.
 """
 
 from __future__ import annotations

@@ -174,3 +174,41 @@ def test_aps_exponent_and_helpers():
     acc = Accumulator(True, cpd.E5M2, cpd.Rounding.NEAREST, False, None)
     s, c = acc.merge(torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([2.0**-4]))
     assert s.item() == 1.0 and c.item() == -(2.0**-4)   # the lost addend is kept in the compensation
+
+
+def test_cost_estimate_is_a_frozen_dataclass():
+    est = cpd.cost_model(1000, 8, "ring", alpha=1e-6, beta=1e-9)
+    assert dataclasses.is_dataclass(est) and not hasattr(est, "nope") and hasattr(est, "time")
+    assert est["time"] == est.time and dict(est)["steps"] == est.steps == 14
+    assert set(est.keys()) == {"time", "steps", "bytes_per_worker", "latency", "bandwidth", "compute", "aps_time",
+                               "message_bytes"} and est.to_dict() == dict(est)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        est.time = 0.0
+    with pytest.raises(KeyError):
+        est["nope"]
+
+
+def test_aps_optimizer_takes_a_config():
+    def run(**kw):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+        opt = cpd.APSOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model, **kw)
+        x, y = torch.randn(8, 4, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1] * 4)
+        for wx, wy in opt.split(x, y):
+            torch.nn.functional.cross_entropy(model(wx), wy).backward()
+            opt.collect()
+        opt.step()
+        return opt, [p.detach().clone() for p in model.parameters()]
+
+    o1, p1 = run(config=ReduceConfig(cpd.E4M3, "hierarchical", 2, kahan=True, fp32_layers="2", workers=4))
+    o2, p2 = run(fmt=cpd.E4M3, algorithm="hierarchical", group_size=2, kahan=True, fp32_layers=["2"], workers=4)
+    assert all(torch.equal(a, b) for a, b in zip(p1, p2)) and o1.config == o2.config and o1.workers == 4
+    o3, _ = run(config=CompressedReduceConfig("onebit"), workers=2)
+    assert o3.workers == 2 and o3.fmt is None and o3.scaling is None and o3.compressor.name == "onebit"
+    assert run(fmt="e5m2")[0].config.workers == 8
+    with pytest.raises(ValueError, match="not both"):
+        run(config=ReduceConfig(cpd.E4M3), kahan=True)
+    with pytest.raises(ValueError, match="W=3"):
+        run(config=ReduceConfig(cpd.E4M3, "hierarchical", 2), workers=3)
+    with pytest.raises(ValueError, match="one_rounding"):
+        run(fmt=cpd.E4M3, algorithm="one_rounding")

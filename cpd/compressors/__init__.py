@@ -22,6 +22,11 @@ a format name       APS-style cast to a :class:`cpd.FloatFormat` (``"e5m2"``, ``
 :class:`AWP` (adaptive weight precision) is a stateful helper for weights, not a gradient
 compressor (see :mod:`cpd.compressors.awp`). :func:`compressed_allreduce` (also
 ``cpd.allreduce(..., compressor=...)``) sums W workers' tensors with a compressor on every link.
+
+Reductions use the public protocol of :class:`Compressor` (``encode_raw`` / ``decode_raw`` on
+chunks and partial sums, :class:`ErrorFeedback` for the residuals); :func:`get` lives in
+:mod:`.names`. Importing this package registers :func:`get` and :func:`compressed_allreduce` in
+:mod:`cpd.registry`, through which the lower layers reach them (docs/design.md §1).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class FormatCompressor(Compressor):
         if self.scale == "aps":
             s = aps_exponent(x, self.fmt, self.workers)
             s = 0 if s is None else max(-128, min(127, s))
-            parts["scale"] = torch.tensor([s & 0xFF], dtype=torch.uint8)
+            parts["scale"] = torch.tensor([s & 0xFF], dtype=torch.uint8, device=x.device)
             x = (x.double() * 2.0 ** s).to(torch.float32)
         parts["codes"] = self.codec.encode(x, self.rounding, saturate=self.saturate, generator=self.generator)
         return self._payload(x.shape, **parts)

@@ -34,11 +34,10 @@ import math
 import torch
 
 from ..collectives import allreduce
-from ..config import COMPRESSED_ALGORITHMS
+from ..config import COMPRESSED_ALGORITHMS, CompressedReduceConfig
 from ..formats import FP32
 from ..primitives import chunk_bounds, stack_workers
 from .base import Compressor, CompressorState, ErrorFeedback, check_tensor
-from .names import get
 from .quantization import matrix_view
 
 __all__ = ["compressed_allreduce", "ALGORITHMS", "CompressionReport", "LayerCompression", "reduce_layers",
@@ -87,10 +86,8 @@ def compressed_allreduce(tensors, compressor, *, algorithm: str = "ring", states
         states: None, or a list of W :class:`CompressorState` (error feedback of each worker for this
             tensor; only for compressors with ``error_feedback=True``). Updated in place.
     """
-    comp = get(compressor)
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm={algorithm!r} is not an order of the compressed allreduce; allowed: "
-                         f"{', '.join(map(repr, ALGORITHMS))}")
+    cfg = CompressedReduceConfig(compressor, algorithm)   # validates both
+    comp, algorithm = cfg.compressor, cfg.algorithm
     x, shape = stack_workers(tensors)
     w = x.shape[0]
     if states is not None:

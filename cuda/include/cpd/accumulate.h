@@ -1,0 +1,245 @@
+// cpd numerics core, accumulate.h: Accumulation: the steps of one dot product, and their float64-lane forms.
+// Part of the numerics core; see cpd/numerics.h for the rules every part follows.
+#ifndef CPD_ACCUMULATE_H
+#define CPD_ACCUMULATE_H
+
+#include "cpd/arith.h"
+#include "cpd/philox.h"
+
+namespace cpd {
+
+// ------------------------------------------------------------------------------------------
+// Accumulation (cpd.matmul, cpd.sum): the steps of one output element, every one an exact
+// operation rounded once (mul_bits, add_bits, fma_bits above).
+//
+// An output accumulates sequentially over k from s = +0 (and, with Kahan, c = +0). Step k, with
+// p = a_k * b_k:
+//   plain:      s = round_acc(s + round_mul(p))          (mul_bits, then add_bits)
+//   no mul fmt: s = round_acc(s + p)                     (fma_bits: the exact p, rounded once)
+//   Kahan:      y = round_acc(P - c)   with P = round_mul(p) (add_bits) or the exact p (fma_bits)
+//               t = round_acc(s + y);  c = round_acc(round_acc(t - s) - y);  s = t
+// Block mode (block = L): the products of each run of L consecutive k (the last run may be
+// shorter) are summed plainly into a block sum bs from +0; at the end of the run bs is added to s
+// (plainly, or as Kahan's y = round_acc(bs - c), ...), and bs restarts at +0.
+// Sign flips (-s, -y, -c) are exact: an XOR with the sign bit.
+//
+// Random words (stochastic rounding): the rounding j of step k of output o uses word
+// (o * K + k) * 8 + j of (seed, offset) (random_word), with
+//   j = 0 the product, 1 the add (or Kahan's y), 2 Kahan's t, 3 t - s, 4 the final - y;
+//   block mode: j = 1 the add into bs, and at the end of a run 4 the add of bs into s (plain) or
+//   4, 5, 6, 7 Kahan's y, t, t - s, - y.
+// So a result depends only on (seed, offset, o, K) and the operands: not on threads or tiling.
+enum { DOT_WORDS = 8 };
+
+struct DotSpec {
+  Format mf;    // multiply format (used when has_mul)
+  Format af;    // accumulate format
+  int has_mul;  // 0: products exact (fma_bits)
+  int kahan;
+  int block;    // 0: no blocks; else the run length L >= 1
+  int mode;
+  int sr_bits;
+};
+
+CPD_FN DotSpec make_dot_spec(const Format& mf, int has_mul, const Format& af, int kahan, int block, int mode,
+                             int sr_bits) {
+  DotSpec d;
+  d.mf = mf;
+  d.af = af;
+  d.has_mul = has_mul;
+  d.kahan = kahan;
+  d.block = block;
+  d.mode = mode;
+  d.sr_bits = sr_bits;
+  return d;
+}
+
+// The 8 random words of step (o, k) (all zero unless stochastic). Words 0-3 and 4-7 are one
+// Philox block each; `need_high` = 0 skips the second block when no rounding uses words 4-7.
+CPD_FN void dot_words(u64 o, u64 K, u64 k, u64 seed, u64 offset, int mode, int need_high, u32* w) {
+  for (int j = 0; j < DOT_WORDS; ++j) w[j] = 0u;
+  if (mode != STOCHASTIC) return;
+  u64 base = (o * K + k) * DOT_WORDS, block = base >> 2;
+  U32x4 lo = philox4x32_10((u32)block, (u32)(block >> 32), (u32)offset, (u32)(offset >> 32), (u32)seed,
+                           (u32)(seed >> 32));
+  for (int j = 0; j < 4; ++j) w[j] = lo.v[j];
+  if (need_high) {
+    block += 1;
+    U32x4 hi = philox4x32_10((u32)block, (u32)(block >> 32), (u32)offset, (u32)(offset >> 32), (u32)seed,
+                             (u32)(seed >> 32));
+    for (int j = 0; j < 4; ++j) w[4 + j] = hi.v[j];
+  }
+}
+
+// Kahan's last three operations, y already formed: t = s + y; c = (t - s) - y; s = t.
+// w: the words of t, t - s and - y.
+CPD_FN void kahan_add(u32& s, u32& c, u32 y, const Format& f, int mode, const u32* w, int sr_bits) {
+  u32 t = add_bits(s, y, f, mode, w[0], sr_bits);
+  u32 ts = add_bits(t, s ^ SIGN, f, mode, w[1], sr_bits);
+  c = add_bits(ts, y ^ SIGN, f, mode, w[2], sr_bits);
+  s = t;
+}
+
+// round_acc(x + a*b) with the product rounded to mul first (has_mul) or kept exact.
+CPD_FN u32 dot_term_add(const DotSpec& d, u32 x, u32 ua, u32 ub, const u32* w) {
+  if (d.has_mul) {
+    u32 p = mul_bits(ua, ub, d.mf, d.mode, w[0], d.sr_bits);
+    return add_bits(x, p, d.af, d.mode, w[1], d.sr_bits);
+  }
+  return fma_bits(x, ua, ub, d.af, d.mode, w[1], d.sr_bits);
+}
+
+// Whether step k needs words 4-7 (see dot_words).
+CPD_FN int dot_needs_high(const DotSpec& d, u64 k, u64 K) {
+  if (d.block) return (int)((k + 1) % (u64)d.block == 0 || k + 1 == K);
+  return d.kahan;
+}
+
+// Step k (of K) of one output: (s, c, bs) the sum, Kahan compensation and block sum; w the
+// step's 8 words.
+CPD_FN void dot_step(const DotSpec& d, u32 ua, u32 ub, u64 k, u64 K, u32& s, u32& c, u32& bs, const u32* w) {
+  if (d.block) {
+    bs = dot_term_add(d, bs, ua, ub, w);
+    if ((k + 1) % (u64)d.block == 0 || k + 1 == K) {  // end of a run: add bs into s
+      if (d.kahan) {
+        u32 y = add_bits(bs, c ^ SIGN, d.af, d.mode, w[4], d.sr_bits);
+        kahan_add(s, c, y, d.af, d.mode, w + 5, d.sr_bits);
+      } else {
+        s = add_bits(s, bs, d.af, d.mode, w[4], d.sr_bits);
+      }
+      bs = 0u;
+    }
+  } else if (d.kahan) {
+    u32 y = dot_term_add(d, c ^ SIGN, ua, ub, w);  // y = P - c = (-c) + P
+    kahan_add(s, c, y, d.af, d.mode, w + 2, d.sr_bits);
+  } else {
+    s = dot_term_add(d, s, ua, ub, w);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// The same steps for round-to-nearest on float64 carriers, for loops that vectorize (the CPU
+// matmul). Every value of a format is a double, so is every exact product of two float32 values
+// (48 significant bits, exponents within -298..256), and an exact sum x + y of doubles is
+// s + e exactly (Knuth's TwoSum, no overflow at these magnitudes). Rounding s + e once to a
+// format of at most 24 significant bits is done by rounding it first to 53 bits *to odd*
+// (s, moved one unit of its last place toward e when e != 0 and s's last bit is even) and then
+// to the format to nearest: round-to-odd at p + 2 or more bits followed by round-to-nearest at p
+// bits is round-to-nearest of the exact value (Boldo & Melquiond, 2008). The result is the same
+// value, bit for bit, as round_wide(..., NEAREST): tests/test_matmul.py checks both against an
+// exact oracle, and the fast and generic CPU paths against each other.
+struct FormatD {
+  u64 qmask;       // (1 << d0) - 1, d0 = 52 - man: double mantissa bits below the quantum
+  u64 half_m1;     // 2^(d0-1) - 1
+  u64 parity_add;  // man == 0 ? bias + 1 : 0 (the even encoding is the even exponent field)
+  u64 min_normal;  // double bits of 2^emin
+  u64 max_mag;     // double bits of max
+  u64 outward;     // double bits of what an overflow becomes (inf, NaN or max)
+  double c_sub;    // 2^(emin - man + 52): adding it rounds a magnitude < 2^emin to the grid
+  int d0;
+  int subnormals;
+  long long emin, man;  // for round_d_sr
+  u64 sr_mask;          // the top sr_bits bits of a 32-bit word (round_d_sr)
+};
+
+CPD_FN u64 dbits_of(double x) {
+#if CPD_DEVICE
+  return (u64)__double_as_longlong(x);
+#else
+  u64 u;
+  __builtin_memcpy(&u, &x, 8);
+  return u;
+#endif
+}
+
+CPD_FN double double_of(u64 u) {
+#if CPD_DEVICE
+  return __longlong_as_double((long long)u);
+#else
+  double x;
+  __builtin_memcpy(&x, &u, 8);
+  return x;
+#endif
+}
+
+CPD_FN u64 sel64(u64 c, u64 a, u64 b) { return b ^ ((a ^ b) & (0ull - c)); }
+
+const u64 SIGN64 = 0x8000000000000000ull;
+const u64 INF64 = 0x7ff0000000000000ull;
+
+CPD_FN FormatD make_format_d(const Format& f) {
+  FormatD g;
+  g.d0 = 52 - f.man;
+  g.qmask = (1ull << g.d0) - 1ull;
+  g.half_m1 = (1ull << (g.d0 - 1)) - 1ull;
+  g.parity_add = f.man == 0 ? (u64)(f.bias + 1) : 0ull;
+  g.min_normal = dbits_of((double)float_of(f.min_normal_bits));
+  g.max_mag = dbits_of((double)float_of(f.max_bits));
+  g.outward = dbits_of((double)float_of(f.outward_bits)) & ~SIGN64;
+  g.c_sub = double_of((u64)(f.emin - f.man + 52 + 1023) << 52);
+  g.subnormals = f.subnormals;
+  g.emin = f.emin;
+  g.man = f.man;
+  g.sr_mask = 0xffffffffull;
+  return g;
+}
+
+// Round x to the format to nearest, ties to even (x exact, or rounded to odd at 53 bits); the
+// steps of cast_bits_fast on double bits: region N (|x| >= 2^emin) by integer rounding of the
+// bits, region S by adding and subtracting c_sub, then overflow, flush, infinities and NaN.
+CPD_FN double round_d(double x, const FormatD& g) {
+  u64 u = dbits_of(x), sign = u & SIGN64, a = u ^ sign;
+  u64 even = ((a >> g.d0) + g.parity_add) & 1ull;
+  u64 n = (a + g.half_m1 + even) & ~g.qmask;                               // region N
+  u64 s = dbits_of((double_of(a) + g.c_sub) - g.c_sub);                    // region S
+  u64 mag = sel64((u64)(a < g.min_normal), s, n);
+  mag = sel64((u64)(mag > g.max_mag), g.outward, mag);                     // overflow, x = inf
+  mag = sel64((u64)((g.subnormals == 0) & (mag < g.min_normal)), 0ull, mag);
+  return double_of(sel64((u64)(a > INF64), u, sign | mag));                // NaN stays
+}
+
+// x + y exact, rounded to odd at 53 bits (see FormatD); non-finite sums pass through.
+CPD_FN double add_odd(double x, double y) {
+  double s = x + y;
+  double bp = s - x;
+  double e = (x - (s - bp)) + (y - bp);
+  u64 sb = dbits_of(s);
+  u64 fin = (u64)((sb & ~SIGN64) < INF64);
+  u64 same = (u64)((dbits_of(e) & SIGN64) == (sb & SIGN64));  // e pushes |s| up
+  u64 step = sel64(fin & (u64)(e != 0.0), sel64(same, 1ull, ~0ull), 0ull);
+  return double_of(sb + (step & ((sb & 1ull) - 1ull)));  // only when s's last bit is even
+}
+
+CPD_FN double add_d(double x, double y, const FormatD& g) { return round_d(add_odd(x, y), g); }
+
+// Stochastic rounding on float64 carriers, for formats with man <= 19. x is exact or rounded to
+// odd at 53 bits, and x = M * 2^(E-52) with M the 53-bit significand (every nonzero finite x
+// here is a normal double). As in round_wide: ee = max(E, emin), quantum 2^(ee - man), and
+// d = ee - man - (E - 52) >= 52 - man >= 33 dropped bits; r = M >> d, and the 32-bit fraction
+// F = rem >> (d - 32). Since d - 32 >= 1, the last bit of x (the odd bit standing for a tail
+// below it) never reaches F, so F, r and the decision are those of the exact value.
+// sr_bits: g.sr_mask keeps the top sr_bits bits of F and of the word (sr_carry).
+CPD_FN double round_d_sr(double x, const FormatD& g, u32 rand) {
+  u64 u = dbits_of(x), sign = u & SIGN64, a = u ^ sign;
+  long long E = (long long)(a >> 52) - 1023;
+  u64 M = (a & 0xfffffffffffffull) | (1ull << 52);
+  long long ee = E > g.emin ? E : g.emin;
+  long long d = ee - g.man - (E - 52);
+  u64 dc = (u64)(d < 63 ? d : 63);
+  u64 r = M >> dc;
+  u64 rem = M - (r << dc);  // M mod 2^dc (written so that GCC vectorizes it)
+  u64 f32 = rem >> (u64)(d - 32 < 63 ? d - 32 : 63);
+  u64 up = ((f32 & g.sr_mask) + ((u64)rand & g.sr_mask)) >> 32;  // carry out of bit 31
+  double p2 = double_of((u64)(ee - g.man + 1023) << 52);
+  u64 mag = dbits_of((double)(long long)(r + up) * p2);
+  mag = sel64((u64)(a == 0ull), 0ull, mag);                                 // zeros keep their sign
+  mag = sel64((u64)(mag > g.max_mag), g.outward, mag);                     // overflow, x = inf
+  mag = sel64((u64)((g.subnormals == 0) & (mag < g.min_normal)), 0ull, mag);
+  return double_of(sel64((u64)(a > INF64), u, sign | mag));                // NaN stays
+}
+
+CPD_FN double add_d_sr(double x, double y, const FormatD& g, u32 rand) { return round_d_sr(add_odd(x, y), g, rand); }
+
+}  // namespace cpd
+
+#endif  // CPD_ACCUMULATE_H

@@ -1,0 +1,291 @@
+// cpd numerics core, arith.h: Exact arithmetic rounded once (a*b, a+b, c+a*b) and its float32-lane forms.
+// Part of the numerics core; see cpd/numerics.h for the rules every part follows.
+#ifndef CPD_ARITH_H
+#define CPD_ARITH_H
+
+#include "cpd/cast.h"
+
+namespace cpd {
+
+// ------------------------------------------------------------------------------------------
+// Exact arithmetic rounded once: a*b, a+b and c + a*b of float32 values, rounded to a format.
+// (cpd.mul, cpd.add, cpd.fma, and every step of cpd.sum, cpd.matmul and the collectives.)
+//
+// The exact result is carried as a Wide value
+//     (-1)^sign * (S + t) * 2^e,   S < 2^62 an integer, 0 <= t < 1, and t > 0 iff sticky = 1.
+// A product of two float32 significands has at most 48 bits, so S = Ma * Mb is exact. A sum is
+// exact unless the smaller operand reaches below the unit 2^e of the larger one shifted to the
+// top (bit 60); the bits that fall off then become the sticky flag. That only happens when the
+// smaller operand is below 2^48 units, so S >= 2^60 - 2^48 >= 2^59, and the format's quantum
+// (at most 24 significant bits below S's top) is >= 2^35 units. Hence every rounding decision is
+// the one the exact value gets: nearest compares rem with half (an integer number of units) and
+// breaks rem == half with the tail; directed modes see rem != 0 or the tail; stochastic rounding
+// takes floor((rem + t) * 2^32 / 2^d) = floor(rem / 2^(d-32)) for integer rem and t < 1.
+// This is round_mag's rule on a wider significand; the float32 cast is the special case S = M.
+struct Wide {
+  u64 S;       // magnitude bits, < 2^62
+  int e;       // exponent of S's last bit
+  u32 sticky;  // 1: plus a positive tail smaller than one unit 2^e
+  u32 sign;    // SIGN or 0
+};
+
+CPD_FN int top_bit64(u64 x) {  // position of the highest set bit; x > 0
+#if CPD_DEVICE
+  return 63 - __clzll((long long)x);
+#else
+  return 63 - __builtin_clzll(x);
+#endif
+}
+
+CPD_FN u32 is_finite_bits(u32 u) { return (u32)((u & ~SIGN) < INF_BITS); }
+
+// A finite float32 as a Wide value: S = M (24 bits), e = eq (see split()).
+CPD_FN Wide wide_of(u32 u) {
+  Wide w;
+  u32 a = u & ~SIGN, field = a >> 23;
+  w.S = (u64)((a & 0x7fffffu) | ((u32)(field != 0) << 23));
+  w.e = imax((int)field, 1) - 150;
+  w.sticky = 0;
+  w.sign = u & SIGN;
+  return w;
+}
+
+// a * b exactly: a 24 x 24 -> 48-bit significand; exponents add; signs multiply.
+CPD_FN Wide wide_mul(u32 ua, u32 ub) {
+  Wide x = wide_of(ua), y = wide_of(ub), p;
+  p.S = x.S * y.S;
+  p.e = x.e + y.e;
+  p.sticky = 0;
+  p.sign = (ua ^ ub) & SIGN;
+  return p;
+}
+
+// x + y, for inputs with sticky = 0 and S < 2^49 (float32 values and exact products).
+//   1. A zero operand: the other one. (The sign of an all-zero sum is the caller's.)
+//   2. X is the operand whose top bit is higher, shifted so that its top is bit 60:
+//        X = 0001xxxxxxxxxxxxxxx000000      exponent ex
+//   3. Y is aligned to ex. A right shift by k > 0 drops k bits; if any was set, sticky = 1:
+//        Y = 0000000001yyyyyy|yy  ->  00000000000001yyyyyy + sticky
+//   4. Same signs: S = X + Y (< 2^62), the dropped bits are the tail.
+//      Opposite signs: S = X - Y - sticky, and the tail becomes 1 - (dropped bits) > 0 iff sticky.
+//      Y > X is possible only when nothing was dropped; the result then takes y's sign.
+CPD_FN Wide wide_add(Wide x, Wide y) {
+  if (x.S == 0) return y;  // 1.
+  if (y.S == 0) return x;
+  if (top_bit64(y.S) + y.e > top_bit64(x.S) + x.e) {  // 2.
+    Wide t = x;
+    x = y;
+    y = t;
+  }
+  int sh = 60 - top_bit64(x.S);
+  u64 X = x.S << sh;
+  int ex = x.e - sh;
+  int k = ex - y.e;  // 3.
+  u64 Y;
+  u32 sticky = 0;
+  if (k <= 0) {
+    Y = y.S << (-k);  // y's top is not above bit 60
+  } else {
+    int kc = imin(k, 63);
+    Y = y.S >> kc;
+    sticky = (u32)((y.S & ((1ull << kc) - 1ull)) != 0);
+  }
+  Wide r;  // 4.
+  r.e = ex;
+  r.sticky = sticky;
+  if (x.sign == y.sign) {
+    r.S = X + Y;
+    r.sign = x.sign;
+  } else if (Y > X) {
+    r.S = Y - X;
+    r.sign = y.sign;
+  } else {
+    r.S = X - Y - sticky;
+    r.sign = x.sign;
+  }
+  return r;
+}
+
+// Round a Wide value with S > 0 to the format; float32 bits out. The steps of round_mag and
+// finish_cast: split against the grid (E, ee, qexp, d as in split()), decide, compose, then the
+// overflow (3a), flush (3b) and sign (4) rules of cast_bits.
+CPD_FN u32 round_wide(const Wide& w, const Format& f, int mode, u32 rand, int sr_bits) {
+  int E = top_bit64(w.S) + w.e;
+  int ee = imax(E, f.emin), qexp = ee - f.man, d = qexp - w.e;
+  u64 r = d <= 0 ? w.S << (-d) : 0ull;  // d <= 0: exact, S has at most man + 1 bits here
+  u32 up = 0;
+  if (d > 0) {
+    int dc = imin(d, 63);  // S < 2^62, so for d >= 63 r = 0 and rem = S < half still holds
+    u64 rem = w.S & ((1ull << dc) - 1ull), half = 1ull << (dc - 1);
+    r = w.S >> dc;
+    if (mode == NEAREST) {
+      u32 lsb = (u32)r & (f.man ? 1u : (u32)(ee + f.bias)) & 1u;
+      u32 tie = (u32)(rem == half);
+      up = (u32)(rem > half) | (tie & w.sticky) | (tie & (w.sticky ^ 1u) & lsb);
+    } else if (mode == STOCHASTIC) {
+      u32 frac = d <= 32 ? (u32)(rem << (32 - d)) : (u32)(rem >> imin(d - 32, 63));
+      up = sr_carry(frac, rand, sr_bits);
+    } else if (mode == UP || mode == DOWN) {
+      u32 away = mode == UP ? (u32)(w.sign == 0) : (u32)(w.sign != 0);
+      up = ((u32)(rem != 0) | w.sticky) & away;
+    }
+  }
+  u32 mag = compose((u32)(r + up), qexp);
+  if (mag > f.max_bits) mag = rounds_inward(mode, w.sign) ? f.max_bits : f.outward_bits;  // 3a.
+  if (!f.subnormals && mag < f.min_normal_bits) mag = 0;                                   // 3b.
+  return w.sign | mag;                                                                     // 4.
+}
+
+// The sign of an exact zero sum x + y (IEEE 754 §6.3): the common sign if both addends have
+// it, otherwise +0, except -0 when rounding down.
+CPD_FN u32 zero_sum_sign(u32 sx, u32 sy, int mode) { return sx == sy ? sx : (mode == DOWN ? SIGN : 0u); }
+
+// The three fused operations. Non-finite operands take float32 arithmetic, whose IEEE special
+// results (inf - inf = NaN, 0 * inf = NaN, inf + x = inf) the cast then maps to the format.
+CPD_FN u32 mul_bits(u32 ua, u32 ub, const Format& f, int mode, u32 rand, int sr_bits) {
+  if (!(is_finite_bits(ua) & is_finite_bits(ub)))
+    return cast_bits_generic(bits_of(fmul(float_of(ua), float_of(ub))), f, mode, rand, sr_bits);
+  Wide p = wide_mul(ua, ub);
+  return p.S == 0 ? p.sign : round_wide(p, f, mode, rand, sr_bits);
+}
+
+CPD_FN u32 add_bits(u32 ua, u32 ub, const Format& f, int mode, u32 rand, int sr_bits) {
+  if (!(is_finite_bits(ua) & is_finite_bits(ub)))
+    return cast_bits_generic(bits_of(fadd(float_of(ua), float_of(ub))), f, mode, rand, sr_bits);
+  Wide s = wide_add(wide_of(ua), wide_of(ub));
+  return s.S == 0 ? zero_sum_sign(ua & SIGN, ub & SIGN, mode) : round_wide(s, f, mode, rand, sr_bits);
+}
+
+// A faster add_bits for the common case of a low-precision accumulator: round to nearest, a
+// format with at most 11 significant bits (man <= 10) whose smallest subnormal is a float32
+// normal (emin - man >= -126), and both operands values of the format. Then
+//     add_bits(a, b) == cast(fl32(a + b))
+// because rounding the sum of two p-bit numbers first to q bits and then to p bits equals
+// rounding it once when q >= 2p + 2 (Figueroa, "When is double rounding innocuous?", 1995):
+// q = 24 >= 2*11 + 2. Above the format's subnormal threshold the fl32 sum is a float32 normal or
+// exact; zeros, infinities and NaN come out as add_bits gives them. (f.fast holds, so the
+// fast cast serves for both the membership test and the rounding.) Callers check
+// add_fast_applies once and add_fast_operands per element (tests/test_arith_fast.py checks the
+// identity over every pair of codes of the 8-bit formats).
+CPD_FN int add_fast_applies(const Format& f, int mode) {
+  return (int)(mode == NEAREST && f.fast && f.man <= 10 && f.emin - f.man >= -126);
+}
+
+CPD_FN u32 add_fast_operands(u32 ua, u32 ub, const Format& f) {
+  return (u32)(cast_bits_fast(ua, f, NEAREST, 0u, 32) == ua) & (u32)(cast_bits_fast(ub, f, NEAREST, 0u, 32) == ub);
+}
+
+CPD_FN u32 add_bits_fast(u32 ua, u32 ub, const Format& f) {
+  return cast_bits_fast(bits_of(fadd(float_of(ua), float_of(ub))), f, NEAREST, 0u, 32);
+}
+
+// Round to nearest on float32 arithmetic alone, for the CPU matmul's float32 lanes (16 per
+// AVX-512 operation). For a magnitude v >= 0 of a format with f.fast and 1 <= man <= 21, the
+// quantum is q = 2^(E - man) with E = max(exponent of v, emin). With
+//     C = 2^(E + 23 - man)      (ulp(C) = q, and v < 2^(E+1) <= C),
+// fl32(C + v) is C + v rounded to a multiple of q, ties to the even multiple (C / q = 2^23 is
+// even; for man >= 1 an even multiple of q is a value with an even code), so fl32(C + v) - C
+// (exact) is v rounded to nearest in the format, in the subnormal range (E = emin) too. C's
+// bits come from v's exponent field:
+//     v = 0 | e (8) | mmm...m    ->    C = 0 | min(max(e, emin+127), emax+128) + 23 - man | 000...0
+// (capped at the overflow threshold's exponent: anything beyond overflows either way, and C stays
+// finite when emax + 24 - man <= 127). A product a*b is rounded the same way with one fused
+// multiply-add, fl32(a*b + C) being a*b + C rounded once; E is read off h = fl32(a*b), which can
+// only be one binade too high when a*b rounds up to 2^(e+1), itself a multiple of both quanta.
+// So no double rounding anywhere, and every edge case is one select at the end (round_f_finish):
+// overflow (and infinities) to the format's outward value, flush, the sign, NaN unchanged.
+CPD_FN float ffma(float x, float y, float z) {
+#if CPD_DEVICE
+  return __fmaf_rn(x, y, z);
+#else
+  return __builtin_fmaf(x, y, z);
+#endif
+}
+
+struct FormatF {
+  u32 emin_field;   // (emin + 127) << 23: the smallest E, as float32 exponent bits
+  u32 ecap_field;   // (emax + 128) << 23: the largest E used
+  u32 c_shift;      // (23 - man) << 23: C's exponent bits = E's + c_shift
+  float max;          // the largest finite value
+  u32 outward_bits;   // what an overflow becomes (inf, NaN or max)
+  u32 flush_below;    // subnormals = False: 2^emin's bits (magnitudes below become 0); else 0
+};
+
+CPD_FN int nearest_f_applies(const Format& f, int mode) {
+  int emax = (int)(f.max_bits >> 23) - 127;
+  return (int)(mode == NEAREST && f.fast && f.man >= 1 && f.man <= 21 && emax + 24 - f.man <= 127);
+}
+
+CPD_FN FormatF make_format_f(const Format& f) {
+  FormatF g;
+  g.emin_field = (u32)(f.emin + 127) << 23;
+  g.ecap_field = ((f.max_bits >> 23) + 1u) << 23;
+  g.c_shift = (u32)(23 - f.man) << 23;
+  g.max = float_of(f.max_bits);
+  g.outward_bits = f.outward_bits;
+  g.flush_below = f.subnormals ? 0u : f.min_normal_bits;
+  return g;
+}
+
+// C's bits for a magnitude's bits a (see above).
+CPD_FN u32 round_f_c(u32 a, const FormatF& g) {
+  u32 e = a & INF_BITS;
+  e = e > g.emin_field ? e : g.emin_field;
+  e = e < g.ecap_field ? e : g.ecap_field;
+  return e + g.c_shift;
+}
+
+// r: the rounded magnitude; u: the float32 value rounded (for its sign). A NaN magnitude r passes
+// (the ordered comparison is false) with u's sign: u must not be a signaling NaN, which float32
+// arithmetic never produces, so it is u itself (round_f and mul_f round arithmetic results only).
+// (Plain ?: here, which vectorizes to masked blends.)
+CPD_FN u32 round_f_finish(u32 u, u32 r, const FormatF& g) {
+  r = float_of(r) > g.max ? g.outward_bits : r;                         // overflow, infinities
+  r = r < g.flush_below ? 0u : r;                                       // subnormals = False
+  return (u & SIGN) | r;
+}
+
+// cast_bits(u, f, NEAREST) for nearest_f_applies(f), u the result of a float32 operation.
+CPD_FN u32 round_f(u32 u, const FormatF& g) {
+  u32 a = u & ~SIGN;
+  float c = float_of(round_f_c(a, g));
+  return round_f_finish(u, bits_of(fsub(fadd(float_of(a), c), c)), g);
+}
+
+// mul_bits(x, y, f, NEAREST) for nearest_f_applies(f), on magnitudes: h = fl32(x*y) gives E and
+// the sign, and is the NaN a non-finite product gives (mul_bits casts fl32(x*y) then).
+CPD_FN u32 mul_f(float x, float y, const FormatF& g) {
+  u32 h = bits_of(fmul(x, y));
+  float c = float_of(round_f_c(h & ~SIGN, g));
+  float ax = float_of(bits_of(x) & ~SIGN), ay = float_of(bits_of(y) & ~SIGN);
+  u32 r = round_f_finish(h, bits_of(fsub(ffma(ax, ay, c), c)), g);
+  return (h & ~SIGN) > INF_BITS ? h : r;  // the very NaN mul_bits gives, whatever the FMA propagated
+}
+
+// add_bits(x, y, f, NEAREST) for nearest_f_applies(f) and add_fast_applies(f) with x and y values
+// of f: fl32(x + y) rounded (add_bits_fast's identity).
+CPD_FN u32 add_f(float x, float y, const FormatF& g) { return round_f(bits_of(fadd(x, y)), g); }
+
+// Every value of m is a value of f (so a product rounded to m is an add_bits_fast operand of f):
+// m's significands are no longer (m.man <= f.man), its finest quantum 2^(emin - man) is no finer,
+// its largest value no larger, and if f has no subnormals m's smallest positive value is a normal
+// of f. Infinities and NaN need no check: add_bits and add_bits_fast treat them alike.
+CPD_FN int values_within(const Format& m, const Format& f) {
+  int m_min_exp = m.subnormals ? m.emin - m.man : m.emin;
+  return (int)(m.man <= f.man && m.max_bits <= f.max_bits && m.emin - m.man >= f.emin - f.man &&
+               (f.subnormals || m_min_exp >= f.emin));
+}
+
+// c + a*b rounded once (a fused multiply-add in the format).
+CPD_FN u32 fma_bits(u32 uc, u32 ua, u32 ub, const Format& f, int mode, u32 rand, int sr_bits) {
+  if (!(is_finite_bits(ua) & is_finite_bits(ub)))
+    return cast_bits_generic(bits_of(fadd(float_of(uc), fmul(float_of(ua), float_of(ub)))), f, mode, rand, sr_bits);
+  if (!is_finite_bits(uc)) return cast_bits_generic(uc, f, mode, rand, sr_bits);
+  Wide p = wide_mul(ua, ub);
+  Wide s = wide_add(wide_of(uc), p);
+  return s.S == 0 ? zero_sum_sign(uc & SIGN, p.sign, mode) : round_wide(s, f, mode, rand, sr_bits);
+}
+
+}  // namespace cpd
+
+#endif  // CPD_ARITH_H
