@@ -83,9 +83,8 @@ def encode_reference(x, segs, wf: WireFormat, rounding: Rounding, saturate: bool
     vals = []
     for off, n, s in segs.tolist():
         v = x[off:off + n]
-        if not wf.raw32:
-            v = (v.double() * 2.0 ** s).to(torch.float32) if s else v
-            v = cast(v, wf.fmt, rounding, saturate=saturate)
+        v = (v.double() * 2.0 ** s).to(torch.float32) if s else v
+        v = cast(v, wf.fmt, rounding, saturate=saturate)  # cpd.FP32 too (the identity on finite values)
         vals.append(v)
     v = torch.cat(vals) if vals else x.new_zeros(0)
     return to_bytes(v, wf)

@@ -255,6 +255,8 @@ void check_bytes(const torch::Tensor& t, const char* name, int64_t need) {
 // x * 2^s rounded to float32, as (x.double() * 2.0 ** s).to(torch.float32) (s = 0: x itself). For
 // -149 <= s <= 127, 2^s is a float32 number and the float32 product is the same single rounding of
 // the same exact product, so the loop stays in float32 lanes.
+inline float scale_pow2(float x, int64_t s, double p) { return s ? (float)((double)x * p) : x; }
+
 template <int MODE, bool FAST, int SCALE>  // SCALE 0: none, 1: float32 multiply, 2: float64 multiply
 void encode_loop(const float* __restrict x, int64_t m, float pf, double pd, const cpd::Format g,
                  u32* __restrict codes, u32& odd) {
@@ -320,8 +322,10 @@ void wire_encode(const torch::Tensor& x, const torch::Tensor& segs, torch::Tenso
       for_runs(s, e0, e1, [&](int64_t j, int64_t i0, int64_t e, int64_t run) {
         const float* src = xp + s.rows[3 * j] + i0;
         u32* dst = codes + (e - e0);
-        if (w.raw32) {
-          std::memcpy(dst, src, 4 * run);
+        if (w.raw32) {  // cpd.FP32: scaled and cast like any format (the cast of a finite float32 is itself)
+          const double pd = std::ldexp(1.0, (int)s.rows[3 * j + 2]);
+          for (int64_t i = 0; i < run; ++i)
+            dst[i] = cpd::cast_bits(cpd::bits_of(scale_pow2(src[i], s.rows[3 * j + 2], pd)), w.f, w.mode, 0u, 32);
         } else if (w.f.fast) {
           encode_run_mode<true>(src, run, s.rows[3 * j + 2], w, dst);
         } else {

@@ -116,12 +116,8 @@ extern "C" __global__ void cpd_wire_encode(const float* __restrict__ x, const lo
       const int j = find_segment(starts, k, e);
       const float v = x[rows[3 * j] + (e - starts[j])];
       const long long s = rows[3 * j + 2];
-      if (w.raw32) {
-        c[i] = cpd::bits_of(v);
-      } else {
-        const float xs = s ? (float)((double)v * pow2(s)) : v;
-        c[i] = wire_code(cpd::cast_bits(cpd::bits_of(xs), w.f, w.mode, 0u, 32), w);
-      }
+      const float xs = s ? (float)((double)v * pow2(s)) : v;
+      c[i] = wire_code(cpd::cast_bits(cpd::bits_of(xs), w.f, w.mode, 0u, 32), w);  // raw32: the cast bits
     }
     store8(out, g, nb, w.bits, c);
   }
