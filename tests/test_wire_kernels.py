@@ -182,3 +182,38 @@ def test_cuda_kernels_equal_cpu(fmt):
         kernels.decode(cpu, segs, o1, wf, 0.5)
         kernels.decode(cpu.to(cuda), segs, o2, wf, 0.5)
         assert torch.equal(o1.view(torch.int32), o2.cpu().view(torch.int32)), (wf.fmt.name, mode)
+
+
+@compiled
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", cpd.FloatFormat(3, 0), cpd.FloatFormat(3, 2, specials="finite"),
+                                 "bf16", "fp32"], ids=str)
+def test_cuda_kernels_through_the_host_shim_equal_cpu(fmt):
+    """hop.cu, run on the host by cpd._shim with the parameter array cuLaunchKernel would get, gives
+    the CPU kernels' bytes: encode, hop (plain and Kahan) and decode, ragged segments included."""
+    from cpd import _shim
+    from cpd.distributed import cuda_kernels
+
+    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1203, generator=g) * 2.0 ** torch.randint(-20, 20, (1203,), generator=g)
+    rows = [(0, 301, 3), (700, 203, -7), (500, 5, 0)]
+    segs = kernels.segments(rows)
+    total = sum(n for _, n, _ in rows)
+    for mode in MODES:
+        cpu = kernels.encode(x, segs, wf, mode, False)
+        shim = torch.zeros_like(cpu)
+        cuda_kernels.encode(x, segs, shim, wf, mode, False, launcher=_shim.launch)
+        assert torch.equal(shim[:wf.nbytes(total)], cpu[:wf.nbytes(total)]), (wf.fmt.name, mode)
+        n = 509
+        a, b = cpu[:wf.nbytes(n)].clone(), torch.roll(cpu, 7)[:wf.nbytes(n)].clone()
+        for kahan in (False, True):
+            c1, c2 = a.clone(), a.clone()
+            s1, s2 = b.clone(), b.clone()
+            kernels.hop(a, s1, n, wf, mode, False, kahan=kahan, acc_c=c1 if kahan else None, recv_c=b if kahan else None)
+            cuda_kernels.hop(a, s2, n, wf, mode, False, kahan, b if kahan else None, c2 if kahan else None, False,
+                             False, launcher=_shim.launch)
+            assert _same(s2, s1, n, wf), (wf.fmt.name, mode, kahan)
+        o1, o2 = torch.zeros(1203), torch.zeros(1203)
+        kernels.decode(cpu, segs, o1, wf, 0.5)
+        cuda_kernels.decode(cpu, segs, o2, wf, 0.5, launcher=_shim.launch)
+        assert torch.equal(o1.view(torch.int32), o2.view(torch.int32)), (wf.fmt.name, mode)

@@ -53,7 +53,7 @@ def compiled() -> bool:
 
 
 def _fargs(fmt: FloatFormat):
-    return fmt.exp, fmt.man, fmt.bias, fmt.specials.code, fmt.subnormals
+    return fmt.exp, fmt.man, fmt.bias, fmt.core_specials, fmt.subnormals
 
 
 # ------------------------------------------------------------------------------------ encode
