@@ -153,8 +153,8 @@ class CompressedReducer:
         for i in low:
             v64, v = values[i]
             chunks, join = _chunks(comp, v, w)
-            pays = [comp._encode(c.contiguous()) if c.numel() else None for c in chunks]
-            dec = [comp._decode(p) if p is not None else c.clone() for p, c in zip(pays, chunks)]
+            pays = [comp.encode_raw(c.contiguous()) if c.numel() else None for c in chunks]
+            dec = [comp.decode_raw(p) if p is not None else c.clone() for p, c in zip(pays, chunks)]
             q = join(dec)
             if v64 is not None:
                 st = self.states.setdefault(names[i], CompressorState())
@@ -204,7 +204,7 @@ class CompressedReducer:
             for h in range(1, w):
                 cs, cr = (pos - h + 1) % w, (pos - h) % w
                 got = self._exchange([(nxt, [cur[k] for k in live(cs)])], [(prv, [shape(k, cr) for k in live(cr)])])[0]
-                cur = {k: comp._encode(comp._decode(p) + items[k][2][cr]) for k, p in zip(live(cr), got)}
+                cur = {k: comp.encode_raw(comp.decode_raw(p) + items[k][2][cr]) for k, p in zip(live(cr), got)}
             own = (pos + 1) % w
         else:
             # Pairwise exchange: every worker sends its payload of chunk c to worker c, which sums the
@@ -214,11 +214,11 @@ class CompressedReducer:
             got = self._exchange(sends, [(ranks[r], [shape(k, pos) for k in live(pos)]) for r in srcs])
             rows = dict(zip(srcs, got))
             for j, k in enumerate(live(pos)):
-                terms = [items[k][2][pos] if r == pos else comp._decode(rows[r][j]) for r in range(w)]
+                terms = [items[k][2][pos] if r == pos else comp.decode_raw(rows[r][j]) for r in range(w)]
                 s = terms[0].clone()
                 for t in terms[1:]:
                     s = s + t
-                cur[k] = comp._encode(s)
+                cur[k] = comp.encode_raw(s)
             own = pos
         # Allgather along the ring: the owner's final payload reaches the W-1 others; every worker
         # (the owner too) decodes it.
@@ -233,7 +233,7 @@ class CompressedReducer:
             for k, p in zip(live(cr), got):
                 final[k][cr] = p
             have = cr
-        return [[comp._decode(final[k][c]) if c in final[k] else qs[c] for c in range(w)]
+        return [[comp.decode_raw(final[k][c]) if c in final[k] else qs[c] for c in range(w)]
                 for k, (_, _, qs, _) in enumerate(items)]
 
     def _layout(self, shape) -> tuple:
