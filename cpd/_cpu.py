@@ -283,6 +283,24 @@ def extension():
     return _state["module"]
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo, else platform.processor())."""
+    try:
+        for ln in Path("/proc/cpuinfo").read_text().splitlines():
+            if ln.startswith("model name"):
+                return ln.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_line() -> str:
+    """One line for benchmark output: CPU model, host level, and what the extension was built for."""
+    info = build_info()
+    return (f"CPU: {cpu_model()} (host level {host_level()}); extension built for {info['target']}, "
+            f"vector ISA {info['isa']}")
+
+
 def build_info() -> dict:
     """What the loaded extension was built for: target, ISA the code was compiled with, OpenMP."""
     ext = extension()

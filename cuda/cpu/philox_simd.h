@@ -13,8 +13,8 @@
 //     gives mulhilo's (hi, lo) for 8 blocks: hi = p >> 32, lo = the low half of p as it stands
 //     (its high half is garbage that the next multiply ignores and the xors only move around in
 //     high halves). Only low halves are meaningful, and only they are stored.
-//   * AVX2: the same on 4 blocks per __m256i with _mm256_mul_epu32, 4 vectors interleaved, so
-//     16 blocks (8 lanes' worth of products per pair of multiplies) per call.
+//   * AVX2: the same on 4 blocks per __m256i with _mm256_mul_epu32 (8 products of 32-bit lanes
+//     per pair of multiplies), 3 vectors interleaved: 12 blocks per call (2 for the strided form).
 //   * NEON: 4 blocks per uint32x4_t, one block per 32-bit lane: lo = vmulq_u32, hi = the odd
 //     halves of vmull_u32 / vmull_high_u32 (vuzp2q_u32); vst4q_u32 stores element order.
 // A round, as in cpd::philox4x32_10:
@@ -95,14 +95,18 @@ inline void philox512(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint32
 #endif
 
 #if defined(__AVX2__)
-constexpr int kGroups256 = 4;
+// Groups of vectors interleaved: 3 keeps 12 state vectors and 4 constants in the 16 ymm
+// registers with enough independent multiplies in flight (measured: 3 > 2 > 4 on Zen); the
+// matmul's 64-lane tiles take 2 (64 is a multiple of 8, not of 12).
+constexpr int kGroups256 = 3, kGroups256Strided = 2;
 
-// Blocks b0 + i * st for i < 16 (4 per vector, 4 vectors); x0..x3 hold the words in low halves.
+// Blocks b0 + i * st for i < 4 * G (4 per vector); x0..x3 hold the words in low halves.
+template <int G>
 inline void philox256(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
                       __m256i* x0, __m256i* x1, __m256i* x2, __m256i* x3) {
   const __m256i m0 = _mm256_set1_epi64x(0xD2511F53u), m1 = _mm256_set1_epi64x(0xCD9E8D57u);
   const __m256i iota = _mm256_set_epi64x((long long)(3 * st), (long long)(2 * st), (long long)st, 0);
-  for (int g = 0; g < kGroups256; ++g) {
+  for (int g = 0; g < G; ++g) {
     __m256i b = _mm256_add_epi64(_mm256_set1_epi64x((long long)(b0 + 4 * g * st)), iota);
     x0[g] = b;
     x1[g] = _mm256_srli_epi64(b, 32);
@@ -115,7 +119,7 @@ inline void philox256(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint32
       k1 += 0xBB67AE85u;
     }
     const __m256i kk0 = _mm256_set1_epi64x(k0), kk1 = _mm256_set1_epi64x(k1);
-    for (int g = 0; g < kGroups256; ++g) {
+    for (int g = 0; g < G; ++g) {
       __m256i p0 = _mm256_mul_epu32(x0[g], m0), p1 = _mm256_mul_epu32(x2[g], m1);
       x0[g] = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), x1[g]), kk0);
       x1[g] = p1;
@@ -195,7 +199,7 @@ inline void philox_blocks(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uin
   // 64-bit halves gives [b0 | b2] and [b1 | b3], and two 128-bit permutes element order.
   for (; k + 4 * kGroups256 <= nb; k += 4 * kGroups256) {
     __m256i x0[kGroups256], x1[kGroups256], x2[kGroups256], x3[kGroups256];
-    philox256(b0 + (uint64_t)k, 1, c2, c3, k0, k1, x0, x1, x2, x3);
+    philox256<kGroups256>(b0 + (uint64_t)k, 1, c2, c3, k0, k1, x0, x1, x2, x3);
     uint32_t* w = words + 4 * k;
     for (int g = 0; g < kGroups256; ++g) {
       __m256i v01 = _mm256_blend_epi32(x0[g], _mm256_slli_epi64(x1[g], 32), 0xAA);
@@ -224,11 +228,12 @@ inline void philox_strided(uint64_t b0, uint64_t st, int64_t n, uint32_t c2, uin
                            uint32_t* __restrict w, int64_t ld) {
   int64_t i = 0;
 #if defined(__AVX2__)
-  for (; i + 4 * kGroups256 <= n; i += 4 * kGroups256) {
-    __m256i x[4][kGroups256];
-    philox256(b0 + (uint64_t)i * st, st, c2, c3, k0, k1, x[0], x[1], x[2], x[3]);
+  constexpr int G = kGroups256Strided;
+  for (; i + 4 * G <= n; i += 4 * G) {
+    __m256i x[4][G];
+    philox256<G>(b0 + (uint64_t)i * st, st, c2, c3, k0, k1, x[0], x[1], x[2], x[3]);
     for (int j = 0; j < 4; ++j)
-      for (int g = 0; g < kGroups256; ++g)
+      for (int g = 0; g < G; ++g)
         _mm_storeu_si128((__m128i*)(w + j * ld + i + 4 * g), low_halves(x[j][g]));
   }
 #elif defined(CPD_CPU_NEON)
