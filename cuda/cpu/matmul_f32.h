@@ -18,8 +18,8 @@
 //         even once (IEEE 754), F16C on x86 and FCVT on Arm, 8 or 4 lanes per instruction.
 //         Calls with a NaN operand take AccF instead, so that NaN results keep their payload.
 // Kahan (y = p - c, t = s + y, c = (t - s) - y, s = t) is kahan_lanes, the helper of these
-// lanes (cpd::kahan_step per lane, or whole-tile passes for AccH); each of its additions is a
-// sum of two values of acc as above.
+// lanes (whole-tile passes of the policy's additions); each of its additions is a sum of two
+// values of acc as above.
 #ifndef CPD_CPU_MATMUL_F32_H
 #define CPD_CPU_MATMUL_F32_H
 
@@ -49,13 +49,6 @@ namespace cpd_cpu {
 
 constexpr int64_t kLanes = 64;  // outputs per tile (a multiple of 8)
 
-// One lane's Kahan step (cpd::kahan_step, or kahan_finish when p already is y = -c + a*b).
-template <bool Y_FORMED, class Add>
-inline void kahan_lane(float& s, float& c, float p, const Add& add) {
-  if (Y_FORMED) cpd::kahan_finish(s, c, p, add);
-  else cpd::kahan_step(s, c, p, add);
-}
-
 // out[i] = R(x[i] + y[i]) (NEG: R(x[i] - y[i])) for the kLanes lanes; out may be x or y (each lane
 // reads its own index only, hence CPD_IVDEP). round(x): x[i] = R(x[i]), x a float32 result.
 struct AccF {
@@ -68,12 +61,6 @@ struct AccF {
   void round(float* x) const {
     const cpd::FormatF h = g;
     CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) x[i] = cpd::float_of(cpd::round_f(cpd::bits_of(x[i]), h));
-  }
-  template <bool Y_FORMED>
-  void kahan(float* s, float* c, const float* p, float*, float*) const {
-    const cpd::FormatF h = g;
-    const auto add = [&h](float x, float y, int) { return cpd::float_of(cpd::add_f(x, y, h)); };
-    CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) kahan_lane<Y_FORMED>(s[i], c[i], p[i], add);
   }
 };
 
@@ -90,25 +77,10 @@ struct AccI {
     const cpd::Format h = f;
     CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) x[i] = cpd::float_of(cpd::round_lane_i<NORMAL_ONLY>(cpd::bits_of(x[i]), h));
   }
-  template <bool Y_FORMED>
-  void kahan(float* s, float* c, const float* p, float*, float*) const {
-    const cpd::Format h = f;
-    const auto add = [&h](float x, float y, int) {
-      return cpd::float_of(cpd::round_lane_i<NORMAL_ONLY>(cpd::bits_of(cpd::fadd(x, y)), h));
-    };
-    CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) kahan_lane<Y_FORMED>(s[i], c[i], p[i], add);
-  }
 };
 
 #if CPD_CPU_F16_LANES
-template <bool Y_FORMED, class Acc>
-inline void kahan_bulk(float* s, float* c, const float* p, float* y, float* t, const Acc& acc);
-
 struct AccH {
-  template <bool Y_FORMED>
-  void kahan(float* s, float* c, const float* p, float* y, float* t) const {
-    kahan_bulk<Y_FORMED>(s, c, p, y, t, *this);
-  }
 #if defined(__F16C__)
   static __m256 rnd(__m256 v) {
     return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -139,12 +111,12 @@ struct AccH {
 };
 #endif
 
-// Kahan's step on a tile's lanes with acc's additions: y = p - c (unless Y_FORMED: p holds y),
-// t = s + y, c = (t - s) - y, s = t. AccF and AccI run it lane by lane in one pass (kahan_lane);
-// AccH, whose rounding is a conversion intrinsic, as four passes of whole-tile additions
-// (kahan_bulk). y, t: scratch lanes.
+// Kahan's step on a tile's lanes with acc's additions, as four passes of whole-tile additions:
+// y = p - c (unless Y_FORMED: p holds y), t = s + y, c = (t - s) - y, s = t. y, t: scratch
+// lanes. (One pass per lane, the four roundings in one loop body, measured about twice as slow
+// with AVX2: the roundings' constants and live values spill out of the 16 vector registers.)
 template <bool Y_FORMED, class Acc>
-inline void kahan_bulk(float* s, float* c, const float* p, float* y, float* t, const Acc& acc) {
+inline void kahan_lanes(float* s, float* c, const float* p, float* y, float* t, const Acc& acc) {
   const float* yy = p;
   if (!Y_FORMED) {
     acc.template add<true>(y, p, c);
@@ -154,11 +126,6 @@ inline void kahan_bulk(float* s, float* c, const float* p, float* y, float* t, c
   acc.template add<true>(c, t, s);
   acc.template add<true>(c, c, yy);
   for (int64_t i = 0; i < kLanes; ++i) s[i] = t[i];
-}
-
-template <bool Y_FORMED, class Acc>
-inline void kahan_lanes(float* s, float* c, const float* p, float* y, float* t, const Acc& acc) {
-  acc.template kahan<Y_FORMED>(s, c, p, y, t);
 }
 
 struct Tile {
