@@ -15,20 +15,23 @@ from .nn import Quantizer, quantizer
 from .ops import add, bits, cast, code_dtype, decode, encode, fma, mul
 from .ops import matmul, sum  # noqa: A004
 from .rounding import Rounding
+from .config import CompressedReduceConfig, ReduceConfig
 from .collectives import ALGORITHMS as ALLREDUCE_ALGORITHMS, allreduce, cost_model
 from .report import LayerReport, RoundoffReport
 from .scaling import LossScaler, aps_allreduce, aps_exponent, scaled_allreduce
 from .optim import APSOptimizer
 from . import compressors  # noqa: E402  (the literature's gradient compressors; see cpd/compressors)
 from . import distributed
+from .tensor_core import FusedDot, tensor_core  # noqa: E402  (issue 15: matrix-unit accumulators)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "FloatFormat", "Specials", "Rounding", "PRESETS",
+    "FloatFormat", "Specials", "Rounding", "PRESETS", "ReduceConfig", "CompressedReduceConfig",
     "FP32", "TF32", "FP16", "BF16", "E5M2", "E4M3", "E4M3FN", "E3M2", "E2M3", "E2M1",
     "cast", "encode", "decode", "bits", "code_dtype", "add", "mul", "fma", "matmul", "sum",
     "Quantizer", "quantizer", "nn", "optim", "reference",
     "allreduce", "ALLREDUCE_ALGORITHMS", "cost_model", "aps_allreduce", "aps_exponent", "scaled_allreduce",
     "LossScaler", "RoundoffReport", "LayerReport", "APSOptimizer", "compressors", "distributed",
+    "FusedDot", "tensor_core",
 ]

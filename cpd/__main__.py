@@ -27,8 +27,16 @@ import math
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
+
+import torch
+
+import cpd
+
+from . import __version__, _launch, demo
+from .formats import PRESETS
 
 __all__ = ["main", "COMMANDS", "format_table"]
 
@@ -66,8 +74,6 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def format_table() -> str:
     """The preset formats as a text table: bits, bias, max, smallest normal/subnormal, eps, specials."""
-    from .formats import PRESETS
-
     header = ["preset", "name", "bits", "exp", "man", "bias", "max", "smallest normal",
               "smallest subnormal", "eps", "specials"]
     rows = []
@@ -83,8 +89,6 @@ def _setup_formats(p: argparse.ArgumentParser) -> None:
 
 
 def _run_formats(args: argparse.Namespace) -> int:
-    from .formats import PRESETS
-
     print(format_table())
     if args.verbose:
         for f in PRESETS.values():
@@ -100,10 +104,6 @@ def _setup_cast_demo(p: argparse.ArgumentParser) -> None:
 
 
 def _run_cast_demo(args: argparse.Namespace) -> int:
-    import torch
-
-    import cpd
-
     if args.samples < 1:
         raise SystemExit(f"cpd cast-demo: --samples={args.samples} must be >= 1")
     print("cpd cast-demo: casting float32 tensors to custom floating-point formats")
@@ -167,27 +167,19 @@ def _run_cast_demo(args: argparse.Namespace) -> int:
 
 
 def _setup_demo(p: argparse.ArgumentParser) -> None:
-    from .demo import setup_parser
-
-    setup_parser(p)
+    demo.setup_parser(p)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from .demo import main as demo_main
-
-    return demo_main(args)
+    return demo.main(args)
 
 
 def _setup_launch_demo(p: argparse.ArgumentParser) -> None:
-    from ._launch import setup_parser
-
-    setup_parser(p)
+    _launch.setup_parser(p)
 
 
 def _run_launch_demo(args: argparse.Namespace) -> int:
-    from ._launch import main as launch_main
-
-    return launch_main(args)
+    return _launch.main(args)
 
 
 def _setup_report(p: argparse.ArgumentParser) -> None:
@@ -203,12 +195,6 @@ def _setup_report(p: argparse.ArgumentParser) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    import warnings
-
-    import torch
-
-    import cpd
-
     try:
         fmt = cpd.FloatFormat.parse(args.format)
     except (TypeError, ValueError) as exc:
@@ -275,10 +261,6 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 def _inline_bench(argv: list[str]) -> int:
     """Used when benchmarks/ is not shipped (installed wheel): cast / copy ratios, medians of reps."""
-    import torch
-
-    import cpd
-
     p = argparse.ArgumentParser(prog="python -m cpd bench")
     p.add_argument("--n", type=int, default=2**24)
     p.add_argument("--reps", type=int, default=7)
@@ -339,8 +321,6 @@ COMMANDS: list[_Command] = [
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
-
     p = argparse.ArgumentParser(prog="python -m cpd", description="cpd: customized-precision floating point for PyTorch")
     p.add_argument("--version", action="version", version=f"cpd {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")

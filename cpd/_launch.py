@@ -24,13 +24,18 @@ import os
 import socket
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import cpd
+
+from .demo import DEFAULT_FORMATS, demo_configs, demo_data, results_table, run_config
+from .demo import setup_parser as demo_parser
 
 __all__ = ["setup_parser", "main"]
 
 
 def setup_parser(p: argparse.ArgumentParser) -> None:
-    from .demo import setup_parser as demo_parser
-
     demo_parser(p)
     for action in p._actions:  # the real path's algorithms; W is --nproc
         if action.dest == "algorithm":
@@ -65,11 +70,6 @@ def bytes_table(results, world: int) -> str:
 
 def _rank_main(rank: int, world: int, args: argparse.Namespace) -> None:
     """One worker: run every configuration of the demo with real communication."""
-    import torch.distributed as dist
-
-    import cpd
-    from .demo import DEFAULT_FORMATS, demo_configs, demo_data, results_table, run_config
-
     torch.set_num_threads(1)
     compressors = [cpd.compressors.get(c) for c in getattr(args, "compressors", None) or ()]
     formats = args.formats or ([] if compressors else [cpd.FloatFormat.parse(f) for f in DEFAULT_FORMATS])
@@ -106,8 +106,6 @@ def _rank_main(rank: int, world: int, args: argparse.Namespace) -> None:
 
 
 def _spawned(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
-    import torch.distributed as dist
-
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     _rank_main(rank, world, args)
@@ -116,11 +114,6 @@ def _spawned(rank: int, world: int, port: int, args: argparse.Namespace) -> None
 
 
 def main(args: argparse.Namespace) -> int:
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-
-    import cpd
-
     try:
         compressors = [cpd.compressors.get(c) for c in getattr(args, "compressors", None) or ()]
     except (TypeError, ValueError) as exc:

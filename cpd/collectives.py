@@ -2,101 +2,35 @@
 
 W emulated workers each hold a gradient; :func:`allreduce` returns what every worker ends up
 with when the sum is accumulated in a low-precision format ``fmt``, one rounded addition per
-network hop, in the exact order of the named algorithm (DESIGN.md §3). Every hop is one fused
+network hop, in the exact order of the named algorithm (docs/design.md §3). Every hop is one fused
 :func:`cpd.add` (exact sum, rounded once) over all chunks of that step at once, so the cost is
 O(W) calls on n elements, not O(W^2) small calls.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from .config import EMULATED_ALGORITHMS, CompressedReduceConfig, ReduceConfig, make_config
 from .formats import FloatFormat
-from .ops import add, cast
+from .ops import cast
+from .primitives import Accumulator, ceil_log2, chunk_bounds, stack_workers
+from .registry import COMPRESSED_ALLREDUCE, lookup
 from .rounding import Rounding
 
-__all__ = ["allreduce", "ALGORITHMS", "chunk_bounds"]
+__all__ = ["allreduce", "ALGORITHMS", "chunk_bounds", "reduce_matrix", "cost_model", "CostEstimate"]
 
 #: The summation orders :func:`allreduce` emulates.
-ALGORITHMS = ("ring", "hierarchical", "tree", "sequential")
+ALGORITHMS = EMULATED_ALGORITHMS
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` of each of ``parts`` chunks of ``n`` elements, as ``numpy.array_split``:
-    the first ``n % parts`` chunks have ``n // parts + 1`` elements, the others ``n // parts``."""
-    q, r = divmod(n, parts)
-    out, start = [], 0
-    for c in range(parts):
-        stop = start + q + (1 if c < r else 0)
-        out.append((start, stop))
-        start = stop
-    return out
+# Former private names, still imported by cpd.distributed (engineer "wire" moves to cpd.primitives).
+_stack_workers = stack_workers
+_Acc = Accumulator
 
 
-def _stack_workers(tensors) -> tuple[torch.Tensor, torch.Size]:
-    """(W, n) float32 matrix of the workers' flattened tensors, and the per-worker shape."""
-    if isinstance(tensors, torch.Tensor):
-        if tensors.dim() == 0:
-            raise ValueError("tensors: a single tensor needs a leading worker dimension, got a 0-d tensor")
-        if tensors.shape[0] == 0:
-            raise ValueError("tensors: the leading worker dimension is 0; need at least one worker")
-        if tensors.dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"tensors must be float32 (float16/bfloat16 are upcast), got {tensors.dtype}")
-        shape = tensors.shape[1:]
-        return tensors.to(torch.float32).reshape(tensors.shape[0], -1), shape
-    if not isinstance(tensors, (list, tuple)):
-        raise TypeError(f"tensors must be a list of tensors or one tensor with a leading worker dimension, "
-                        f"got {type(tensors).__name__}")
-    if len(tensors) == 0:
-        raise ValueError("tensors is an empty list; need at least one worker's tensor")
-    for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"tensors[{i}] must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"tensors[{i}] must be float32 (float16/bfloat16 are upcast), got {t.dtype}")
-        if t.shape != tensors[0].shape:
-            raise ValueError(f"tensors[{i}] has shape {tuple(t.shape)}, but tensors[0] has shape "
-                             f"{tuple(tensors[0].shape)}; all workers' tensors must have the same shape")
-        if t.device != tensors[0].device:
-            raise ValueError(f"tensors[{i}] is on {t.device}, but tensors[0] is on {tensors[0].device}; "
-                             "all workers' tensors must be on one device")
-    shape = tensors[0].shape
-    return torch.stack([t.reshape(-1).to(torch.float32) for t in tensors]), shape
-
-
-class _Acc:
-    """One rounded-accumulation state: partial sums ``s`` (and Kahan compensations ``c``)."""
-
-    def __init__(self, kahan: bool, fmt: FloatFormat, rounding: Rounding, saturate: bool, generator):
-        self.kahan, self.fmt, self.rounding, self.saturate, self.generator = kahan, fmt, rounding, saturate, generator
-
-    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return add(x, y, self.fmt, self.rounding, saturate=self.saturate, generator=self.generator)
-
-    def merge(self, s, c, x, cx=None):
-        """Merge the incoming value ``x`` (with incoming compensation ``cx``) into ``(s, c)``.
-
-        Plain: ``s = round(s + x)``. Kahan (each line one rounded :func:`cpd.add`)::
-
-            c = c + cx            (only when a compensation arrives with x)
-            y = x - c
-            t = s + y
-            c = (t - s) - y
-            s = t
-        """
-        if not self.kahan:
-            return self.add(s, x), None
-        if cx is not None:
-            c = self.add(c, cx)
-        y = self.add(x, -c)
-        t = self.add(s, y)
-        c = self.add(self.add(t, -s), -y)
-        return t, c
-
-
-def _ring(acc: _Acc, s: torch.Tensor, c: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _ring(acc: Accumulator, s: torch.Tensor, c: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Ring reduce-scatter over the rows of ``s`` (P, n) (with compensations ``c``); returns the
     reduced (n,) vector (and its compensation), i.e. the state after the allgather."""
     p, n = s.shape
@@ -135,7 +69,7 @@ def _ring(acc: _Acc, s: torch.Tensor, c: torch.Tensor | None) -> tuple[torch.Ten
     return r_s, r_c
 
 
-def _sequential_rows(acc: _Acc, x: torch.Tensor):
+def _sequential_rows(acc: Accumulator, x: torch.Tensor):
     """Sum the rows of ``x`` (P, m, n) along dim 1 sequentially: one fused add per step over dim 0."""
     s = x[:, 0].clone()
     c = torch.zeros_like(s) if acc.kahan else None
@@ -146,7 +80,7 @@ def _sequential_rows(acc: _Acc, x: torch.Tensor):
 
 def allreduce(tensors, fmt=None, *, algorithm: str = "ring", group_size: int | None = None, kahan: bool = False,
               rounding="nearest", saturate: bool = False, generator: torch.Generator | None = None,
-              inputs_in_fmt: bool = False, compressor=None, states=None) -> torch.Tensor:
+              inputs_in_fmt: bool = False, compressor=None, states=None, config=None) -> torch.Tensor:
     """Emulate a low-precision allreduce (sum) of W workers' tensors; return what every worker gets.
 
     With ``compressor=`` (a :class:`cpd.compressors.Compressor` or a name such as ``"onebit"``,
@@ -171,6 +105,9 @@ def allreduce(tensors, fmt=None, *, algorithm: str = "ring", group_size: int | N
         generator: stochastic rounding only: the torch generator every rounding draws its seed
             from (default generator otherwise, so ``torch.manual_seed`` makes it reproducible).
         inputs_in_fmt: the inputs already hold values of ``fmt``; skip the initial cast.
+        config: instead of ``fmt``/``compressor`` and the options, a :class:`cpd.config.ReduceConfig`
+            or :class:`cpd.config.CompressedReduceConfig` (may also be given in place of ``fmt``);
+            the keyword options then keep their defaults.
 
     Returns:
         A float32 tensor of the per-worker shape: the sum (not the average), as every worker holds
@@ -215,66 +152,47 @@ def allreduce(tensors, fmt=None, *, algorithm: str = "ring", group_size: int | N
         ValueError: empty list, shape or device mismatch, unknown algorithm, bad group_size.
         TypeError: non-tensor or non-float inputs, bad argument types.
     """
-    if compressor is not None:  # ------------------------------ compressed path (cpd.compressors)
-        return _compressed(tensors, fmt, algorithm, group_size, kahan, rounding, saturate, generator,
-                           inputs_in_fmt, compressor, states)
+    if not isinstance(inputs_in_fmt, bool):
+        raise TypeError(f"inputs_in_fmt must be a bool, got {type(inputs_in_fmt).__name__}")
+    cfg = make_config(fmt, compressor=compressor, config=config, what="allreduce()",
+                      fmt_only={"generator": (generator, None), "inputs_in_fmt": (inputs_in_fmt, False)},
+                      algorithm=algorithm, group_size=group_size, kahan=kahan, rounding=rounding, saturate=saturate)
+    if isinstance(cfg, CompressedReduceConfig):  # ------------- compressed path (cpd.compressors.reduce)
+        return lookup(COMPRESSED_ALLREDUCE)(tensors, cfg.compressor, algorithm=cfg.algorithm, states=states)[0]
     if states is not None:
         raise ValueError("states (error-feedback states) only apply with compressor=, got compressor=None")
-    if fmt is None:
-        raise TypeError("allreduce() needs fmt (the accumulation format) or compressor=")
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm={algorithm!r} is unknown; allowed: {', '.join(map(repr, ALGORITHMS))}")
-    for name, v in (("kahan", kahan), ("saturate", saturate), ("inputs_in_fmt", inputs_in_fmt)):
-        if not isinstance(v, bool):
-            raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
-    fmt = FloatFormat.parse(fmt)
-    mode = Rounding.parse(rounding)
-    if generator is not None and mode is not Rounding.STOCHASTIC:
-        raise ValueError(f"generator only applies to rounding='stochastic', got rounding={mode.value!r}")
-    x, shape = _stack_workers(tensors)
+    cfg.require(ALGORITHMS, "the emulator (cpd.allreduce; 'one_rounding' runs across processes only)")
+    if generator is not None and cfg.rounding is not Rounding.STOCHASTIC:
+        raise ValueError(f"generator only applies to rounding='stochastic', got rounding={cfg.rounding.value!r}")
+    x, shape = stack_workers(tensors)
+    return reduce_matrix(x, cfg, generator=generator, inputs_in_fmt=inputs_in_fmt).reshape(shape)
+
+
+@torch.no_grad()
+def reduce_matrix(x: torch.Tensor, config: ReduceConfig, *, generator: torch.Generator | None = None,
+                  inputs_in_fmt: bool = False) -> torch.Tensor:
+    """:func:`allreduce` of the rows of a (W, n) float32 matrix under a validated ``config``
+    (an emulator order); returns the (n,) result. For the layers above (:mod:`cpd.scaling`),
+    which check their inputs once."""
     w, n = x.shape
-    if algorithm == "hierarchical":
-        if group_size is None:
-            raise ValueError("algorithm='hierarchical' needs group_size (workers per group), got None")
-        if isinstance(group_size, bool) or not isinstance(group_size, int):
-            raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
-        if group_size < 1 or w % group_size:
-            raise ValueError(f"group_size={group_size} must be a positive divisor of the number of workers W={w}")
-    elif group_size is not None:
-        raise ValueError(f"group_size only applies to algorithm='hierarchical', got algorithm={algorithm!r}")
-
-    with torch.no_grad():
-        return _allreduce(x, shape, fmt, mode, algorithm, group_size, kahan, saturate, generator, inputs_in_fmt)
-
-
-def _compressed(tensors, fmt, algorithm, group_size, kahan, rounding, saturate, generator, inputs_in_fmt,
-                compressor, states):
-    """allreduce(..., compressor=...): the options of the fmt path must keep their defaults."""
-    from .compressors import compressed_allreduce
-
-    given = [n for n, v, d in (("fmt", fmt, None), ("group_size", group_size, None), ("kahan", kahan, False),
-                               ("rounding", Rounding.parse(rounding), Rounding.NEAREST), ("saturate", saturate, False),
-                               ("generator", generator, None), ("inputs_in_fmt", inputs_in_fmt, False)) if v != d]
-    if given:
-        raise ValueError(f"{', '.join(given)}: not used with compressor= (the compressor defines the wire format); "
-                         "leave them at their defaults")
-    return compressed_allreduce(tensors, compressor, algorithm=algorithm, states=states)[0]
-
-
-def _allreduce(x, shape, fmt, mode, algorithm, group_size, kahan, saturate, generator, inputs_in_fmt):
-    w, n = x.shape
+    cfg = config
+    if cfg.workers is not None and cfg.workers != w:
+        raise ValueError(f"the config has workers={cfg.workers}, but the tensors come from W={w} workers")
+    cfg.check_workers(w)
+    fmt, mode, saturate, kahan, algorithm = cfg.fmt, cfg.rounding, cfg.saturate, cfg.kahan, cfg.algorithm
     if not inputs_in_fmt:
         x = cast(x, fmt, mode, saturate=saturate, generator=generator)
     if n == 0:
-        return x[0].reshape(shape).clone()
-    acc = _Acc(kahan, fmt, mode, saturate, generator)
+        return x[0].clone()
+    acc = Accumulator(kahan, fmt, mode, saturate, generator)
     if algorithm == "ring":
         s, _ = _ring(acc, x, None)
     elif algorithm == "sequential":
         s, _ = _sequential_rows(acc, x.unsqueeze(0))
         s = s[0]
     elif algorithm == "hierarchical":
-        g_s, g_c = _sequential_rows(acc, x.reshape(w // group_size, group_size, n))
+        k = cfg.group_size
+        g_s, g_c = _sequential_rows(acc, x.reshape(w // k, k, n))
         s, _ = _ring(acc, g_s, g_c)
     else:  # tree
         p = x.clone()
@@ -289,19 +207,45 @@ def _allreduce(x, shape, fmt, mode, algorithm, group_size, kahan, saturate, gene
                 c[recv] = nc
             step *= 2
         s = p[0]
-    return s.reshape(shape).clone()
+    return s.clone()
 
 
 # --------------------------------------------------------------------------------------- cost model
-class CostEstimate(dict):
-    """The cost model's answer: a dict with attribute access (``time``, ``steps``,
-    ``bytes_per_worker``, ``latency``, ``bandwidth``, ``compute``, ``aps_time``)."""
+@dataclasses.dataclass(frozen=True)
+class CostEstimate:
+    """The cost model's answer (seconds and bytes of one allreduce).
 
-    __getattr__ = dict.__getitem__
+    Attribute access (``est.time``); for code written when it was a dict, ``est["time"]``,
+    ``est.keys()``, ``dict(est)`` and ``est.to_dict()`` work too.
+    """
 
+    #: Total time: ``latency + bandwidth + compute + aps_time``.
+    time: float
+    #: Communication steps on the critical path.
+    steps: int
+    #: The bandwidth term divided by β: bytes on the critical path.
+    bytes_per_worker: float
+    #: ``steps * alpha``.
+    latency: float
+    #: ``bytes_per_worker * beta``.
+    bandwidth: float
+    #: The reduction term (γ).
+    compute: float
+    #: APS's exponent allreduce (0 without ``aps_layers``).
+    aps_time: float
+    #: n, the message size on the wire (bytes).
+    message_bytes: float
 
-def _log2_ceil(w: int) -> int:
-    return (w - 1).bit_length()
+    def keys(self):
+        return [f.name for f in dataclasses.fields(self)]
+
+    def __getitem__(self, key: str):
+        if key not in self.keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 def cost_model(n_bytes: float, workers: int, algorithm: str = "ring", group_size: int | None = None, fmt=None, *,
@@ -357,7 +301,7 @@ def cost_model(n_bytes: float, workers: int, algorithm: str = "ring", group_size
             k, g = group_size, w // group_size
             bw = (4 * (k - 1) / k + 2 * (g - 1) / g) * nb
             return 4 * (k - 1) + 2 * (g - 1), bw, ((k - 1) / k + (g - 1) / g) * nb
-        lg = _log2_ceil(w)
+        lg = ceil_log2(w)
         if algorithm == "tree":
             return 2 * lg, 2 * lg * nb, lg * nb
         if algorithm == "recursive_doubling":

@@ -18,6 +18,12 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+
+from . import compressors
+from .aps_optimizer import APSOptimizer
+from .collectives import ALGORITHMS as ALLREDUCE_ALGORITHMS
+from .formats import FP32, FloatFormat
 
 __all__ = ["DigitsCNN", "load_digits_tensors", "demo_data", "demo_configs", "run_config", "main", "setup_parser",
            "compression_table"]
@@ -69,8 +75,6 @@ def demo_data(seed: int, fast: bool):
 
 def demo_configs(formats) -> list:
     """(name, fmt, scaling) of the demo's runs: float32, then per format APS and unscaled."""
-    from .formats import FP32
-
     configs = [("fp32", FP32, None)]
     for f in formats:
         configs += [(f"{f.name} aps", f, "aps"), (f"{f.name} none", f, None)]
@@ -91,11 +95,7 @@ def run_config(name, fmt, scaling, data, *, workers=8, algorithm="ring", group_s
     holds ``bytes_sent`` / ``float32_bytes``: this rank's bytes on the wire and what a float32 ring
     allreduce would have sent.
     """
-    import cpd
-
     if process_group is not None:
-        import torch.distributed as dist
-
         workers, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
         sent = f32 = 0
 
@@ -103,7 +103,7 @@ def run_config(name, fmt, scaling, data, *, workers=8, algorithm="ring", group_s
     torch.manual_seed(seed)
     model = DigitsCNN()
     comm = dict(compressor=compressor, scaling=None) if compressor is not None else dict(fmt=fmt, scaling=scaling)
-    opt = cpd.APSOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), workers=workers,
+    opt = APSOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), workers=workers,
                            algorithm=algorithm, group_size=group_size, model=model, fp32_layers=fp32_layers,
                            process_group=process_group, **comm)
     csent = [0, 0]
@@ -217,10 +217,8 @@ def plot(results, formats, path):
 
 
 def _fmt_arg(s):
-    import cpd
-
     try:
-        return cpd.FloatFormat.parse(s)
+        return FloatFormat.parse(s)
     except (TypeError, ValueError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -247,23 +245,21 @@ def setup_parser(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import cpd
-
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover
         tqdm = None
-    compressors = []
+    comps = []
     for c in getattr(args, "compressors", None) or ():
         try:
-            compressors.append(cpd.compressors.get(c))
+            comps.append(compressors.get(c))
         except (TypeError, ValueError) as exc:
             raise SystemExit(f"cpd demo: --compressor: {exc}") from None
-    if compressors and args.algorithm not in cpd.compressors.ALGORITHMS:
-        raise SystemExit(f"cpd demo: with --compressor, --algorithm must be one of {list(cpd.compressors.ALGORITHMS)}")
-    if args.algorithm == "pairwise" and not compressors:
+    if comps and args.algorithm not in compressors.ALGORITHMS:
+        raise SystemExit(f"cpd demo: with --compressor, --algorithm must be one of {list(compressors.ALGORITHMS)}")
+    if args.algorithm == "pairwise" and not comps:
         raise SystemExit("cpd demo: --algorithm pairwise applies to --compressor runs only")
-    formats = args.formats or ([] if compressors else [cpd.FloatFormat.parse(f) for f in DEFAULT_FORMATS])
+    formats = args.formats or ([] if comps else [FloatFormat.parse(f) for f in DEFAULT_FORMATS])
     epochs = args.epochs if args.epochs is not None else (2 if args.fast else 40)
     if epochs < 1 or args.workers < 1:
         raise SystemExit("cpd demo: --epochs and --workers must be >= 1")
@@ -275,7 +271,7 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("cpd demo: --batch-size must be >= --workers")
     torch.manual_seed(args.seed)
     data = demo_data(args.seed, args.fast)
-    configs = demo_configs(formats) + [(c.name, None, None, c) for c in compressors]
+    configs = demo_configs(formats) + [(c.name, None, None, c) for c in comps]
     gs = f", group size {args.group_size}" if args.group_size else ""
     print(f"cpd demo: data-parallel training of a small CNN on scikit-learn's 8x8 digits "
           f"({len(data[0])} train / {len(data[2])} test images)")
@@ -288,20 +284,20 @@ def main(args: argparse.Namespace) -> int:
     results = []
     try:
         for name, f, scaling, *comp in configs:
-            alg = args.algorithm if comp or args.algorithm in cpd.ALLREDUCE_ALGORITHMS else "ring"
+            alg = args.algorithm if comp or args.algorithm in ALLREDUCE_ALGORITHMS else "ring"
             results.append(run_config(name, f, scaling, data, workers=args.workers, algorithm=alg,
                                       group_size=args.group_size, epochs=epochs, batch_size=args.batch_size,
                                       lr=args.lr, seed=args.seed, progress=bar, compressor=comp[0] if comp else None,
-                                      fp32_layers=("fc",) if args.fp32_last and f != cpd.FP32 else ()))
+                                      fp32_layers=("fc",) if args.fp32_last and f != FP32 else ()))
     finally:
         if bar is not None:
             bar.close()
     print("\nResults (final epoch; test set of held-out digits; skipped = steps skipped for inf/NaN)\n")
     print(results_table(results))
-    if compressors:
+    if comps:
         print("\nBytes on the wire (all steps, all links; fp32 = the same transfers in float32)\n")
         print(compression_table([r for r in results if r.get("bytes")]))
-        print(f"\nPer-layer bytes and error of the last step's allreduce, {compressors[-1].name}:\n")
+        print(f"\nPer-layer bytes and error of the last step's allreduce, {comps[-1].name}:\n")
         print(results[-1]["report"])
     if formats:
         last = [r for r in results if r["fmt"] == formats[-1]]

@@ -612,7 +612,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
     Args:
         a, b: the operands.
         mul: format of each product, or None for exact products.
-        acc: format of the accumulator (default FP32).
+        acc: format of the accumulator (default FP32), or a :class:`cpd.FusedDot` (e.g.
+            ``cpd.tensor_core("hopper", a="e4m3")``): the fused dot products of a matrix unit,
+            see :mod:`cpd.tensor_core` (the other arguments must then keep their defaults).
         fma: fused multiply-add in ``acc`` (requires ``mul=None``).
         kahan: compensated (Kahan) summation.
         block: block length L >= 1 for blocked accumulation, or None.
@@ -621,6 +623,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
         saturate: overflows give ±max in both formats.
         sr_bits, generator: as in :func:`cast`.
     """
+    # --- tensor-core accumulators (issue 15, cpd/tensor_core.py): acc=FusedDot runs its own op ---
+    from .tensor_core import FusedDot, tensor_core_matmul
+
+    if isinstance(acc, FusedDot):
+        return tensor_core_matmul(a, b, acc, mul=mul, fma=fma, kahan=kahan, block=block, rounding=rounding,
+                                  saturate=saturate, sr_bits=sr_bits, generator=generator)
+    # --- end tensor-core accumulators ---
     for t, name in ((a, "a"), (b, "b")):
         _check_tensor(t, name)
         if t.dim() < 2:

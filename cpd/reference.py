@@ -1,4 +1,4 @@
-"""The numerics contract written out as exact, readable, slow pure Python (DESIGN.md §1, §3).
+"""The numerics contract written out as exact, readable, slow pure Python (docs/design.md §1, §3).
 
 This module is the specification of what cpd's kernels compute, in a form a person can check
 line by line. Nothing here uses torch or the compiled core: values are Python ``float``s (float32

@@ -11,50 +11,29 @@ contract of ``torch.amp.GradScaler``: skip the step and back off on inf/NaN, gro
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
 import torch
 
-from .collectives import _stack_workers, allreduce
-from .formats import FP32, FloatFormat
+from .collectives import ALGORITHMS, reduce_matrix
+from .config import ReduceConfig, make_config
+from .formats import FP32
 from .ops import cast
+from .primitives import aps_exponent, match_prefix, stack_workers
 from .report import RoundoffReport, layer_stats
 from .rounding import Rounding
 
-__all__ = ["aps_allreduce", "aps_exponent", "LossScaler", "scaled_allreduce"]
+__all__ = ["aps_allreduce", "aps_exponent", "LossScaler", "scaled_allreduce", "loss_scaler_for"]
 
 
-def _ceil_log2(v: float) -> int:
-    """ceil(log2(v)) of a positive finite float, exactly (no floating-point log)."""
-    m, e = math.frexp(v)  # v = m * 2**e, 0.5 <= m < 1
-    return e - 1 if m == 0.5 else e
-
-
-def aps_exponent(x: torch.Tensor, fmt: FloatFormat, workers: int, margin: int = 0) -> int | None:
-    """APS scale exponent of one layer: ``fmt.emax - ceil(log2(max|g| * W)) - margin``.
-
-    ``x`` holds every worker's gradient (the max over it is the allreduce-MAX of the per-worker
-    maxima). Returns None for an all-zero layer. ``fmt.emax`` is the exponent of the format's
-    largest finite value; for IEEE-style formats with the default bias it is the paper's
-    ``upper_bound = 2**(exp_bits-1) - 1`` (15 for (5, 2)); for ``fn``/``finite`` formats or a custom
-    bias it is the true top binade. Then |g| * 2**s * W <= 2**emax <= fmt.max for every element, so
-    no partial sum of the allreduce can overflow (|partial sum| <= sum |g| * 2**s <= 2**emax, and
-    rounding is monotone).
-    """
-    m = float(x.abs().max()) if x.numel() else 0.0
-    if m == 0.0:
-        return None
-    return fmt.emax - _ceil_log2(m * workers) - margin  # m * W is exact in float64 for W < 2**29
-
-
-def _reduce_scaled(x: torch.Tensor, fmt: FloatFormat, s: int, kw: dict, rounding: Rounding, saturate: bool,
-                   generator):
+def _reduce_scaled(x: torch.Tensor, cfg: ReduceConfig, s: int, generator):
     """Multiply by 2**s, cast to fmt, reduce in fmt, cast back to float32 and divide by 2**s."""
     f = 2.0 ** s
     scaled = (x.double() * f).to(torch.float32)  # exact unless it under/overflows float32 (see docstring)
-    low = cast(scaled, fmt, rounding, saturate=saturate, generator=generator)
-    red = allreduce(low, fmt, inputs_in_fmt=True, rounding=rounding, saturate=saturate, generator=generator, **kw)
+    low = cast(scaled, cfg.fmt, cfg.rounding, saturate=cfg.saturate, generator=generator)
+    red = reduce_matrix(low, cfg, generator=generator, inputs_in_fmt=True)
     return (red.double() / f).to(torch.float32), scaled, low
 
 
@@ -69,7 +48,7 @@ def _worker_matrix(name: str, grads) -> tuple[torch.Tensor | None, torch.Size | 
     if grads is None:
         return None, None, 0
     if isinstance(grads, torch.Tensor):
-        x, shape = _stack_workers(grads)
+        x, shape = stack_workers(grads)
         return x, shape, x.shape[0]
     if not isinstance(grads, (list, tuple)):
         raise TypeError(f"layers[{name!r}] must be a list of per-worker tensors (or None), got {type(grads).__name__}")
@@ -80,23 +59,32 @@ def _worker_matrix(name: str, grads) -> tuple[torch.Tensor | None, torch.Size | 
         return None, None, len(grads)
     filled = [g if g is not None else torch.zeros_like(present[0]) for g in grads]
     try:
-        x, shape = _stack_workers(filled)
+        x, shape = stack_workers(filled)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"layers[{name!r}]: {exc}") from None
     return x, shape, len(grads)
 
 
+def _config(fmt, config, what: str, kw: dict) -> ReduceConfig:
+    """The ReduceConfig of a scaled reduction from ``fmt``/``config`` and the keyword options."""
+    cfg = make_config(fmt, config=config, what=what, **kw)
+    if not isinstance(cfg, ReduceConfig):
+        raise TypeError(f"{what} reduces in a format: give fmt= or a cpd.config.ReduceConfig, not "
+                        f"{type(cfg).__name__}")
+    return cfg.require(ALGORITHMS, f"the emulator ({what})")
+
+
 @torch.no_grad()
-def _run(layers, fmt, exponent_of, method, *, algorithm, group_size, kahan, rounding, saturate, generator,
-         fp32_layers=(), all_fp32=False):
+def _run(layers, cfg: ReduceConfig, exponent_of, method, generator, all_fp32=False):
     layers = _collect(layers)
-    fmt = FloatFormat.parse(fmt)
-    mode = Rounding.parse(rounding)
-    kw = dict(algorithm=algorithm, group_size=group_size, kahan=kahan)
-    fp32_layers = set(fp32_layers)
-    unknown = fp32_layers - set(layers)
+    fmt = cfg.fmt
+    if generator is not None and cfg.rounding is not Rounding.STOCHASTIC:
+        raise ValueError(f"generator only applies to rounding='stochastic', got rounding={cfg.rounding.value!r}")
+    unknown = [p for p in cfg.fp32_layers if not any(match_prefix(n, p) for n in layers)]
     if unknown:
         raise ValueError(f"fp32_layers names layers that are not in layers: {sorted(unknown)}")
+    # float32 layers: the same order in float32 (nearest, no saturation), as allreduce(x, FP32, ...).
+    cfg32 = dataclasses.replace(cfg, fmt=FP32, rounding=Rounding.NEAREST, saturate=False)
     out, rows, workers = {}, {}, None
     for name, grads in layers.items():
         x, shape, w = _worker_matrix(name, grads)
@@ -119,29 +107,29 @@ def _run(layers, fmt, exponent_of, method, *, algorithm, group_size, kahan, roun
             rows[name] = layer_stats(name, "nonfinite", x, res, fmt)
             continue
         # 3. Layers kept in float32 (and every layer during the hybrid FP32 phase).
-        if all_fp32 or name in fp32_layers:
-            res = allreduce(x, FP32, **kw)
+        if all_fp32 or cfg.is_fp32_layer(name):
+            res = reduce_matrix(x, cfg32)
             out[name] = res.reshape(shape)
             rows[name] = layer_stats(name, "fp32", x, res, fmt)
             continue
         s = exponent_of(x, w)
         # 4. All-zero layer: nothing to scale (no log of 0, no NaN); the result is zero.
         if s is None:
-            res = allreduce(x, fmt, rounding=mode, saturate=saturate, generator=generator, **kw)
+            res = reduce_matrix(x, cfg, generator=generator)
             out[name] = res.reshape(shape)
             rows[name] = layer_stats(name, "zero", x, res, fmt, None, x, res.new_zeros(x.shape))
             continue
         # 5. Everything else (tiny gradients included: s may be large, the scaling is exact).
-        res, scaled, low = _reduce_scaled(x, fmt, s, kw, mode, saturate, generator)
+        res, scaled, low = _reduce_scaled(x, cfg, s, generator)
         out[name] = res.reshape(shape)
         rows[name] = layer_stats(name, "lowp", x, res, fmt, s, scaled, low)
-    return out, RoundoffReport(rows, fmt, algorithm, workers or 0, method, group_size)
+    return out, RoundoffReport(rows, fmt, cfg.algorithm, workers or 0, method, cfg.group_size)
 
 
-def aps_allreduce(layers: dict, fmt, *, algorithm: str = "ring", group_size: int | None = None,
+def aps_allreduce(layers: dict, fmt=None, *, algorithm: str = "ring", group_size: int | None = None,
                   kahan: bool = False, rounding="nearest", saturate: bool = False,
                   generator: torch.Generator | None = None, margin: int = 0, fp32_layers=(),
-                  step: int | None = None, fp32_steps: int = 0):
+                  step: int | None = None, fp32_steps: int = 0, config: ReduceConfig | None = None):
     """APS (the APS paper's Algorithm 1): per-layer power-of-two scaling around a low-precision allreduce.
 
     For each layer (its W per-worker gradients ``g_w``):
@@ -182,46 +170,46 @@ def aps_allreduce(layers: dict, fmt, *, algorithm: str = "ring", group_size: int
         algorithm, group_size, kahan: passed to :func:`cpd.allreduce`.
         rounding, saturate, generator: rounding of the cast and of every addition.
         margin: extra power-of-two head room (an int >= 0 recommended; negative allowed).
-        fp32_layers: names of layers reduced in float32.
+        fp32_layers: names of layers reduced in float32 (or name prefixes: ``"fc"`` covers
+            ``"fc.weight"``); each must match a layer.
         step, fp32_steps: hybrid schedule; with ``step < fp32_steps`` every layer is float32.
+        config: a :class:`cpd.config.ReduceConfig` instead of ``fmt`` and the options (its
+            ``hybrid_steps`` is ``fp32_steps``); may also be given in place of ``fmt``.
 
     Returns:
         ``(reduced, report)``: ``{name: summed float32 tensor or None}`` and a
         :class:`~cpd.report.RoundoffReport`.
     """
-    if isinstance(margin, bool) or not isinstance(margin, int):
-        raise TypeError(f"margin must be an int, got {type(margin).__name__}")
     if isinstance(fp32_steps, bool) or not isinstance(fp32_steps, int) or fp32_steps < 0:
         raise ValueError(f"fp32_steps must be an int >= 0, got {fp32_steps!r}")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
         raise TypeError(f"step must be an int or None, got {type(step).__name__}")
-    if isinstance(fp32_layers, str):
-        fp32_layers = (fp32_layers,)
-    fmt = FloatFormat.parse(fmt)
-    all_fp32 = step is not None and step < fp32_steps
-    return _run(layers, fmt, lambda x, w: aps_exponent(x, fmt, w, margin), "aps", algorithm=algorithm,
-                group_size=group_size, kahan=kahan, rounding=rounding, saturate=saturate, generator=generator,
-                fp32_layers=fp32_layers, all_fp32=all_fp32)
+    cfg = _config(fmt, config, "aps_allreduce()", dict(
+        algorithm=algorithm, group_size=group_size, kahan=kahan, rounding=rounding, saturate=saturate,
+        margin=margin, fp32_layers=fp32_layers, hybrid_steps=fp32_steps))
+    all_fp32 = step is not None and step < cfg.hybrid_steps
+    return _run(layers, cfg, lambda x, w: aps_exponent(x, cfg.fmt, w, cfg.margin), "aps", generator, all_fp32)
 
 
-def scaled_allreduce(layers: dict, fmt, scale_exp: int = 0, *, algorithm: str = "ring",
+def scaled_allreduce(layers: dict, fmt=None, scale_exp: int = 0, *, algorithm: str = "ring",
                      group_size: int | None = None, kahan: bool = False, rounding="nearest",
-                     saturate: bool = False, generator: torch.Generator | None = None, fp32_layers=()):
+                     saturate: bool = False, generator: torch.Generator | None = None, fp32_layers=(),
+                     config: ReduceConfig | None = None):
     """Every layer scaled by the same ``2**scale_exp`` (0: no scaling), cast, reduced, unscaled.
 
     The baseline APS is compared against; edge cases as :func:`aps_allreduce` (None skipped,
     inf/NaN layers returned as their float32 sum and flagged, all-zero layers stay zero). Overflow
     is not prevented: scaled values beyond ``fmt.max`` become inf (or NaN / ±max, as
-    :func:`cpd.cast` says) and show in ``report.found_inf`` / ``overflow_count``.
+    :func:`cpd.cast` says) and show in ``report.found_inf`` / ``overflow_count``. ``config``: as
+    :func:`aps_allreduce` (its ``margin``, ``scaling`` and ``hybrid_steps`` are not used here).
     """
     if isinstance(scale_exp, bool) or not isinstance(scale_exp, int):
         raise TypeError(f"scale_exp must be an int, got {type(scale_exp).__name__}")
-    if isinstance(fp32_layers, str):
-        fp32_layers = (fp32_layers,)
+    cfg = _config(fmt, config, "scaled_allreduce()", dict(
+        algorithm=algorithm, group_size=group_size, kahan=kahan, rounding=rounding, saturate=saturate,
+        fp32_layers=fp32_layers))
     exp = lambda x, w: scale_exp if bool((x != 0).any()) else None  # noqa: E731
-    return _run(layers, fmt, exp, "scaled" if scale_exp else "unscaled", algorithm=algorithm,
-                group_size=group_size, kahan=kahan, rounding=rounding, saturate=saturate, generator=generator,
-                fp32_layers=fp32_layers)
+    return _run(layers, cfg, exp, "scaled" if scale_exp else "unscaled", generator)
 
 
 def _pow2_exponent(name: str, v) -> int:
@@ -231,6 +219,16 @@ def _pow2_exponent(name: str, v) -> int:
     if m != 0.5:
         raise ValueError(f"{name}={v!r} is not a power of two; a power-of-two scale keeps scaling exact")
     return e - 1
+
+
+def loss_scaler_for(scaling, loss_scaler):
+    """The :class:`LossScaler` a front end uses: ``loss_scaler`` (default ``LossScaler()``) with
+    ``scaling="loss"``, None otherwise (then ``loss_scaler`` must be None)."""
+    if loss_scaler is not None and scaling != "loss":
+        raise ValueError("loss_scaler is only used with scaling='loss'")
+    if loss_scaler is not None and not isinstance(loss_scaler, LossScaler):
+        raise TypeError(f"loss_scaler must be a cpd.LossScaler, got {type(loss_scaler).__name__}")
+    return (loss_scaler or LossScaler()) if scaling == "loss" else None
 
 
 class LossScaler:

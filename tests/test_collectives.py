@@ -1,4 +1,4 @@
-"""The emulated allreduce sums in exactly the documented order, rounding once per hop (DESIGN.md §3).
+"""The emulated allreduce sums in exactly the documented order, rounding once per hop (docs/design.md §3).
 
 Invariants defended:
 * every algorithm (ring, hierarchical with every group size, tree, sequential), with and without

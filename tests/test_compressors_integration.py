@@ -208,3 +208,37 @@ def test_optimizer_state_dict_keeps_residuals():
     opt2.load_state_dict(sd)
     for n, states in opt.compressor_states.items():
         assert all(torch.equal(a.residual, b.residual) for a, b in zip(states, opt2.compressor_states[n]))
+
+
+# ------------------------------------------------------------------ the public compressor protocol
+def test_error_feedback_helper_is_what_encode_does():
+    """ErrorFeedback is the one error-feedback step: encode(x, state) == encode_raw(ef.value) with
+    the residual v64 - decode(payload), exactly (rational arithmetic)."""
+    from cpd.compressors import ErrorFeedback
+
+    comp = cpd.compressors.get("onebit")
+    g1, g2 = torch.randn(6, 5, generator=torch.Generator().manual_seed(3)), torch.randn(6, 5)
+    s_ref, s_new = CompressorState(), CompressorState()
+    for g in (g1, g2):
+        p_ref = comp.encode(g, s_ref)
+        ef = ErrorFeedback(g, s_new)
+        p_new = comp.encode_raw(ef.value)
+        ef.commit(comp.decode_raw(p_new))
+        assert all(torch.equal(p_ref.parts[k], p_new.parts[k]) for k in p_ref.parts)
+        assert torch.equal(s_ref.residual, s_new.residual) and s_ref.steps == s_new.steps
+    sent = comp.decode(p_new)   # what was sent + the new residual == g + the old residual, exactly
+    assert [Fraction(a) + Fraction(b) for a, b in zip(sent.reshape(-1).tolist(), s_new.residual.reshape(-1).tolist())] \
+        == [Fraction(a) for a in ef.v64.reshape(-1).tolist()]
+    # Without a state: the value is g itself and commit does nothing; enabled=True defers the state.
+    off = ErrorFeedback(g1)
+    assert not off.active and torch.equal(off.value, g1)
+    off.commit(torch.zeros_like(g1))
+    late = ErrorFeedback(g1, enabled=True)
+    assert late.active and torch.equal(late.v64, g1.double())
+    with pytest.raises(ValueError, match="CompressorState"):
+        late.commit(g1)
+    st = CompressorState()
+    late.commit(torch.zeros_like(g1), st)
+    assert torch.equal(st.residual, g1.double())
+    with pytest.raises(TypeError, match="state must be"):
+        ErrorFeedback(g1, "nope")

@@ -213,8 +213,9 @@ def test_format_compressor_e2m1_packs_two_codes_per_byte():
     c = FormatCompressor(cpd.E2M1, scale=None)   # the finite MX FP4 preset (max 6)
     x = torch.tensor([1.0, -0.5, 6.0, 0.0, 3.0])
     p = c.encode(x)
-    # e2m1 codes: 1.0 = 0010, -0.5 = 1001, 6 = 0111, 0 = 0000, 3 = 0101 -> 0x29 0x70 0x50
-    assert p.parts["codes"].tolist() == [0x29, 0x70, 0x50]
+    # e2m1 codes: 1.0 = 0010, -0.5 = 1001, 6 = 0111, 0 = 0000, 3 = 0101; the one wire codec
+    # (cpd.codec) puts code 2j in the low nibble of byte j, code 2j+1 in the high nibble -> 0x92 0x07 0x05
+    assert p.parts["codes"].tolist() == [0x92, 0x07, 0x05]
     assert p.nbytes == 3
     assert c.decode(p).tolist() == x.tolist()
 

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-__all__ = ["Payload", "Compressor", "CompressorState", "pack_bits", "unpack_bits", "float_bytes",
+__all__ = ["Payload", "Compressor", "CompressorState", "ErrorFeedback", "pack_bits", "unpack_bits", "float_bytes",
            "bytes_float", "int_bytes", "bytes_int"]
 
 _FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
@@ -100,6 +100,44 @@ class CompressorState:
         return f"CompressorState(steps={self.steps}, residual={r})"
 
 
+class ErrorFeedback:
+    """One error-feedback step of one tensor: the value to encode, and the commit of what was sent.
+
+    With a state (or ``enabled=True`` before the state exists): ``v64 = g + residual`` in float64
+    (:meth:`CompressorState.accumulate`; ``g`` alone without a state) and :attr:`value` its
+    float32 rounding, the tensor that is encoded; :meth:`commit` then sets the state's residual to
+    ``v64 - sent``. Without error feedback :attr:`value` is ``g`` (float32) and :meth:`commit`
+    does nothing. The one implementation of error feedback: :meth:`Compressor.encode`, the
+    emulated compressed allreduce and the real transport all use it.
+    """
+
+    def __init__(self, g: torch.Tensor, state: CompressorState | None = None, *, enabled: bool | None = None):
+        if state is not None and not isinstance(state, CompressorState):
+            raise TypeError(f"state must be a cpd.compressors.CompressorState or None, got {type(state).__name__}")
+        enabled = state is not None if enabled is None else enabled
+        g32 = g.detach().to(torch.float32)
+        self.state = state
+        #: ``g + residual`` in float64 (None without error feedback).
+        self.v64 = (state.accumulate(g32) if state is not None else g32.to(torch.float64)) if enabled else None
+        #: The float32 tensor to encode.
+        self.value = self.v64.to(torch.float32) if self.v64 is not None else g32
+
+    @property
+    def active(self) -> bool:
+        """Whether a residual is kept (error feedback on)."""
+        return self.v64 is not None
+
+    def commit(self, sent: torch.Tensor, state: CompressorState | None = None) -> None:
+        """After encoding: the residual of ``state`` (default: the one given at construction)
+        becomes ``v64 - sent``, ``sent`` being what the receiver decodes."""
+        if self.v64 is None:
+            return
+        st = state if state is not None else self.state
+        if st is None:
+            raise ValueError("commit: no CompressorState to keep the residual in")
+        st.update(self.v64, sent)
+
+
 def check_tensor(x, name: str = "x") -> torch.Tensor:
     """float32 view of a float tensor (float16/bfloat16 upcast exactly); TypeError otherwise."""
     if not isinstance(x, torch.Tensor):
@@ -119,8 +157,11 @@ class Compressor:
     """A gradient compressor: ``encode(tensor, state) -> Payload`` and ``decode(payload) -> tensor``.
 
     Subclasses implement ``_encode(x32) -> Payload`` (x32 a float32 tensor, never modified) and
-    ``_decode(payload) -> float32 tensor``. :meth:`encode` adds error feedback when a
-    :class:`CompressorState` is passed and the compressor uses it (``error_feedback=True``).
+    ``_decode(payload) -> float32 tensor``; nothing outside this class calls them. Users call
+    :meth:`encode` / :meth:`decode` (checked; error feedback when a :class:`CompressorState` is
+    passed and the compressor uses it, ``error_feedback=True``); the reductions, which check their
+    inputs once and run :class:`ErrorFeedback` themselves, call :meth:`encode_raw` /
+    :meth:`decode_raw` on chunks and partial sums.
     """
 
     #: Registry name.
@@ -136,14 +177,11 @@ class Compressor:
         x32 = check_tensor(x)
         if state is not None and not isinstance(state, CompressorState):
             raise TypeError(f"state must be a cpd.compressors.CompressorState or None, got {type(state).__name__}")
-        if state is None or not self.error_feedback:
-            check_finite(x32, self.name)
-            return self._encode(x32)
-        v64 = state.accumulate(x32)
-        v32 = v64.to(torch.float32)
-        check_finite(v32, self.name)
-        payload = self._encode(v32)
-        state.update(v64, self._decode(payload))
+        ef = ErrorFeedback(x32, state if self.error_feedback else None)
+        check_finite(ef.value, self.name)
+        payload = self._encode(ef.value)
+        if ef.active:
+            ef.commit(self._decode(payload))
         return payload
 
     def decode(self, payload: Payload) -> torch.Tensor:
@@ -152,6 +190,15 @@ class Compressor:
             raise TypeError(f"payload must be a cpd.compressors.Payload, got {type(payload).__name__}")
         if payload.method != self.name:
             raise ValueError(f"payload was encoded by {payload.method!r}, not by this {self.name!r} compressor")
+        return self._decode(payload)
+
+    def encode_raw(self, x: torch.Tensor) -> Payload:
+        """The payload of a float32 tensor as it is: no checks, no error feedback (for reductions
+        that validated their inputs once; ``x`` finite float32, never modified)."""
+        return self._encode(x.contiguous())
+
+    def decode_raw(self, payload: Payload) -> torch.Tensor:
+        """The float32 tensor of a payload of this compressor (no checks)."""
         return self._decode(payload)
 
     def roundtrip(self, x: torch.Tensor, state: CompressorState | None = None) -> tuple[torch.Tensor, Payload]:

@@ -2,9 +2,10 @@
 Scaling for distributed deep learning", paper 003): the tensor is multiplied by a per-tensor power of
 two 2**s, rounded to the format with :func:`cpd.encode`, and sent as the format's codes.
 
-Wire: the codes packed as a bitstream of ``fmt.bits`` bits each (MSB first) for formats of at most
-4 bits ("sub-byte packing": two e2m1 codes per byte), one byte per code for 5..8 bits, two for
-9..16 bits, four above; plus one byte for the signed scale exponent s when ``scale="aps"``.
+Wire: the codes as :mod:`cpd.codec` sends every format's codes (the real transport too): a bit
+stream of ``fmt.bits`` bits each, low bit first, for formats of at most 8 bits ("sub-byte
+packing": two e2m1 codes per byte, ``ceil(n * bits / 8)`` bytes), two bytes per code for 9..16
+bits, four above; plus one byte for the signed scale exponent s when ``scale="aps"``.
 """
 
 from __future__ import annotations
@@ -13,16 +14,13 @@ import math
 
 import torch
 
+from ..codec import FormatCodec
 from ..formats import FloatFormat
-from ..ops import decode as _decode_codes, encode as _encode_codes
+from ..primitives import aps_exponent
 from ..rounding import Rounding
-from .base import Compressor, Payload, pack_bits, unpack_bits
+from .base import Compressor, Payload
 
 __all__ = ["FormatCompressor"]
-
-
-def _code_bytes(bits: int) -> int:
-    return 1 if bits <= 8 else 2 if bits <= 16 else 4
 
 
 class FormatCompressor(Compressor):
@@ -58,45 +56,24 @@ class FormatCompressor(Compressor):
         self.scale, self.workers, self.saturate, self.generator = scale, workers, saturate, generator
         self.error_feedback = error_feedback
         self.name = self.fmt.name
+        self.codec = FormatCodec(self.fmt)
 
     def _encode(self, x: torch.Tensor) -> Payload:
-        from ..scaling import aps_exponent
-
         parts = {}
         if self.scale == "aps":
             s = aps_exponent(x, self.fmt, self.workers)
             s = 0 if s is None else max(-128, min(127, s))
-            parts["scale"] = torch.tensor([s & 0xFF], dtype=torch.uint8)
+            parts["scale"] = torch.tensor([s & 0xFF], dtype=torch.uint8, device=x.device)
             x = (x.double() * 2.0 ** s).to(torch.float32)
-        codes = _encode_codes(x, self.fmt, self.rounding, saturate=self.saturate, generator=self.generator)
-        codes = codes.reshape(-1)
-        b = self.fmt.bits
-        if b <= 4:
-            shifts = torch.arange(b - 1, -1, -1, dtype=torch.uint8)
-            parts["codes"] = pack_bits(((codes.view(-1, 1) >> shifts) & 1).reshape(-1))
-        elif b <= 8:
-            parts["codes"] = codes.to(torch.uint8)
-        else:
-            parts["codes"] = codes.to(torch.int16 if b <= 16 else torch.int32).contiguous().view(torch.uint8)
+        parts["codes"] = self.codec.encode(x, self.rounding, saturate=self.saturate, generator=self.generator)
         return self._payload(x.shape, **parts)
 
     def wire_layout(self, shape) -> tuple:
-        b, n = self.fmt.bits, math.prod(tuple(shape))
-        codes = (n * b + 7) // 8 if b <= 4 else n * _code_bytes(b)
+        codes = self.codec.nbytes(math.prod(tuple(shape)))
         return ((("scale", 1),) if self.scale == "aps" else ()) + (("codes", codes),)
 
     def _decode(self, p: Payload) -> torch.Tensor:
-        b, n = self.fmt.bits, p.numel
-        raw = p.parts["codes"]
-        if b <= 4:
-            bits = unpack_bits(raw, n * b).view(n, b).to(torch.int64)
-            weights = 1 << torch.arange(b - 1, -1, -1)
-            codes = (bits * weights).sum(1).to(torch.uint8)
-        elif b <= 8:
-            codes = raw
-        else:
-            codes = raw.contiguous().view(torch.int16 if b <= 16 else torch.int32)
-        out = _decode_codes(codes, self.fmt)
+        out = self.codec.decode(p.parts["codes"], p.numel)
         if "scale" in p.parts:
             s = int(p.parts["scale"][0])
             s = s - 256 if s > 127 else s

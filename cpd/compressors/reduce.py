@@ -33,19 +33,24 @@ import math
 
 import torch
 
-from .base import Compressor, CompressorState, check_tensor
+from ..collectives import allreduce
+from ..config import COMPRESSED_ALGORITHMS, CompressedReduceConfig
+from ..formats import FP32
+from ..primitives import chunk_bounds, stack_workers
+from .base import Compressor, CompressorState, ErrorFeedback, check_tensor
 from .quantization import matrix_view
 
-__all__ = ["compressed_allreduce", "ALGORITHMS", "CompressionReport", "LayerCompression", "reduce_layers"]
+__all__ = ["compressed_allreduce", "ALGORITHMS", "CompressionReport", "LayerCompression", "reduce_layers",
+           "split_chunks", "quantize_chunks"]
 
 #: Orders of the compressed allreduce.
-ALGORITHMS = ("ring", "pairwise")
+ALGORITHMS = COMPRESSED_ALGORITHMS
 
 
-def _chunks(compressor: Compressor, v: torch.Tensor, w: int):
-    """The W chunks of one worker's tensor (views) and a function putting them back."""
-    from ..collectives import chunk_bounds
-
+def split_chunks(compressor: Compressor, v: torch.Tensor, w: int):
+    """The W chunks of one worker's tensor (views: of the flat tensor, or of the columns of the
+    matrix view for the column-wise methods; ``numpy.array_split`` sizes) and a function putting
+    W chunks back into ``v``'s shape."""
     if compressor.columnwise:
         m = matrix_view(v)
         bounds = chunk_bounds(m.shape[1], w)
@@ -53,6 +58,20 @@ def _chunks(compressor: Compressor, v: torch.Tensor, w: int):
     flat = v.reshape(-1)
     bounds = chunk_bounds(flat.numel(), w)
     return [flat[a:b] for a, b in bounds], lambda parts: torch.cat(parts).reshape(v.shape)
+
+
+_chunks = split_chunks  # the name cpd.distributed imports
+
+
+def quantize_chunks(compressor: Compressor, ef: ErrorFeedback, w: int):
+    """Step 0 of the module docstring for one worker: encode ``ef.value`` chunk by chunk, commit
+    the error feedback with the decoded whole, and return ``(payloads, decoded chunks, join)``
+    (payload None for an empty chunk)."""
+    chunks, join = split_chunks(compressor, ef.value, w)
+    pays = [compressor.encode_raw(c) if c.numel() else None for c in chunks]
+    q = join([compressor.decode_raw(p) if p is not None else c.clone() for p, c in zip(pays, chunks)])
+    ef.commit(q)
+    return pays, split_chunks(compressor, q, w)[0], join
 
 
 def compressed_allreduce(tensors, compressor, *, algorithm: str = "ring", states=None):
@@ -67,14 +86,9 @@ def compressed_allreduce(tensors, compressor, *, algorithm: str = "ring", states
         states: None, or a list of W :class:`CompressorState` (error feedback of each worker for this
             tensor; only for compressors with ``error_feedback=True``). Updated in place.
     """
-    from ..collectives import _stack_workers
-    from . import get
-
-    comp = get(compressor)
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm={algorithm!r} is not an order of the compressed allreduce; allowed: "
-                         f"{', '.join(map(repr, ALGORITHMS))}")
-    x, shape = _stack_workers(tensors)
+    cfg = CompressedReduceConfig(compressor, algorithm)   # validates both
+    comp, algorithm = cfg.compressor, cfg.algorithm
+    x, shape = stack_workers(tensors)
     w = x.shape[0]
     if states is not None:
         if not comp.error_feedback:
@@ -91,26 +105,18 @@ def _reduce(comp, x, shape, w, algorithm, states):
     n = x.shape[1]
     fp32 = 2 * (w - 1) * 4 * n
     info = {"bytes": 0, "fp32_bytes": fp32, "encodes": 0}
-    vs, qs, q = [], [], None
+    vs, qs = [], []
     for i in range(w):
-        g = x[i].reshape(shape)
-        st = states[i] if states is not None else None
-        v64 = st.accumulate(g) if st is not None else None
-        v = v64.to(torch.float32) if v64 is not None else g
-        if v.numel() and not bool(torch.isfinite(v).all()):
+        ef = ErrorFeedback(x[i].reshape(shape), states[i] if states is not None else None)
+        if ef.value.numel() and not bool(torch.isfinite(ef.value).all()):
             raise ValueError(f"tensors[{i}] contains inf or NaN, which the {comp.name} compressor cannot encode")
-        chunks, join = _chunks(comp, v, w)
-        pays = [comp._encode(c.contiguous()) if c.numel() else None for c in chunks]
+        pays, q_chunks, join = quantize_chunks(comp, ef, w)
         info["encodes"] += sum(p is not None for p in pays)
-        dec = [comp._decode(p) if p is not None else c.clone() for p, c in zip(pays, chunks)]
-        q = join(dec)
-        if st is not None:
-            st.update(v64, q)
         vs.append(pays)
-        qs.append(_chunks(comp, q, w)[0])
+        qs.append(q_chunks)
     if w == 1:
         info["ratio"] = math.inf
-        return q.reshape(shape).clone(), info
+        return join(qs[0]).reshape(shape).clone(), info
     out = []
     for c in range(w):
         if qs[c][c].numel() == 0:
@@ -120,19 +126,19 @@ def _reduce(comp, x, shape, w, algorithm, states):
             p = vs[c][c]
             for h in range(1, w):
                 info["bytes"] += p.nbytes
-                s = comp._decode(p) + qs[(c + h) % w][c]
-                p = comp._encode(s)
+                s = comp.decode_raw(p) + qs[(c + h) % w][c]
+                p = comp.encode_raw(s)
                 info["encodes"] += 1
         else:  # pairwise
             s = qs[0][c].clone()
             for i in range(1, w):
                 s = s + qs[i][c]
             info["bytes"] += sum(vs[i][c].nbytes for i in range(w) if i != c)
-            p = comp._encode(s)
+            p = comp.encode_raw(s)
             info["encodes"] += 1
         info["bytes"] += (w - 1) * p.nbytes
-        out.append(comp._decode(p))
-    _, join = _chunks(comp, x[0].reshape(shape), w)
+        out.append(comp.decode_raw(p))
+    _, join = split_chunks(comp, x[0].reshape(shape), w)
     info["ratio"] = info["fp32_bytes"] / info["bytes"] if info["bytes"] else math.inf
     return join(out), info
 
@@ -197,9 +203,6 @@ def reduce_layers(layers: dict, compressor: Compressor, states: dict, *, algorit
     :class:`CompressorState` and is filled on first use (for error-feedback compressors). If any
     gradient is inf/NaN nothing is compressed and no state changes: every layer is summed in
     float32 and ``report.found_inf`` is set."""
-    from ..collectives import allreduce
-    from ..formats import FP32
-
     out, rows = {}, []
     found_inf = any(g is not None and not bool(torch.isfinite(g).all())
                     for grads in layers.values() if grads is not None for g in grads)

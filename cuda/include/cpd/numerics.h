@@ -27,6 +27,7 @@
 //   arith.h       exact a*b, a+b, c+a*b rounded once (Wide), and the float32-lane forms (FormatF)
 //   philox.h      Philox4x32-10 and random_word
 //   accumulate.h  DotSpec / dot_step (matmul, sum), and the float64-lane forms (FormatD)
+//   fused_dot.h   FusedDotSpec / fused_dot_step: the tensor-core fused dot product (cpd.tensor_core)
 // The parts include each other only through "cpd/<part>.h" (NVRTC receives them all as in-memory
 // headers under those names) and never include a system header.
 #ifndef CPD_NUMERICS_H
@@ -39,5 +40,6 @@
 #include "cpd/arith.h"
 #include "cpd/philox.h"
 #include "cpd/accumulate.h"
+#include "cpd/fused_dot.h"
 
 #endif  // CPD_NUMERICS_H

@@ -1,6 +1,6 @@
-"""Modules that round what flows through a network: :class:`Quantizer`/:func:`quantizer`, and
-layers whose GEMMs are emulated in low precision: :class:`QuantLinear`, :class:`QuantConv2d`,
-:func:`convert`."""
+"""Modules that round what flows through a network: :class:`Quantizer`/:func:`quantizer`, the GEMM
+configuration :class:`GemmConfig` with :func:`quant_matmul`, and the layers :class:`QuantLinear`
+and :class:`QuantConv2d` (the other convolutions are in :mod:`cpd.nn.conv`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import dataclasses
 
 import torch
 
-from .formats import FloatFormat
-from .ops import cast
-from .rounding import Rounding
+from ..formats import FloatFormat
+from ..ops import cast
+from ..rounding import Rounding
 
-__all__ = ["Quantizer", "quantizer", "GemmConfig", "quant_matmul", "QuantLinear", "QuantConv2d", "convert"]
+__all__ = ["Quantizer", "quantizer", "GemmConfig", "quant_matmul", "QuantLinear", "QuantConv2d"]
 
 
 class _Quantize(torch.autograd.Function):
@@ -83,8 +83,9 @@ class GemmConfig:
 
     #: Format every product is rounded to (None: exact products).
     mul: FloatFormat | None = None
-    #: Format of the accumulator (None with ``mul=None``: plain float32 torch.matmul).
-    acc: FloatFormat | None = None
+    #: Format of the accumulator (None with ``mul=None``: plain float32 torch.matmul), or a
+    #: :class:`cpd.FusedDot` (``cpd.tensor_core(...)``): the GEMM of a matrix unit.
+    acc: object = None
     #: Fused multiply-add in ``acc`` (requires ``mul=None``).
     fma: bool = False
     #: Kahan-compensated accumulation, every operation rounded to ``acc``.
@@ -95,6 +96,14 @@ class GemmConfig:
     rounding: Rounding = Rounding.NEAREST
 
     def __post_init__(self):
+        from ..tensor_core import FusedDot
+
+        if isinstance(self.acc, FusedDot):  # a matrix unit's fused dot products (cpd.tensor_core)
+            if self.mul is not None or self.fma or self.kahan or self.block is not None:
+                raise ValueError("acc=FusedDot rounds the whole dot product itself: mul, fma, kahan and block must "
+                                 "keep their defaults")
+            object.__setattr__(self, "rounding", Rounding.parse(self.rounding))
+            return
         for name in ("mul", "acc"):
             v = getattr(self, name)
             if v is not None:
@@ -113,12 +122,40 @@ class GemmConfig:
         """True when no rounding is emulated (plain torch.matmul)."""
         return self.mul is None and self.acc is None
 
+    @property
+    def fused(self) -> bool:
+        """True when ``acc`` is a :class:`cpd.FusedDot` (a matrix unit's model)."""
+        from ..tensor_core import FusedDot
+
+        return isinstance(self.acc, FusedDot)
+
+    @property
+    def epilogue_format(self) -> FloatFormat | None:
+        """Format the bias is added in: ``acc``; for a FusedDot its output (FP16 for ``out="f16"``,
+        else FP32, the epilogue of a GPU GEMM); None for an exact config."""
+        if self.fused:
+            from ..formats import FP16, FP32
+
+            return FP16 if self.acc.out == "f16" else FP32
+        return self.acc
+
+    def add_bias(self, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """``y + bias`` rounded once to :attr:`epilogue_format` (plain float32 when exact)."""
+        fmt = self.epilogue_format
+        if fmt is None:
+            return y + bias
+        from ..ops import add
+
+        return add(y, bias, fmt, self.rounding)
+
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self.exact:
             return torch.matmul(a, b)
-        from .ops import matmul
-        from .formats import FP32
+        from ..ops import matmul
+        from ..formats import FP32
 
+        if self.fused:
+            return matmul(a, b, acc=self.acc)
         return matmul(a, b, mul=self.mul, acc=self.acc or FP32, fma=self.fma, kahan=self.kahan, block=self.block,
                       rounding=self.rounding)
 
@@ -187,7 +224,7 @@ class _QuantMixin:
 
     def _quant_repr(self) -> str:
         def n(f):
-            return None if f is None else f.name
+            return None if f is None else f.name if isinstance(f, FloatFormat) else str(f)
         g, b = self.gemm, self.backward_gemm
         return (f"mul={n(g.mul)}, acc={n(g.acc)}, backward_mul={n(b.mul)}, backward_acc={n(b.acc)}, "
                 f"weight={n(self.weight_fmt)}, activation={n(self.act.forward_fmt)}, grad={n(self.act.backward_fmt)}, "
@@ -211,23 +248,38 @@ class QuantLinear(torch.nn.Linear, _QuantMixin):
     (``kahan``, ``fma``, ``block``, ``rounding``), and the bias is added in ``acc`` (one more
     rounded addition). Backward: ``grad_x = g @ W`` and ``grad_W = g^T @ x`` are emulated with
     ``backward_mul``/``backward_acc`` (default: the forward's). Any format may be None (exact).
+
+    ``scaling`` (a :class:`cpd.nn.recipes.ScalingRecipe` or ``"tensorwise"``/``"delayed"``/
+    ``"rowwise"``): the input and the weight are multiplied by their scales before they are
+    rounded and multiplied, and the result divided by both afterwards (float32); the scales and
+    the overflow/underflow they cause are in :func:`cpd.nn.scaling_report`.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, mul=None, acc=None, weight=None,
                  activation=None, grad=None, backward_mul=_SAME, backward_acc=_SAME, kahan: bool = False,
-                 fma: bool = False, block: int | None = None, rounding="nearest", device=None, dtype=None):
+                 fma: bool = False, block: int | None = None, rounding="nearest", scaling=None, device=None,
+                 dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self._setup_quant(mul, acc, weight, activation, grad, backward_mul, backward_acc, kahan, fma, block, rounding)
+        from .recipes import ScalingRecipe, Scaler
+
+        recipe = ScalingRecipe.parse(scaling)
+        self.scaling = recipe
+        if recipe is not None:  # one state per operand (cpd.nn.recipes); see scaling_report
+            self.scale_activation = Scaler(recipe)
+            self.scale_weight = Scaler(recipe)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = quant_matmul(self.act(x), self._quant_weight(self.weight).t(), self.gemm, self.backward_gemm)
+        if self.scaling is None:
+            y = quant_matmul(self.act(x), self._quant_weight(self.weight).t(), self.gemm, self.backward_gemm)
+        else:  # scale, round, GEMM, unscale: y = (x sx)(W sw)^T / (sx sw)
+            xs, sx = self.scale_activation(x)
+            ws, sw = self.scale_weight(self.weight)
+            y = quant_matmul(self.act(xs), self._quant_weight(ws).t(), self.gemm, self.backward_gemm)
+            y = y / sx / sw.reshape(-1)
         if self.bias is None:
             return y
-        if self.gemm.acc is None:
-            return y + self.bias
-        from .ops import add
-
-        return add(y, self.bias, self.gemm.acc, self.gemm.rounding)
+        return self.gemm.add_bias(y, self.bias)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", " + self._quant_repr()
@@ -281,51 +333,7 @@ class QuantConv2d(torch.nn.Conv2d, _QuantMixin):
         y = y.reshape(n, self.out_channels, ho, wo)
         if self.bias is None:
             return y
-        b = self.bias.reshape(1, -1, 1, 1)
-        if self.gemm.acc is None:
-            return y + b
-        from .ops import add
-
-        return add(y, b, self.gemm.acc, self.gemm.rounding)
+        return self.gemm.add_bias(y, self.bias.reshape(1, -1, 1, 1))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", " + self._quant_repr()
-
-
-def convert(model: torch.nn.Module, *, mul=None, acc=None, weight=None, activation=None, grad=None,
-            backward_mul=_SAME, backward_acc=_SAME, kahan: bool = False, fma: bool = False,
-            block: int | None = None, rounding="nearest", skip=()) -> torch.nn.Module:
-    """A copy of ``model`` with every ``nn.Linear`` and ``nn.Conv2d`` replaced by
-    :class:`QuantLinear`/:class:`QuantConv2d` with the given formats (same weights; the original
-    model is untouched). Modules whose qualified name starts with a prefix in ``skip`` are kept.
-    """
-    import copy
-
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    kw = dict(mul=mul, acc=acc, weight=weight, activation=activation, grad=grad, backward_mul=backward_mul,
-              backward_acc=backward_acc, kahan=kahan, fma=fma, block=block, rounding=rounding)
-    GemmConfig(mul, acc, fma, kahan, block, rounding)  # validate once, before copying anything
-    new = copy.deepcopy(model)
-
-    def swap(parent: torch.nn.Module, prefix: str):
-        for name, child in list(parent.named_children()):
-            full = f"{prefix}{name}"
-            if any(full == s or full.startswith(s + ".") for s in skip):
-                continue
-            if type(child) is torch.nn.Linear:
-                q = QuantLinear(child.in_features, child.out_features, child.bias is not None,
-                                device=child.weight.device, dtype=child.weight.dtype, **kw)
-            elif type(child) is torch.nn.Conv2d and child.padding_mode == "zeros":
-                q = QuantConv2d(child.in_channels, child.out_channels, child.kernel_size, child.stride, child.padding,
-                                child.dilation, child.groups, child.bias is not None, device=child.weight.device,
-                                dtype=child.weight.dtype, **kw)
-            else:
-                swap(child, full + ".")
-                continue
-            q.load_state_dict(child.state_dict())
-            q.train(child.training)
-            setattr(parent, name, q)
-
-    swap(new, "")
-    return new

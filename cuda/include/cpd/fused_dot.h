@@ -1,0 +1,230 @@
+// cpd numerics core, fused_dot.h: the fused dot product of matrix units (tensor cores): products
+// exact, aligned to the largest exponent of the group (accumulator included), truncated to F
+// fractional bits, summed exactly, the sum rounded once to the output by the architecture's rule.
+// Part of the numerics core; see cpd/numerics.h for the rules every part follows.
+//
+// The model (MMA-Sim, Xie et al., arXiv 2511.10909, whose simulator was checked bit for bit against
+// Volta..Blackwell hardware; the same features in Khattak & Mikaitis, arXiv 2512.07004, and Fasi et
+// al., "Numerical behavior of NVIDIA tensor cores", PeerJ CS 2021). One instruction step computes
+//     d = round_out(c + a_1 b_1 + ... + a_L b_L)
+// as follows, every term t (c and each product) carrying an exponent e(t):
+//   1. e(x) of an operand: floor(log2 |x|), raised to the exponent floor of x's format (subnormals
+//      sit at emin); a zero operand has e = zero_exp (-126). e(a b) = e(a) + e(b); e(c) uses the
+//      accumulator's floor (-126 for float32, -14 for binary16).
+//   2. emax = max over the L products and c.
+//   3. Each term is cut to F fractional bits below 2^emax, toward zero (sign-magnitude truncation):
+//          T = trunc(|t| * 2^(F - emax))  (an integer < 2^(F+2)),  with t's sign.
+//   4. S = sum of the signed T: exact (integers). The step's value is S * 2^(emax - F).
+//   5. round_out: RZ to float32 (23 fraction bits, subnormals), RZ to E8M13 (13 fraction bits, the
+//      float32 exponent range: Hopper and Ada FP8 into FP32) or RNE to binary16; a magnitude
+//      >= 2^128 (float32 outputs) or beyond binary16's range after rounding is infinite.
+//      An exact zero is +0.
+//   Non-finite operands: if c + sum a_k b_k evaluated in float64 is NaN, d is the canonical NaN of
+//   the output (float32 0x7fffffff; binary16 0x7fff, i.e. float32 0x7fffe000); if it is +-inf, d
+//   is +-inf.
+// A GEMM of depth K chains steps over k-groups of L in k order from c = +0 (the last group may be
+// shorter: a zero product has e <= 2 zero_exp < e(c), so padding never changes emax).
+//
+// Three forms, the same bits (tests/test_tensor_core.py compares them):
+//   fused_dot_step   the specification on integers (float32 bits in), used by the CUDA kernel and
+//                    the CPU's generic loop;
+//   FdCarrier<T>     the CPU's vectorized form on float64 (any input format) or float32 carriers
+//                    (fd_float_applies: narrow inputs and small F), where products, scalings by
+//                    powers of two, truncations and the sums are all exact.
+#ifndef CPD_FUSED_DOT_H
+#define CPD_FUSED_DOT_H
+
+#include "cpd/arith.h"
+#include "cpd/accumulate.h"
+
+namespace cpd {
+
+enum { FD_OUT_F32 = 0, FD_OUT_E8M13 = 1, FD_OUT_F16 = 2 };
+
+struct FusedDotSpec {
+  int group;     // L >= 1: products per step
+  int frac;      // F, 0..40: fractional bits kept below 2^emax
+  int out;       // FD_OUT_*
+  int a_emin;    // exponent floors of a's and b's formats (>= -126)
+  int b_emin;
+  int c_emin;    // exponent floor of the accumulator: -126 (float32, E8M13) or -14 (binary16)
+  int zero_exp;  // e of a zero operand
+  Format of;     // the output format (float32, E8M13 or binary16 on float32 bits)
+};
+
+CPD_FN FusedDotSpec make_fused_dot_spec(int group, int frac, int out, int a_emin, int b_emin, int zero_exp) {
+  FusedDotSpec s;
+  s.group = group;
+  s.frac = frac;
+  s.out = out;
+  s.a_emin = a_emin;
+  s.b_emin = b_emin;
+  s.c_emin = out == FD_OUT_F16 ? -14 : -126;
+  s.zero_exp = zero_exp;
+  s.of = out == FD_OUT_F16 ? make_format(5, 10, 15, SPECIALS_IEEE, 1, 0)
+       : out == FD_OUT_E8M13 ? make_format(8, 13, 127, SPECIALS_IEEE, 1, 0)
+                             : make_format(8, 23, 127, SPECIALS_IEEE, 1, 0);
+  return s;
+}
+
+// e(x) of step 1 for a finite float32 (bits u): floor(log2|x|) raised to emin; zero_exp for zero.
+// Every floor here is >= -126, so a float32 subnormal (field 0, |x| < 2^-126) sits at emin, and
+// e = max(field - 127, emin) needs no leading-zero count (branch-free: the CPU loops vectorize).
+CPD_FN int fd_exp(u32 u, int emin, int zero_exp) {
+  u32 a = u & ~SIGN;
+  return seli((u32)(a == 0u), zero_exp, imax((int)(a >> 23) - 127, emin));
+}
+
+// T of step 3 for the exact value P * 2^q (P < 2^49): trunc(P * 2^(q + F - emax)).
+CPD_FN u64 fd_cut(u64 P, int q, int frac, int emax) {
+  int sh = emax - frac - q;
+  if (sh >= 64) return 0ull;
+  return sh >= 0 ? P >> sh : P << (-sh);  // -sh small: the result is < 2^(F+2) <= 2^42
+}
+
+CPD_FN u32 fd_canonical_nan(int out) { return out == FD_OUT_F16 ? 0x7fffe000u : 0x7fffffffu; }
+
+// Step 5: round S * 2^e (S signed, exact) to the output; float32 bits out.
+CPD_FN u32 fd_round_out(long long S, int e, const FusedDotSpec& s) {
+  if (S == 0) return 0u;
+  Wide w;
+  w.sign = S < 0 ? SIGN : 0u;
+  w.S = (u64)(S < 0 ? -S : S);
+  w.e = e;
+  w.sticky = 0u;
+  if (s.out != FD_OUT_F16 && top_bit64(w.S) + e >= 128) return w.sign | INF_BITS;  // past float32's range
+  u32 r = round_wide(w, s.of, s.out == FD_OUT_F16 ? NEAREST : TOWARD_ZERO, 0u, 32);
+  return (r & ~SIGN) == 0u ? 0u : r;  // a result that rounds to zero is +0
+}
+
+// One step: c (float32 bits, a value of the output) + sum of a[k * as] * b[k * bs], k < n <= L.
+CPD_FN u32 fused_dot_step(const FusedDotSpec& s, const float* a, long long as, const float* b, long long bs, int n,
+                          u32 c) {
+  u32 finite = is_finite_bits(c);
+  for (int k = 0; k < n; ++k) finite &= is_finite_bits(bits_of(a[k * as])) & is_finite_bits(bits_of(b[k * bs]));
+  if (!finite) {  // float64 tells NaN from +-inf (every product of float32 values is exact there)
+    double raw = (double)float_of(c);
+    for (int k = 0; k < n; ++k) raw = raw + (double)a[k * as] * (double)b[k * bs];
+    if (raw != raw) return fd_canonical_nan(s.out);
+    return (raw < 0.0 ? SIGN : 0u) | INF_BITS;
+  }
+  int emax = fd_exp(c, s.c_emin, s.zero_exp);  // 1-2.
+  for (int k = 0; k < n; ++k) {
+    int e = fd_exp(bits_of(a[k * as]), s.a_emin, s.zero_exp) + fd_exp(bits_of(b[k * bs]), s.b_emin, s.zero_exp);
+    emax = imax(emax, e);
+  }
+  Wide wc = wide_of(c);  // 3-4.
+  long long S = (long long)fd_cut(wc.S, wc.e, s.frac, emax);
+  if (wc.sign) S = -S;
+  for (int k = 0; k < n; ++k) {
+    Wide p = wide_mul(bits_of(a[k * as]), bits_of(b[k * bs]));
+    long long T = (long long)fd_cut(p.S, p.e, s.frac, emax);
+    S += p.sign ? -T : T;
+  }
+  return fd_round_out(S, emax - s.frac, s);  // 5.
+}
+
+#if !CPD_DEVICE
+// ------------------------------------------------------------------------------------------
+// The vectorized form (host only). Carrier T (double, or float where fd_float_applies) holds every product
+// a_k b_k exactly; with scale = 2^(F - emax) (built from bits),
+//     trunc(t * scale)   is T of step 3 (a power-of-two scaling is exact in the carrier's normal
+//                        range, and trunc rounds toward zero),
+//     the sum of the T   is exact (integers below 2^(F + 2 + log2(L + 1)) <= 2^53, or 2^24),
+//     S * 2^(emax - F)   is the step's value, exact; round_out then works on it directly.
+// Exponents e(x) are integers computed once per operand (fd_exp on float32 bits).
+//
+// float32 carriers (fd_float_applies) need: products exact (a.man + b.man + 2 <= 24 significant
+// bits), (L + 1) * 2^(F + 2) <= 2^24, and formats of small range (|e| <= 15: FP8, binary16) so
+// that emax stays within [-60, 100] whenever a term is nonzero (every nonzero c of a chain is a
+// multiple of 2^(e_min_product - F) and at most K * 2^32), which keeps scale and every scaled term
+// a float32 normal. When every term is zero, emax may be as low as zero_exp, and scale's exponent
+// is clamped to a float32 normal: the zeros stay zeros.
+CPD_FN int fd_float_applies(const FusedDotSpec& s, int a_man, int a_emax, int b_man, int b_emax) {
+  int bits = 0;
+  while ((1 << bits) < s.group + 1) ++bits;
+  return (int)(a_man + b_man + 2 <= 24 && s.frac + 2 + bits <= 24 && s.a_emin >= -15 && s.b_emin >= -15 &&
+               a_emax <= 15 && b_emax <= 15);
+}
+
+#define CPD_FD_MEMBER static inline __attribute__((always_inline))
+
+template <class T>
+struct FdCarrier;
+
+template <>
+struct FdCarrier<double> {
+  // 2^k as a double, k clamped to the normal range
+  CPD_FD_MEMBER double pow2(int k) {
+    return double_of((u64)(imin(imax(k, -1022), 1023) + 1023) << 52);
+  }
+  // trunc for |x| < 2^52 (every carrier term is below 2^(F + 2) <= 2^42): |x| + 2^52 - 2^52 is |x|
+  // rounded to an integer (exact adds), one less when that went up; then x's sign. Plain adds,
+  // compares and bit selects, so the loops vectorize (GCC vectorizes __builtin_trunc only with
+  // -fno-trapping-math, which the numerics contract does not allow). inf and NaN pass through.
+  CPD_FD_MEMBER double trunc(double x) {
+    u64 sign = dbits_of(x) & SIGN64;
+    double ax = double_of(dbits_of(x) ^ sign);
+    double r = (ax + 4503599627370496.0) - 4503599627370496.0;
+    u64 t = sel64((u64)(r > ax), dbits_of(r - 1.0), dbits_of(r));
+    return double_of(t | sign);
+  }
+  // e(c) of a carrier value (a float32 value of the output, or a non-finite that is selected away)
+  CPD_FD_MEMBER int exp_of(double c, int emin, int zero_exp) {
+    return fd_exp(bits_of((float)c), emin, zero_exp);
+  }
+  CPD_FD_MEMBER int finite(double x) { return (int)((dbits_of(x) & ~SIGN64) < INF64); }
+};
+
+template <>
+struct FdCarrier<float> {
+  CPD_FD_MEMBER float pow2(int k) {
+    return float_of((u32)(imin(imax(k, -126), 127) + 127) << 23);
+  }
+  // as FdCarrier<double>::trunc, for |x| < 2^23 (fd_float_applies keeps the terms below 2^22)
+  CPD_FD_MEMBER float trunc(float x) {
+    u32 sign = bits_of(x) & SIGN;
+    float ax = float_of(bits_of(x) ^ sign);
+    float r = (ax + 8388608.0f) - 8388608.0f;
+    u32 t = sel((u32)(r > ax), bits_of(r - 1.0f), bits_of(r));
+    return float_of(t | sign);
+  }
+  CPD_FD_MEMBER int exp_of(float c, int emin, int zero_exp) {
+    return fd_exp(bits_of(c), emin, zero_exp);
+  }
+  CPD_FD_MEMBER int finite(float x) { return (int)((bits_of(x) & ~SIGN) < INF_BITS); }
+};
+
+// Step 5 on an exact carrier value v (finite) of a step; float32 bits out.
+//   RZ to float32 / E8M13: |v| >= 2^-126: clear the significand bits below the format's last
+//   (float64: 52 - man of them; float32 carriers hold <= 24 bits, so only E8M13 clears 10);
+//   |v| < 2^-126: trunc(v * 2^(126 + man)) * 2^-(126 + man), exact. |v| >= 2^128: +-inf.
+//   RNE to binary16: round_d (float64) or the fast cast (float32), both round-to-nearest of v.
+CPD_FN u32 fd_round_out_d(double v, const FusedDotSpec& s, const FormatD& g16) {
+  if (s.out == FD_OUT_F16) {
+    u32 r = bits_of((float)round_d(v, g16));
+    return sel((u32)((r & ~SIGN) == 0u), 0u, r);
+  }
+  int man = s.out == FD_OUT_E8M13 ? 13 : 23;
+  u64 u = dbits_of(v), sign = u & SIGN64, a = u ^ sign;
+  u64 n = a & ~((1ull << (52 - man)) - 1ull);
+  double q = double_of((u64)(1023 - 126 - man) << 52), iq = double_of((u64)(1023 + 126 + man) << 52);
+  u64 sub = dbits_of(__builtin_trunc(double_of(a) * iq) * q);
+  u64 mag = sel64((u64)(a < 0x3810000000000000ull), sub, n);  // 2^-126
+  mag = sel64((u64)(a >= 0x47f0000000000000ull), INF64, mag);  // 2^128
+  u32 r = bits_of((float)double_of(sign | mag));
+  return sel((u32)((r & ~SIGN) == 0u), 0u, r);  // zero: +0
+}
+
+CPD_FN u32 fd_round_out_f(float v, const FusedDotSpec& s) {
+  u32 u = bits_of(v);
+  u32 r = u;
+  if (s.out == FD_OUT_F16) r = cast_bits_fast(u, s.of, NEAREST, 0u, 32);
+  else if (s.out == FD_OUT_E8M13) r = u & ~0x3ffu;  // v is a float32 normal or zero here
+  return sel((u32)((r & ~SIGN) == 0u), 0u, r);
+}
+#endif  // !CPD_DEVICE
+
+}  // namespace cpd
+
+#endif  // CPD_FUSED_DOT_H
