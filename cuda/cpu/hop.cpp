@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "cpd/numerics.h"
+#include "parallel.h"  // cpd_cpu::parallel_for: threaded with or without OpenMP
 
 namespace {
 
@@ -315,7 +316,7 @@ void wire_encode(const torch::Tensor& x, const torch::Tensor& segs, torch::Tenso
   uint8_t* op = out.data_ptr<uint8_t>();
   const int64_t nblocks = (s.total + kBlock - 1) / kBlock;
   NoGil nogil;
-  at::parallel_for(0, nblocks, 8, [&](int64_t b0, int64_t b1) {
+  cpd_cpu::parallel_for(0, nblocks, 8, [&](int64_t b0, int64_t b1) {
     u32 codes[kBlock];
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t e0 = b * kBlock, e1 = std::min(s.total, e0 + kBlock);
@@ -369,7 +370,7 @@ void wire_hop(const torch::Tensor& recv, const torch::Tensor& recv_c, torch::Ten
     NoGil nogil;
     if (!tab->bytes.empty()) {  // whole bytes: one gather per byte (padding bits stay codes of +0 + +0)
       const uint8_t* __restrict t = tab->bytes.data();
-      at::parallel_for(0, nb, 1 << 16, [&](int64_t lo, int64_t hi) {
+      cpd_cpu::parallel_for(0, nb, 1 << 16, [&](int64_t lo, int64_t hi) {
         const uint8_t* __restrict r = rp;
         uint8_t* __restrict a = ap;
         for (int64_t i = lo; i < hi; ++i) a[i] = t[((u32)r[i] << 8) | a[i]];
@@ -378,7 +379,7 @@ void wire_hop(const torch::Tensor& recv, const torch::Tensor& recv_c, torch::Ten
     }
     const uint8_t* t = tab->add.data();
     const int b = w.bits;
-    at::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
+    cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
       u32 cr[kBlock], ca[kBlock];
       for (int64_t k = b0; k < b1; ++k) {
         const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
@@ -393,7 +394,7 @@ void wire_hop(const torch::Tensor& recv, const torch::Tensor& recv_c, torch::Ten
   const uint8_t* rcp = kahan && has_recv_c ? recv_c.data_ptr<uint8_t>() : nullptr;
   uint8_t* acp = kahan ? acc_c.data_ptr<uint8_t>() : nullptr;
   NoGil nogil;
-  at::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
+  cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
     std::vector<u32> buf(4 * kBlock);
     u32 *cr = buf.data(), *ca = cr + kBlock, *crc = ca + kBlock, *cac = crc + kBlock;
     const cpd::Format& f = w.f;
@@ -485,7 +486,7 @@ torch::Tensor wire_decode(const torch::Tensor& in, const torch::Tensor& segs, to
   std::atomic<int64_t> bad{0};
   {
     NoGil nogil;
-    at::parallel_for(0, nblocks, 8, [&](int64_t b0, int64_t b1) {
+    cpd_cpu::parallel_for(0, nblocks, 8, [&](int64_t b0, int64_t b1) {
       u32 codes[kBlock];
       float vals[kBlock];
       int64_t mine = 0;
