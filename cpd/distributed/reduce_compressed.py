@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from ..compressors import CompressorState, ErrorFeedback
+from ..compressors.reduce import quantize_chunks
 from ..formats import FP32
 from ..rounding import Rounding
 from . import kernels
@@ -83,9 +85,6 @@ class CompressedReducer:
         """The emulator's ``cpd.compressors.reduce_layers`` across processes (this rank = worker
         ``self.pos``): flags exchange, then every compressed layer in the order of
         :mod:`cpd.compressors.reduce`, all layers of one hop in one message."""
-        from ..compressors import CompressorState
-        from ..compressors.reduce import _chunks
-
         cfg, tp, comp = self.cfg, self.tp, self.cfg.compressor
         w = tp.world
         sent0, recv0 = tp.sent, tp.received
@@ -106,7 +105,7 @@ class CompressedReducer:
                 codes.append(0)
                 if not fp32[i]:
                     values[i] = self._value(name, g)
-                    codes[-1] = int(not bool(torch.isfinite(values[i][1]).all()))
+                    codes[-1] = int(not bool(torch.isfinite(values[i].value).all()))
         ex = torch.tensor(codes, dtype=torch.int32)
         if w > 1 and len(codes):
             ex = tp.all_reduce_max(ex)
@@ -151,16 +150,11 @@ class CompressedReducer:
         # 4. Compressed layers: quantize once (commit the error feedback), then reduce.
         items = []
         for i in low:
-            v64, v = values[i]
-            chunks, join = _chunks(comp, v, w)
-            pays = [comp.encode_raw(c.contiguous()) if c.numel() else None for c in chunks]
-            dec = [comp.decode_raw(p) if p is not None else c.clone() for p, c in zip(pays, chunks)]
-            q = join(dec)
-            if v64 is not None:
-                st = self.states.setdefault(names[i], CompressorState())
-                self._undo.setdefault(names[i], (st.residual, st.steps))
-                st.update(v64, q)
-            items.append((i, pays, _chunks(comp, q, w)[0], join))
+            ef = values[i]
+            if ef.active:  # the state exists from the first step that commits a residual
+                ef.state = self.states.setdefault(names[i], CompressorState())
+                self._undo.setdefault(names[i], (ef.state.residual, ef.state.steps))
+            items.append((i, *quantize_chunks(comp, ef, w)))
         if items:
             for (i, _, _, join), chunks in zip(items, self._compressed_allreduce(items)):
                 out[i] = join(chunks).reshape(tuple(shapes[i]))
@@ -171,14 +165,9 @@ class CompressedReducer:
         rep.float32_bytes = float32_ring_bytes([f.numel() for f in flat if f is not None], w, tp.pos)
         return out, rep
 
-    def _value(self, name: str, g: torch.Tensor):
-        """(v64, v): ``g + residual`` in float64 (None without error feedback) and as encoded (float32)."""
-        comp = self.cfg.compressor
-        if not comp.error_feedback:
-            return None, g
-        st = self.states.get(name)
-        v64 = st.accumulate(g) if st is not None else g.to(torch.float64)
-        return v64, v64.to(torch.float32)
+    def _value(self, name: str, g: torch.Tensor) -> ErrorFeedback:
+        """The error-feedback step of layer ``name``: ``.value`` (``g + residual``, float32) is encoded."""
+        return ErrorFeedback(g, self.states.get(name), enabled=self.cfg.compressor.error_feedback)
 
     def _compressed_allreduce(self, items):
         """items: per layer (index, this rank's W chunk payloads, its W decoded chunks, join).
