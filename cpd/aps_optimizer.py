@@ -280,14 +280,14 @@ class APSOptimizer(WrappedOptimizer):
         hybrid = self.steps < self.hybrid_steps
         fp32 = [n for n in layers if hybrid or self.config.is_fp32_layer(n)]
         kw = dict(algorithm=self.algorithm, group_size=self.group_size, kahan=self.kahan, rounding=self.rounding,
-                  fp32_layers=fp32)
+                  saturate=self.config.saturate, fp32_layers=fp32)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # inf/NaN is handled here: the step is skipped
             if self.compressor is not None:
                 out, report = reduce_layers(layers, self.compressor, self.compressor_states,
                                             algorithm=self.algorithm, fp32_layers=fp32)
             elif self.scaling == "aps":
-                out, report = aps_allreduce(layers, self.fmt, **kw)
+                out, report = aps_allreduce(layers, self.fmt, margin=self.config.margin, **kw)
             elif self.scaling == "loss":
                 out, report = self.loss_scaler.allreduce(layers, self.fmt, **kw)
             else:
