@@ -225,3 +225,36 @@ def test_compare_scalings_errors():
         cpd.compare_scalings(_layers(), MXFP4, loss_scale_exp=1.5)
     with pytest.raises(ValueError, match="power-of-two block scales"):
         cpd.compare_scalings(_layers(), NVFP4)
+
+
+def test_aps_optimizer_emulated_block_format():
+    """APSOptimizer(fmt=BlockFormat): the step applies the oracle's block-scaled sum / W."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(5, 3)
+    w = 4
+    before = [p.detach().clone() for p in m.parameters()]
+    opt = cpd.APSOptimizer(torch.optim.SGD(m.parameters(), lr=1.0), fmt=MXFP8_E5M2, workers=w,
+                           algorithm="sequential", model=m)
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(16, 5, generator=g), torch.randint(0, 3, (16,), generator=g)
+    grads = {"weight": [], "bias": []}
+    ref = torch.nn.Linear(5, 3)
+    opt.zero_grad()
+    for wx, wy in opt.split(x, y):
+        torch.nn.functional.cross_entropy(m(wx), wy).backward()
+        with torch.no_grad():
+            for p, q in zip(ref.parameters(), before):
+                p.copy_(q)
+        ref.zero_grad()
+        torch.nn.functional.cross_entropy(ref(wx), wy).backward()
+        grads["weight"].append(ref.weight.grad.flatten().tolist())
+        grads["bias"].append(ref.bias.grad.tolist())
+        opt.collect()
+    opt.step()
+    assert opt.last_report.method.startswith("aps per block")
+    for (name, p), p0 in zip(m.named_parameters(), before):
+        s, _ = oracle_block_allreduce(grads[name], MXFP8_E5M2, "sequential")
+        want = (p0.flatten() - torch.tensor(s, dtype=torch.float32) * 0.25).reshape(p.shape)
+        assert torch.equal(p.detach(), want), name
+    with pytest.raises(ValueError, match="scaling must be 'aps'"):
+        cpd.APSOptimizer(torch.optim.SGD(m.parameters(), lr=1.0), fmt=MXFP8_E5M2, scaling="loss")
