@@ -258,3 +258,18 @@ def test_aps_optimizer_emulated_block_format():
         assert torch.equal(p.detach(), want), name
     with pytest.raises(ValueError, match="scaling must be 'aps'"):
         cpd.APSOptimizer(torch.optim.SGD(m.parameters(), lr=1.0), fmt=MXFP8_E5M2, scaling="loss")
+
+
+def test_block_stochastic_rounding_reproducible_and_composed():
+    x = torch.randn(4, 50, generator=torch.Generator().manual_seed(4))
+    run = lambda seed: cpd.allreduce(x, MXFP4, rounding="stochastic",  # noqa: E731
+                                     generator=torch.Generator().manual_seed(seed))
+    a = run(5)
+    assert torch.equal(a, run(5)) and not torch.equal(a, run(6))
+    s, _ = cpd.blockreduce.block_exponents(x, MXFP4, 4)
+    f = cpd.blockreduce.block_factors(s, 50, 32)
+    g = torch.Generator().manual_seed(5)
+    low = cpd.cast((x.double() * f).float(), cpd.E2M1, "stochastic", generator=g)
+    ref = cpd.allreduce(low, cpd.E2M1, rounding="stochastic", generator=g, inputs_in_fmt=True)
+    assert torch.equal(a, (ref.double() / f).float())
+    assert cpd.allreduce(torch.zeros(3, 0), MXFP4).shape == (0,)
