@@ -196,8 +196,11 @@ class RoundoffReport:
             e = sorted(r.exp_hist)
             ax.bar(e, [r.exp_hist[k] for k in e], width=0.9, color="tab:gray", alpha=0.6, label="gradients")
             if r.scale_exp:
+                lab = f"scaled by 2^{r.scale_exp}"
+                if r.block_scale_exps and r.block_scale_exps[0] != r.block_scale_exps[1]:
+                    lab = f"scaled by 2^{r.scale_exp} (blocks: 2^{r.block_scale_exps[0]}..2^{r.block_scale_exps[1]})"
                 ax.bar([k + r.scale_exp for k in e], [r.exp_hist[k] for k in e], width=0.9, color="tab:blue",
-                       alpha=0.6, label=f"scaled by 2^{r.scale_exp}")
+                       alpha=0.6, label=lab)
             ax.axvspan(lo, hi + 1, color="tab:green", alpha=0.12, label=f"{self.fmt.name} range")
             ax.axvline(lo, color="k", lw=1)
             ax.axvline(hi + 1, color="k", lw=1)
