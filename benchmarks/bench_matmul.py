@@ -1,13 +1,18 @@
 """cpd.matmul time / torch.mm time on CPU, side by side in one process.
 
     python benchmarks/bench_matmul.py [--size 256] [--repeat 3] [--threads N]
+    CPD_CPU_ARCH=x86-64-v2 python benchmarks/bench_matmul.py   # another ISA level
 
-Paths (cuda/cpu/matmul.cpp lanes_for): E5M2 into (5,10) = binary16 runs on binary16 lanes where
-the CPU has AVX512-FP16 (float32 lanes otherwise), E5M2 into (6,7) on float32 lanes, E4M3 into
-BF16 and the fma cases on float64 lanes.
+The first line names the CPU and the ISA level the extension was built for. Each line gives the
+loop cuda/cpu/matmul.cpp picks (plan_for): "h16" binary16 lanes (AVX512-FP16 adds, or float32
+lanes rounded by the F16C / FCVT conversion), "f32" float32 lanes, "f64" float64 lanes,
+"generic" one output at a time.
 
 Prints one line per (mul, acc, options): the best of ``repeat`` runs of cpd.matmul, the best of
 many runs of torch.mm (timed before and after, to be robust to a busy machine), and the ratio.
+``--clock cpu`` times CPU seconds of the process (all its threads) instead of wall seconds: on a
+machine shared with other work the ratio of CPU times stays the ratio of work done (use it with
+``--threads 1``, where it is also the wall-time ratio on an idle core).
 """
 
 from __future__ import annotations
@@ -18,6 +23,19 @@ import time
 import torch
 
 import cpd
+from cpd import _cpu
+
+LANES = {0: "generic", 16: "h16", 32: "f32", 64: "f64"}
+
+
+def lanes(kw) -> str:
+    ext = _cpu.extension()
+    if ext is None:
+        return "fallback"
+    mul, acc = kw.get("mul"), kw["acc"]
+    mode = cpd.Rounding(kw.get("rounding", "nearest")).code
+    return LANES[ext.matmul_lanes(mul is not None, *cpd.ops._fmt_args(mul or acc), *cpd.ops._fmt_args(acc), mode,
+                                  False)]
 
 CASES = [
     ("E5M2", "(5,10)", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10))),
@@ -31,13 +49,17 @@ CASES = [
 ]
 
 
+CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = time.perf_counter
+
+
 def _time(fn, repeat: int) -> float:
     fn()
     times = []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = _clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(_clock() - t0)
     return min(times)
 
 
@@ -46,18 +68,22 @@ def main() -> None:
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--clock", choices=sorted(CLOCK), default="wall", help="wall seconds or process CPU seconds")
     args = p.parse_args()
+    global _clock
+    _clock = CLOCK[args.clock]
     if args.threads:
         torch.set_num_threads(args.threads)
     n = args.size
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
-    print(f"{n}x{n}x{n} float32, {torch.get_num_threads()} threads")
+    print(_cpu.machine_line())
+    print(f"{n}x{n}x{n} float32, {torch.get_num_threads()} threads, {args.clock} clock")
     for mul, acc, kw in CASES:
         t_mm = _time(lambda: torch.mm(a, b), max(args.repeat, 50))
         t_cpd = _time(lambda: cpd.matmul(a, b, **kw), args.repeat)
         t_mm = min(t_mm, _time(lambda: torch.mm(a, b), max(args.repeat, 50)))
-        print(f"mul={mul:5s} acc={acc:22s} cpd {t_cpd * 1e3:9.2f} ms  torch.mm {t_mm * 1e3:7.3f} ms  "
+        print(f"mul={mul:5s} acc={acc:22s} {lanes(kw):8s} cpd {t_cpd * 1e3:9.2f} ms  torch.mm {t_mm * 1e3:7.3f} ms  "
               f"ratio {t_cpd / t_mm:8.1f}x")
 
 

@@ -459,6 +459,23 @@ def _check_accum_args(acc, kahan, rounding, saturate, sr_bits, generator):
     return acc, mode, k
 
 
+def _check_matmul_operands(a, b) -> None:
+    """The operand checks of every matmul (this module's and :func:`cpd.tensor_core_matmul`)."""
+    for t, name in ((a, "a"), (b, "b")):
+        _check_tensor(t, name)
+        if t.dim() < 2:
+            raise ValueError(f"matmul: {name} must have at least 2 dims (..., rows, cols), got shape {tuple(t.shape)}")
+    if a.device != b.device:
+        raise ValueError(f"matmul: a is on {a.device} and b on {b.device}; they must be on one device")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not match: a has "
+                         f"{a.shape[-1]} columns, b has {b.shape[-2]} rows")
+    try:
+        _batch_shape(a.shape, b.shape)
+    except RuntimeError as exc:
+        raise ValueError(f"matmul: batch dims of shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast") from exc
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = False,
            kahan: bool = False, block: int | None = None, rounding="nearest", saturate: bool = False,
            sr_bits: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -528,19 +545,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
         return tensor_core_matmul(a, b, acc, mul=mul, fma=fma, kahan=kahan, block=block, rounding=rounding,
                                   saturate=saturate, sr_bits=sr_bits, generator=generator)
     # --- end tensor-core accumulators ---
-    for t, name in ((a, "a"), (b, "b")):
-        _check_tensor(t, name)
-        if t.dim() < 2:
-            raise ValueError(f"matmul: {name} must have at least 2 dims (..., rows, cols), got shape {tuple(t.shape)}")
-    if a.device != b.device:
-        raise ValueError(f"matmul: a is on {a.device} and b on {b.device}; they must be on one device")
-    if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not match: a has "
-                         f"{a.shape[-1]} columns, b has {b.shape[-2]} rows")
-    try:
-        _batch_shape(a.shape, b.shape)
-    except RuntimeError as exc:
-        raise ValueError(f"matmul: batch dims of shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast") from exc
+    _check_matmul_operands(a, b)
     acc, mode, k = _check_accum_args(acc, kahan, rounding, saturate, sr_bits, generator)
     mul = None if mul is None else FloatFormat.parse(mul)
     if not isinstance(fma, bool):

@@ -44,7 +44,7 @@ import torch
 
 from . import _cpu, _fused_dot_ref
 from .formats import BF16, E2M1, E4M3FN, E5M2, FP16, FP32, TF32, FloatFormat
-from .ops import _batch_shape, _check_tensor, _sum_to, cast
+from .ops import _batch_shape, _check_matmul_operands, _sum_to, cast
 
 __all__ = ["FusedDot", "tensor_core", "tensor_core_matmul", "ARCHITECTURES", "INPUT_KINDS"]
 
@@ -340,19 +340,7 @@ def tensor_core_matmul(a: torch.Tensor, b: torch.Tensor, acc: FusedDot, **unused
         if value is not defaults[key] and value != defaults[key]:
             raise ValueError(f"{key}={value!r} does not apply to a FusedDot accumulator (its rounding is the "
                              f"model's); leave {key} at {defaults[key]!r}")
-    for t, name in ((a, "a"), (b, "b")):
-        _check_tensor(t, name)
-        if t.dim() < 2:
-            raise ValueError(f"matmul: {name} must have at least 2 dims (..., rows, cols), got shape {tuple(t.shape)}")
-    if a.device != b.device:
-        raise ValueError(f"matmul: a is on {a.device} and b on {b.device}; they must be on one device")
-    if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} do not match: a has "
-                         f"{a.shape[-1]} columns, b has {b.shape[-2]} rows")
-    try:
-        _batch_shape(a.shape, b.shape)
-    except RuntimeError as exc:
-        raise ValueError(f"matmul: batch dims of shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast") from exc
+    _check_matmul_operands(a, b)
     a = _to_input(a, acc.a, acc.a_rounding)
     b = _to_input(b, acc.b, acc.b_rounding)
     if a.device.type == "cpu":

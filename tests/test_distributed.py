@@ -16,6 +16,10 @@ Invariants defended:
   a rank that raises mid-step or dies makes the others raise CommunicationError within the
   timeout (the parent process enforces a deadline: nothing hangs);
 * sub-byte packing round-trips for every width 1..8;
+* pipelining: the ring cut into 8-element sub-chunks gives the bits and bytes of one message per
+  chunk (and the emulator's), for odd sizes, layers smaller than W, an empty layer, 1-element
+  buckets, Kahan, W = 3 and 4; a rank stalling inside a hop of the pipelined ring makes every
+  rank raise a cpd.distributed error (none hangs);
 * compressors across processes (``APSHookState(compressor=...)``,
   ``APSOptimizer(compressor=..., process_group=...)``): for onebit, threshold, adaptive,
   dynamic_tree and e5m2, ring and pairwise, W = 2, 3, 4, every step's averaged gradients equal
@@ -818,3 +822,103 @@ def test_wire_layout_matches_payloads():
             for n, size in lay:
                 assert size is None or size == p.parts[n].numel(), (name, shape, n, size, p)
             assert (None in dict(lay).values()) == (name.split(":")[0] in ("threshold", "adaptive")), name
+
+
+# ------------------------------------------------------------------------------------ pipelining
+PIPE_SIZES = {"a": (37, 3), "b": (1,), "c": (0,), "d": (2,), "e": (13,), "f": (3,)}  # chunks smaller than W
+
+
+class Toy2(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        for k, s in PIPE_SIZES.items():
+            self.register_parameter(k, torch.nn.Parameter(torch.zeros(s)))
+
+    def forward(self, g: dict):
+        return sum((p * g[k]).sum() for k, p in self.named_parameters())
+
+
+def job_pipeline(rank: int, world: int, cases: list) -> list:
+    """Each case twice: the ring cut into 8-element sub-chunks (deep pipeline, many tags) and
+    unpipelined (one message per chunk); the two must agree bit for bit, with the emulator too."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    out = []
+    for seed, case in enumerate(cases):
+        every = {}
+        for k, s in PIPE_SIZES.items():
+            gen = torch.Generator().manual_seed(77 * seed + ord(k))
+            every[k] = [torch.randn(s, generator=gen) * 2.0 ** (-4 * r) for r in range(world)]
+        grads, reports = {}, {}
+        for sub in (8, 1 << 20):
+            model = Toy2()
+            ddp = DDP(model, bucket_cap_mb=case.get("bucket_cap_mb", 25))
+            state = cpd.distributed.APSHookState(case["fmt"], case.get("algorithm", "ring"), model=model, timeout=30,
+                                                 kahan=case.get("kahan", False), group_size=case.get("group_size"))
+            state.engine.format.sub_chunk = sub
+            ddp.register_comm_hook(state, cpd.distributed.aps_hook)
+            ddp({k: v[rank] for k, v in every.items()}).backward()
+            grads[sub] = {k: p.grad.clone() for k, p in model.named_parameters()}
+            reports[sub] = state.report
+        ref = emulate(every, case, world)
+        out.append({"case": case,
+                    "pipelined_eq": {k: _same(grads[8][k], grads[1 << 20][k]) for k in PIPE_SIZES},
+                    "emulator_eq": {k: _same(grads[8][k], ref[k]) for k in PIPE_SIZES},
+                    "bytes_eq": reports[8].bytes_sent == reports[1 << 20].bytes_sent})
+    return out
+
+
+def job_stall(rank: int, world: int) -> dict:
+    """Rank 1 stalls in the middle of a pipelined ring (inside its 3rd hop kernel call) for longer
+    than the timeout: every rank must raise CommunicationError, none may hang."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from cpd.distributed import orders
+
+    timeout = 4.0
+    model = Toy2()
+    ddp = DDP(model)
+    state = cpd.distributed.APSHookState("e4m3", model=model, timeout=timeout)
+    state.engine.format.sub_chunk = 8
+    ddp.register_comm_hook(state, cpd.distributed.aps_hook)
+    if rank == 1:
+        real, calls = orders.kernels.hop, [0]
+
+        def slow(*a, **k):
+            calls[0] += 1
+            if calls[0] == 3:
+                time.sleep(timeout + 3)
+            return real(*a, **k)
+
+        orders.kernels.hop = slow
+    g = {k: torch.randn(s) for k, s in PIPE_SIZES.items()}
+    t0 = time.monotonic()
+    try:
+        ddp(g).backward()
+        return {"error": None}
+    except Exception as exc:  # noqa: BLE001
+        return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - t0, "timeout": timeout}
+
+
+JOBS.update({"pipeline": job_pipeline, "stall": job_stall})
+
+PIPE_CASES = [dict(fmt="e4m3"), dict(fmt=E43, kahan=True), dict(fmt="e5m2", bucket_cap_mb=1e-5),
+              dict(fmt="e4m3", algorithm="hierarchical", group_size=1, kahan=True)]
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_pipelined_ring_equals_unpipelined(tmp_path, world):
+    """Sub-chunks of 8 elements against one message per chunk: odd layer sizes, layers smaller than
+    W (empty chunks), an empty layer, 1-element buckets; the same bits, bytes and the emulator's."""
+    for rank, cases in enumerate(spawn("pipeline", world, tmp_path, PIPE_CASES)):
+        for r in cases:
+            assert all(r["pipelined_eq"].values()), (world, rank, r)
+            assert all(r["emulator_eq"].values()), (world, rank, r)
+            assert r["bytes_eq"], (world, rank, r)
+
+
+def test_stalled_rank_mid_ring(tmp_path):
+    res = spawn("stall", 3, tmp_path)
+    for rank, r in enumerate(res):
+        assert r["error"] is not None and "cpd.distributed" in r["error"], (rank, r)
+        assert r["seconds"] < 3 * r["timeout"] + 10, (rank, r)

@@ -277,7 +277,14 @@ def test_fast_path_equals_generic_path(mul, acc):
 F32_PAIRS = [(F52, F510), (cpd.E4M3, cpd.FP16), (cpd.E4M3FN, cpd.FP16), (cpd.E2M1, cpd.FP16), (F52, F52),
              (cpd.E3M2, cpd.FloatFormat(4, 6)), (cpd.FloatFormat(4, 3, subnormals=False), cpd.FloatFormat(5, 6)),
              (cpd.FloatFormat(3, 1), cpd.FloatFormat(4, 2, subnormals=False)),
-             (cpd.FloatFormat(4, 3, specials="finite"), cpd.FloatFormat(6, 4, specials="fn"))]
+             (cpd.FloatFormat(4, 3, specials="finite"), cpd.FloatFormat(6, 4, specials="fn")),
+             (cpd.E4M3, cpd.BF16), (cpd.E5M2, cpd.BF16), (cpd.FloatFormat(4, 3, subnormals=False), cpd.BF16),
+             (cpd.E4M3, cpd.FloatFormat(8, 7, subnormals=False))]
+
+
+# matmul_out's path argument: automatic (binary16 lanes where they apply), float32 lanes (round_f
+# where it applies), float32 lanes on integer-lane rounding only
+LANE_PATHS = (0, 3, 4)
 
 
 def _bits_mismatch(x, y):
@@ -294,8 +301,13 @@ def test_float32_lanes_only_where_they_apply():
     assert lanes(F52, F510, saturate=True) == 32 and lanes(F52, cpd.FloatFormat(5, 9)) == 32
     assert lanes(F52, F510, mode=cpd.Rounding("up").code) == 0   # directed: generic
     assert lanes(F52, F510, mode=cpd.Rounding("stochastic").code) == 64
-    assert lanes(None, F510) == 64                  # exact products
-    assert lanes(cpd.E4M3, cpd.BF16) == 64          # acc too wide for Figueroa's identity
+    # fused products (no mul): float32 lanes with the midpoint redo; binary16 rounding by
+    # conversion (F16C, Arm FCVT) where the build has it
+    assert lanes(None, F510) in (16, 32) and lanes(None, cpd.BF16) == 32 and lanes(None, F52) == 32
+    assert lanes(None, F510, mode=cpd.Rounding("stochastic").code) == 64
+    assert lanes(None, cpd.FloatFormat(5, 11)) == 64  # acc over 11 bits: Figueroa's identity fails
+    assert lanes(cpd.E4M3, cpd.BF16) == 32          # BF16: integer-lane rounding
+    assert lanes(cpd.E4M3, cpd.FloatFormat(8, 12)) == 64
     assert lanes(F510, F52) == 64                   # products not values of acc
     assert lanes(cpd.FloatFormat(3, 0), F510) == 64  # man = 0: "even" is the even code
     assert lanes(F52, cpd.FloatFormat(5, 10, subnormals=False)) == 64  # subnormal products
@@ -323,7 +335,7 @@ def test_float32_lane_path_equals_generic_path(mul, acc):
         # payloads), so every case also runs with its NaNs replaced by zeros
         for a_ in (a, no_nan(a)):
             gen = _ext_matmul(a_, b, mul, acc, kahan, block, "nearest", 1)
-            for path in (0, 3):  # automatic (binary16 lanes where they apply), float32 lanes
+            for path in LANE_PATHS:
                 fast = _ext_matmul(a_, b, mul, acc, kahan, block, "nearest", path)
                 assert bits_equal(fast, gen), _bits_mismatch(fast, gen)
 
@@ -342,6 +354,62 @@ def test_float32_lane_path_equals_generic_path(mul, acc):
         for kahan in (False, True):
             for block in (0, 8):
                 check(a, b, kahan, block)
+
+
+# Accumulators for fused steps (no mul: each step rounds x + a*b once) on float32 lanes
+FUSED_ACCS = [F510, cpd.BF16, F52, cpd.FloatFormat(6, 7), cpd.FloatFormat(4, 3, subnormals=False),
+              cpd.FloatFormat(5, 6, specials="fn"), cpd.FloatFormat(3, 2, specials="finite")]
+
+
+def _near_midpoint_inputs(acc, g):
+    """a, b (1, 2K) x (2K, N) whose even steps put s on values of acc and whose odd steps add a
+    product a*b = h + e with h half a quantum of s and e far below float32's resolution at s, so
+    that fl32(s + a*b) is a midpoint of acc while s + a*b is not (or, e = 0, is one exactly)."""
+    K, N = 40, 16
+    a = torch.empty(1, 2 * K)
+    b = torch.empty(2 * K, N)
+    vals = torch.ldexp(torch.rand(256, generator=g) + 1, torch.randint(-6, 10, (256,), generator=g))
+    vals = cpd.cast(vals * (torch.randint(0, 2, (256,), generator=g) * 2 - 1), acc)
+    vals = vals[torch.isfinite(vals) & (vals.abs() >= 2.0 ** (acc.emin + 1))]
+    for k in range(K):
+        # step 2k: s becomes (about) a value v of acc; step 2k + 1: + half a quantum of v, nudged
+        v = vals[torch.randint(0, len(vals), (1,), generator=g)].item()
+        a[0, 2 * k] = 1.0
+        b[2 * k] = v
+        q = 2.0 ** (math.frexp(abs(v))[1] - 1 - acc.man)  # the quantum at v
+        a[0, 2 * k + 1] = (q / 2) * (1 + 2.0 ** -23)
+        b[2 * k + 1] = torch.tensor([1.0, 1 - 2.0 ** -24, 1 + 2.0 ** -23, -1.0, -(1 - 2.0 ** -24), 0.5,
+                                     1 / (1 + 2.0 ** -23), 1.0 - 2.0 ** -23] * 2)[:N]
+    return a.reshape(1, 1, -1), b.reshape(1, *b.shape)
+
+
+@pytest.mark.skipif(_cpu.extension() is None, reason="no compiled extension")
+@pytest.mark.parametrize("acc", FUSED_ACCS, ids=[a.name for a in FUSED_ACCS])
+def test_fused_lane_path_equals_generic_path(acc):
+    """No mul: float32 lanes round fl32(x + a*b) (one FMA) to acc and redo the lanes where that
+    lands on a midpoint of acc. Sums of random products at several magnitudes, of products that
+    are exact midpoints, and of products that make fl32 land on a midpoint the exact sum is not
+    (the double rounding the redo exists for); plain, Kahan and blocked, against the generic path."""
+    ext = _cpu.extension()
+    assert ext.matmul_lanes(False, *cpd.ops._fmt_args(acc), *cpd.ops._fmt_args(acc), 0, False) in (16, 32)
+    g = torch.Generator().manual_seed(21)
+    cases = [_near_midpoint_inputs(acc, g)]
+    for scale in (1.0, 2.0 ** -12, 300.0):
+        a = torch.randn(2, 5, 53, generator=g) * scale
+        cases.append((a, torch.randn(2, 53, 70, generator=g)))
+    steps = torch.randint(-8, 9, (1, 6, 53), generator=g).float() * 0.125  # sums on coarse grids: exact midpoints
+    cases.append((steps, torch.randint(-3, 4, (1, 53, 9), generator=g).float() * 0.5))
+    a, b = cases[1]
+    a = a.clone()
+    a[0, 0, :4] = torch.tensor([math.inf, -math.inf, math.nan, 0.0])
+    cases.append((a, b))
+    for a, b in cases:
+        for kahan in (False, True):
+            for block in (0, 4):
+                gen = _ext_matmul(a, b, None, acc, kahan, block, "nearest", 1)
+                for path in LANE_PATHS:
+                    fast = _ext_matmul(a, b, None, acc, kahan, block, "nearest", path)
+                    assert bits_equal(fast, gen), (path, kahan, block, _bits_mismatch(fast, gen))
 
 
 _FALLBACK_SCRIPT = r"""

@@ -1,11 +1,12 @@
 // CPU loops over the core's exact arithmetic: elementwise mul/add/fma rounded once to a format,
 // and sequential sums. Bound into the extension module by cast.cpp.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 
 #include "cpd/numerics.h"
+#include "parallel.h"
 
 namespace {
 
@@ -16,7 +17,7 @@ enum { OP_MUL = 0, OP_ADD = 1, OP_FMA = 2 };
 template <int OP>
 void arith_loop(const float* a, const float* b, const float* c, float* y, int64_t n, const cpd::Format f, int mode,
                 int sr_bits, uint64_t seed, uint64_t offset) {
-  at::parallel_for(0, n, kArithGrain, [&](int64_t lo, int64_t hi) {
+  cpd_cpu::parallel_for(0, n, kArithGrain, [&](int64_t lo, int64_t hi) {
     const cpd::Format g = f;
     for (int64_t i = lo; i < hi; ++i) {
       uint32_t r = mode == cpd::STOCHASTIC ? cpd::random_word((uint64_t)i, seed, offset) : 0u;
@@ -34,7 +35,7 @@ void arith_loop(const float* a, const float* b, const float* c, float* y, int64_
 // loop. The operands are checked before anything is written (out may alias a or b).
 void add_nearest_fast(const float* a, const float* b, float* y, int64_t n, const cpd::Format f) {
   constexpr int64_t kSpan = 1024;
-  at::parallel_for(0, n, kArithGrain, [&](int64_t lo, int64_t hi) {
+  cpd_cpu::parallel_for(0, n, kArithGrain, [&](int64_t lo, int64_t hi) {
     const cpd::Format g = f;
     for (int64_t s0 = lo; s0 < hi; s0 += kSpan) {
       const int64_t s1 = std::min(hi, s0 + kSpan);
@@ -53,8 +54,8 @@ void add_nearest_fast(const float* a, const float* b, float* y, int64_t n, const
 }  // namespace
 
 // out = round(a * b), round(a + b) or round(c + a * b); contiguous float32 tensors of one shape.
-void arith_out(int64_t op, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c,
-               torch::Tensor& out, int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals,
+void arith_out(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+               at::Tensor& out, int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals,
                int64_t mode, bool saturate, int64_t sr_bits, int64_t seed, int64_t offset) {
   const cpd::Format f = cpd::make_format((int)exp, (int)man, (int)bias, (int)specials, subnormals ? 1 : 0,
                                          saturate ? 1 : 0);

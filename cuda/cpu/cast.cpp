@@ -6,7 +6,6 @@
 // over numerics.h that the compiler vectorizes. Element i's random word depends only on
 // (seed, offset, i), so results do not depend on the thread count.
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -14,10 +13,8 @@
 #include <vector>
 
 #include "cpd/numerics.h"
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "parallel.h"
+#include "philox_simd.h"
 
 namespace {
 
@@ -67,7 +64,7 @@ constexpr int64_t kSpan = 1024;
 
 template <int MODE, bool FAST>
 void cast_det(const float* x, float* y, int64_t n, const cpd::Format f) {
-  at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+  cpd_cpu::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
     const cpd::Format g = f;  // a local copy the vectorizer can keep in registers
     if (FAST && MODE != cpd::NEAREST) {
       for (int64_t s = lo; s < hi; s += kSpan) cast_span_fast<MODE>(x + s, y + s, std::min(kSpan, hi - s), g, nullptr, 32);
@@ -81,76 +78,11 @@ void cast_det(const float* x, float* y, int64_t n, const cpd::Format f) {
 
 // ------------------------------------------------------------------------------------------
 // Stochastic rounding: one Philox call serves four consecutive elements (block i >> 2).
-//
-// philox_words(b0, nb, ...) writes the words of blocks b0 .. b0+nb-1 in element order:
-//   words[4k + j] = word j of philox4x32_10(counter = {b0 + k, offset}, key = seed)
-// which is random_word(4 (b0 + k) + j, seed, offset). With AVX-512 it runs 8 blocks per vector
-// (see philox8); anything else, or the last nb % 32 blocks, uses the header's scalar function
-// in a loop the compiler may vectorize. Both give the same words, bit for bit.
-constexpr int64_t kSrBlocks = 64;  // blocks per buffer: 256 words, 1 KiB, stays in L1
-
-#if defined(__AVX512F__)
-// Philox4x32-10 on 8 blocks at once, the state held in 64-bit lanes (one block per lane):
-//   lane = [ garbage (32) | word (32) ]
-// _mm512_mul_epu32 multiplies the low 32 bits of each lane into a full 64-bit product, so one
-// instruction gives mulhilo's (hi, lo) for 8 blocks: hi = p >> 32, lo = the low half of p as it
-// stands (its high half is garbage that the next multiply ignores and the xors only move
-// around in high halves). Only the low halves are meaningful, and only they are stored.
-// A round, as in cpd::philox4x32_10:
-//   p0 = c0 * 0xD2511F53, p1 = c2 * 0xCD9E8D57
-//   c0' = hi(p1) ^ c1 ^ k0,  c1' = lo(p1),  c2' = hi(p0) ^ c3 ^ k1,  c3' = lo(p0)
-// kGroups = 4 groups of 8 blocks are interleaved for instruction-level parallelism.
-constexpr int kGroups = 4;
-
-inline void philox32(uint64_t b0, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1, uint32_t* words) {
-  const __m512i m0 = _mm512_set1_epi64(0xD2511F53u), m1 = _mm512_set1_epi64(0xCD9E8D57u);
-  const __m512i iota = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
-  __m512i x0[kGroups], x1[kGroups], x2[kGroups], x3[kGroups];
-  for (int g = 0; g < kGroups; ++g) {
-    __m512i b = _mm512_add_epi64(_mm512_set1_epi64((long long)(b0 + 8 * g)), iota);  // block numbers
-    x0[g] = b;                          // low half: (u32) b
-    x1[g] = _mm512_srli_epi64(b, 32);   // low half: (u32)(b >> 32)
-    x2[g] = _mm512_set1_epi64(c2);
-    x3[g] = _mm512_set1_epi64(c3);
-  }
-  for (int r = 0; r < cpd::PHILOX_ROUNDS; ++r) {
-    if (r) {
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    const __m512i kk0 = _mm512_set1_epi64(k0), kk1 = _mm512_set1_epi64(k1);
-    for (int g = 0; g < kGroups; ++g) {
-      __m512i p0 = _mm512_mul_epu32(x0[g], m0), p1 = _mm512_mul_epu32(x2[g], m1);
-      x0[g] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), x1[g], kk0, 0x96);  // a ^ b ^ c
-      x1[g] = p1;
-      x2[g] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), x3[g], kk1, 0x96);
-      x3[g] = p0;
-    }
-  }
-  // Element order. v01 lane k = [w1 | w0] of block k, v23 = [w3 | w2]; block k's four words are
-  // then 64-bit lanes k of v01 and v23, interleaved by two permutes into 2 x 16 words.
-  const __m512i lo4 = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0), hi4 = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
-  for (int g = 0; g < kGroups; ++g) {
-    __m512i v01 = _mm512_mask_blend_epi32(0xAAAA, x0[g], _mm512_slli_epi64(x1[g], 32));
-    __m512i v23 = _mm512_mask_blend_epi32(0xAAAA, x2[g], _mm512_slli_epi64(x3[g], 32));
-    _mm512_storeu_si512(words + 32 * g, _mm512_permutex2var_epi64(v01, lo4, v23));
-    _mm512_storeu_si512(words + 32 * g + 16, _mm512_permutex2var_epi64(v01, hi4, v23));
-  }
-}
-#endif
-
-inline void philox_words(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
-                         uint32_t* __restrict words) {
-  int64_t k = 0;
-#if defined(__AVX512F__)
-  for (; k + 8 * kGroups <= nb; k += 8 * kGroups) philox32(b0 + (uint64_t)k, c2, c3, k0, k1, words + 4 * k);
-#endif
-  for (; k < nb; ++k) {
-    uint64_t b = b0 + (uint64_t)k;
-    cpd::U32x4 w = cpd::philox4x32_10((uint32_t)b, (uint32_t)(b >> 32), c2, c3, k0, k1);
-    for (int j = 0; j < 4; ++j) words[4 * k + j] = w.v[j];
-  }
-}
+// cpd_cpu::philox_blocks (philox_simd.h: AVX-512, AVX2 or NEON lanes, else scalar) writes the
+// words of kSrBlocks blocks in element order, words[4k + j] = random_word(4 (b0 + k) + j): the
+// words of cpd::philox4x32_10, bit for bit.
+constexpr int64_t kSrBlocks = 96;  // blocks per buffer: 384 words, 1.5 KiB, stays in L1 (a multiple of
+                                   // the vector Philox's 12 (AVX2), 16 (NEON) and 32 (AVX-512) blocks)
 
 // The cast: the words of kSrBlocks blocks into a buffer, then the cast of their 4 * kSrBlocks
 // elements (a span on the fast path, a straight loop on the generic one).
@@ -158,7 +90,7 @@ template <bool FAST>
 void cast_sr(const float* x, float* y, int64_t n, const cpd::Format f, int sr_bits,
              uint64_t seed, uint64_t offset) {
   const int64_t nblocks = (n + 3) / 4;
-  at::parallel_for(0, nblocks, kGrain / 4, [&](int64_t blo, int64_t bhi) {
+  cpd_cpu::parallel_for(0, nblocks, kGrain / 4, [&](int64_t blo, int64_t bhi) {
     const cpd::Format g = f;
     const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
     const uint32_t c2 = (uint32_t)offset, c3 = (uint32_t)(offset >> 32);
@@ -166,7 +98,7 @@ void cast_sr(const float* x, float* y, int64_t n, const cpd::Format f, int sr_bi
     alignas(64) uint32_t words[4 * kSrBlocks];
     for (int64_t b0 = blo; b0 < full_hi; b0 += kSrBlocks) {
       const int64_t nb = std::min(kSrBlocks, full_hi - b0);
-      philox_words((uint64_t)b0, nb, c2, c3, k0, k1, words);
+      cpd_cpu::philox_blocks((uint64_t)b0, nb, c2, c3, k0, k1, words);
       const float* xb = x + 4 * b0;
       float* yb = y + 4 * b0;
       if (FAST) {
@@ -216,7 +148,7 @@ void cast_out(const torch::Tensor& x, torch::Tensor& out, int64_t exp, int64_t m
 namespace {
 template <typename Code, int MODE, bool FAST>
 void encode_loop(const float* x, Code* c, int64_t n, const cpd::Format f) {
-  at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+  cpd_cpu::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
     const cpd::Format g = f;
     // Local restrict pointers: a store through a uint8_t pointer may alias anything, including
     // the lambda's captures, which would otherwise be reloaded every element (no vectorization).
@@ -258,17 +190,17 @@ void decode_loop(const Code* c, float* y, int64_t n, const cpd::Format f) {
   constexpr int64_t kTable = sizeof(Code) <= 2 ? int64_t(1) << (8 * sizeof(Code)) : 0;
   if (kTable && (kTable <= 256 || n >= 16 * kTable)) {
     std::vector<float> table(kTable);
-    at::parallel_for(0, kTable, 4096, [&](int64_t lo, int64_t hi) {
+    cpd_cpu::parallel_for(0, kTable, 4096, [&](int64_t lo, int64_t hi) {
       for (int64_t k = lo; k < hi; ++k) table[k] = cpd::float_of(cpd::decode_bits((uint32_t)k, f));
     });
     const float* __restrict t = table.data();
     float* __restrict yr = y;
-    at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+    cpd_cpu::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) yr[i] = t[(UCode)c[i]];  // a gather
     });
     return;
   }
-  at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+  cpd_cpu::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
     const cpd::Format g = f;
     for (int64_t i = lo; i < hi; ++i) y[i] = cpd::float_of(cpd::decode_bits((uint32_t)(UCode)c[i], g));
   });
@@ -311,6 +243,23 @@ void random_words(torch::Tensor& out, int64_t start, int64_t seed, int64_t offse
     p[i] = (int32_t)cpd::random_word((uint64_t)(start + i), (uint64_t)seed, (uint64_t)offset);
 }
 
+// The vector Philox of this build (philox_simd.h), for the tests: out (int32, 4 * n) gets the
+// words of blocks b0 + i * stride, i < n, keyed by (seed, offset): in element order
+// (philox_blocks, stride 1 only) or one run of n words per word index (philox_strided).
+void philox_simd_out(torch::Tensor& out, int64_t b0, int64_t stride, int64_t n, int64_t seed, int64_t offset,
+                     bool by_word) {
+  TORCH_CHECK(out.numel() == 4 * n && out.is_contiguous(), "cpd: philox_simd_out wants 4 * n contiguous words");
+  TORCH_CHECK(by_word || stride == 1, "cpd: element order is for stride 1");
+  uint32_t* w = (uint32_t*)out.data_ptr<int32_t>();
+  const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32), c2 = (uint32_t)offset,
+                 c3 = (uint32_t)((uint64_t)offset >> 32);
+  if (by_word) cpd_cpu::philox_strided((uint64_t)b0, (uint64_t)stride, n, c2, c3, k0, k1, w, n);
+  else cpd_cpu::philox_blocks((uint64_t)b0, n, c2, c3, k0, k1, w);
+}
+
+// The ISA the vector paths were compiled for, and whether OpenMP threads the loops.
+std::string isa() { return std::string(cpd_cpu::isa_name()) + (cpd_cpu::kOpenMP ? "" : ", no OpenMP"); }
+
 // cuda/cpu/arith.cpp
 void arith_out(int64_t op, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c,
                torch::Tensor& out, int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals,
@@ -333,4 +282,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("encode_out", &encode_out);
   m.def("decode_out", &decode_out);
   m.def("random_words", &random_words);
+  m.def("philox_simd_out", &philox_simd_out);
+  m.def("isa", &isa);
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cpd/numerics.h"
+#include "parallel.h"  // cpd_cpu::parallel_for: threaded with or without OpenMP
 
 namespace {
 
@@ -78,7 +79,7 @@ void fd_tile(const float* __restrict arow, const int32_t* __restrict earow, cons
 std::vector<int32_t> exponents(const float* x, int64_t n, int emin, int zero_exp) {
   std::vector<int32_t> e((size_t)n);
   int32_t* ep = e.data();
-  at::parallel_for(0, n, 1 << 14, [&](int64_t lo, int64_t hi) {
+  cpd_cpu::parallel_for(0, n, 1 << 14, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) ep[i] = cpd::fd_exp(cpd::bits_of(x[i]), emin, zero_exp);
   });
   return e;
@@ -90,7 +91,7 @@ void fd_lanes(const float* a, const float* b, float* y, const FdDims& d, const c
   const std::vector<int32_t> eb = exponents(b, d.B * d.K * d.N, s.b_emin, s.zero_exp);
   const cpd::FormatD g16 = cpd::make_format_d(cpd::make_format(5, 10, 15, cpd::SPECIALS_IEEE, 1, 0));
   const int64_t tiles = (d.N + kTile - 1) / kTile, tasks = d.B * d.M * tiles;
-  at::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
+  cpd_cpu::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
     const cpd::FusedDotSpec sl = s;
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t row = t / tiles, j0 = (t % tiles) * kTile, bi = row / d.M;
@@ -101,7 +102,7 @@ void fd_lanes(const float* a, const float* b, float* y, const FdDims& d, const c
 }
 
 void fd_generic(const float* a, const float* b, float* y, const FdDims& d, const cpd::FusedDotSpec& s) {
-  at::parallel_for(0, d.B * d.M * d.N, 16, [&](int64_t lo, int64_t hi) {
+  cpd_cpu::parallel_for(0, d.B * d.M * d.N, 16, [&](int64_t lo, int64_t hi) {
     const cpd::FusedDotSpec sl = s;
     for (int64_t o = lo; o < hi; ++o) {
       const int64_t row = o / d.N, j = o % d.N, bi = row / d.M;

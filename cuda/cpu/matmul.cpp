@@ -1,23 +1,28 @@
 // CPU matmul over the core's accumulation steps (numerics.h, "Accumulation"). Bound into the
 // extension module by cast.cpp.
 //
-// Several loops, the same bits (lanes_for picks one; the tests compare each with the generic one):
-//   * binary16 lanes: round to nearest into an IEEE binary16 accumulator on CPUs with
-//     AVX512-FP16: products on float32 lanes (mul_f), sums in the processor's binary16 adds;
-//   * float32 lanes: round to nearest when products rounded to mul are values of an accumulator
-//     of at most 11 bits (mul_f, add_f: 16 floats per AVX-512 op);
-//   * float64 lanes, round to nearest otherwise: a tile of up to kTile outputs of one row
-//     (i, j0 .. j0 + kTile) keeps its accumulators as doubles in arrays; for each k the loop over
-//     j reads row k of b (contiguous) and applies round_d / add_d (branch-free, so GCC vectorizes
-//     it: 8 doubles per AVX-512 op);
-//   * stochastic rounding with formats of man <= 19: the same tiles, round_d_sr / add_d_sr, each
-//     lane computing its step's Philox words;
+// Several loops, the same bits (plan_for picks one; the tests compare each with the generic one,
+// on every ISA level the test suite builds):
+//   * binary16 lanes (LANES_H16): round to nearest into an IEEE binary16 accumulator: on CPUs
+//     with AVX512-FP16 products on float32 lanes (mul_f) and sums in the processor's binary16
+//     adds (h16_tile); elsewhere the float32 lanes below with the processor's float32 ->
+//     binary16 conversion as the rounding (matmul_f32.h, AccH: F16C on x86, FCVT on Arm);
+//   * float32 lanes (LANES_F32, matmul_f32.h): round to nearest into an accumulator of at most
+//     11 bits, with products rounded to mul (mul_f, values of acc) or fused (fma, the midpoint
+//     lanes redone exactly); sums rounded by round_f, or on integer lanes for wide exponent
+//     ranges such as BF16 (8 floats per AVX2 op, 16 per AVX-512 op, 4 per NEON op);
+//   * float64 lanes (LANES_F64), round to nearest otherwise: a tile of up to kTile outputs of one
+//     row (i, j0 .. j0 + kTile) keeps its accumulators as doubles in arrays; for each k the loop
+//     over j reads row k of b (contiguous) and applies round_d / add_d (branch-free, so GCC
+//     vectorizes it);
+//   * stochastic rounding with formats of man <= 19: the same tiles, round_d_sr / add_d_sr, the
+//     step's Philox words of all the tile's lanes at once (philox_simd.h, philox_strided);
 //   * any mode (directed rounding, wide formats, and the reference for the tests): one output
 //     at a time, dot_step on float32 bits, the step's random words from dot_words.
-// Work is split over (batch, row, tile) or over outputs with at::parallel_for; an output's bits
-// depend only on its operands and (seed, offset, o, K), never on the split.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+// Work is split over (batch, row, tile) or over outputs with cpd_cpu::parallel_for; an output's
+// bits depend only on its operands and (seed, offset, o, K), never on the split.
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 #if defined(__AVX512FP16__)
 #include <immintrin.h>
 #endif
@@ -27,10 +32,13 @@
 #include <cstdint>
 
 #include "cpd/numerics.h"
+#include "matmul_f32.h"
+#include "parallel.h"
+#include "philox_simd.h"
 
 namespace {
 
-constexpr int64_t kTile = 64;
+constexpr int64_t kTile = cpd_cpu::kLanes;
 
 struct Dims {
   int64_t B, M, K, N, L;  // L: block length (0: none)
@@ -41,7 +49,7 @@ struct Dims {
 template <class Tile>
 void for_each_tile(const float* a, const float* b, float* y, const Dims& d, const Tile& tile) {
   const int64_t tiles = (d.N + kTile - 1) / kTile, tasks = d.B * d.M * tiles;
-  at::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
+  cpd_cpu::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t row = t / tiles, j0 = (t % tiles) * kTile, bi = row / d.M;
       tile(a + row * d.K, b + bi * d.K * d.N, y + row * d.N, row * d.N + j0, j0, std::min(kTile, d.N - j0));
@@ -63,26 +71,15 @@ void fast_tile(const float* __restrict arow, const float* __restrict b, float* _
       if (BLOCK) {
         bs[jj] = cpd::add_d(bs[jj], p, ag);
       } else if (KAHAN) {
-        double y = cpd::add_d(p, -c[jj], ag);
-        double t = cpd::add_d(s[jj], y, ag);
-        double ts = cpd::add_d(t, -s[jj], ag);
-        c[jj] = cpd::add_d(ts, -y, ag);
-        s[jj] = t;
+        cpd::kahan_d(s[jj], c[jj], p, ag);
       } else {
         s[jj] = cpd::add_d(s[jj], p, ag);
       }
     }
     if (BLOCK && ((k + 1) % d.L == 0 || k + 1 == d.K)) {
       for (int64_t jj = 0; jj < jt; ++jj) {
-        if (KAHAN) {
-          double y = cpd::add_d(bs[jj], -c[jj], ag);
-          double t = cpd::add_d(s[jj], y, ag);
-          double ts = cpd::add_d(t, -s[jj], ag);
-          c[jj] = cpd::add_d(ts, -y, ag);
-          s[jj] = t;
-        } else {
-          s[jj] = cpd::add_d(s[jj], bs[jj], ag);
-        }
+        if (KAHAN) cpd::kahan_d(s[jj], c[jj], bs[jj], ag);
+        else s[jj] = cpd::add_d(s[jj], bs[jj], ag);
         bs[jj] = 0.0;
       }
     }
@@ -98,60 +95,64 @@ void fast_matmul(const float* a, const float* b, float* y, const Dims& d, const 
   });
 }
 
-// Round to nearest on float32 lanes (16 per AVX-512 op), when both formats have numerics.h's
-// float32 rounding (nearest_f_applies), a product rounded to mul is a value of acc
-// (values_within) and acc's sums are add_bits_fast's (add_fast_applies). Every step is then
-//   p = mul_f(a, b)        (a*b + C rounded once by an FMA: the product rounded to mul)
-//   s = add_f(s, p)        (fl32(s + p) rounded to acc: Figueroa)
-// which numerics.h shows equal to the exact steps; the tests compare this path with the generic
-// one bit for bit (products of every pair of values, midpoints and neighbours of 8-bit formats).
-inline bool f32_applies(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode) {
-  return has_mul && cpd::nearest_f_applies(mf, mode) && cpd::nearest_f_applies(af, mode) &&
-         cpd::add_fast_applies(af, mode) && cpd::values_within(mf, af);
+// The float32-lane variants (matmul_f32.h): which rounding policy rounds acc's sums.
+enum AccKind { ACC_NONE = 0, ACC_F, ACC_I, ACC_I_NORMAL, ACC_H };
+
+// acc is IEEE binary16 itself, so that the processor's conversion rounds to it.
+inline bool is_binary16(const cpd::Format& af) {
+  return af.exp == 5 && af.man == 10 && af.bias == 15 && af.specials == cpd::SPECIALS_IEEE && af.subnormals &&
+         af.outward_bits == cpd::INF_BITS;
 }
 
-inline float acc_add(float x, float y, const cpd::FormatF& g) { return cpd::float_of(cpd::add_f(x, y, g)); }
-
-// Kahan's step with the incoming value p: y = p - c, t = s + y, c = (t - s) - y, s = t.
-inline void kahan_f(float& s, float& c, float p, const cpd::FormatF& g) {
-  const float y = acc_add(p, -c, g);
-  const float t = acc_add(s, y, g);
-  c = acc_add(acc_add(t, -s, g), -y, g);
-  s = t;
+// Which float32-lane variant applies (ACC_NONE: none). Products: rounded to mul on float32 lanes
+// (nearest_f_applies) and values of acc (values_within), or fused with the midpoint test
+// (midpoint_test_applies). Sums: acc of at most 11 bits with the fast cast (add_lane_applies).
+// allow_h: binary16 rounding by conversion; only_i: integer lanes even where round_f applies.
+inline AccKind f32_kind(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode, bool allow_h,
+                        bool only_i) {
+  if (!cpd::add_lane_applies(af, mode)) return ACC_NONE;
+  if (has_mul ? !(cpd::nearest_f_applies(mf, mode) && cpd::values_within(mf, af)) : !cpd::midpoint_test_applies(af))
+    return ACC_NONE;
+  if (CPD_CPU_F16_LANES && allow_h && is_binary16(af)) return ACC_H;
+  if (!only_i && cpd::nearest_f_applies(af, mode) && cpd::add_fast_applies(af, mode)) return ACC_F;
+  return cpd::lane_normal_only(af) ? ACC_I_NORMAL : ACC_I;
 }
 
-template <bool KAHAN, bool BLOCK>
-void f32_tile(const float* __restrict arow, const float* __restrict b, float* __restrict out, int64_t j0,
-              int64_t jt, const Dims& d, const cpd::FormatF& mf0, const cpd::FormatF& af0) {
-  const cpd::FormatF mf = mf0, af = af0;
-  float s[kTile], c[kTile], bs[kTile];
-  for (int64_t jj = 0; jj < kTile; ++jj) s[jj] = c[jj] = bs[jj] = 0.0f;
-  for (int64_t k = 0; k < d.K; ++k) {
-    const float av = arow[k];
-    const float* __restrict br = b + k * d.N + j0;
-    for (int64_t jj = 0; jj < jt; ++jj) {
-      const float p = cpd::float_of(cpd::mul_f(av, br[jj], mf));
-      if (BLOCK) bs[jj] = acc_add(bs[jj], p, af);
-      else if (KAHAN) kahan_f(s[jj], c[jj], p, af);
-      else s[jj] = acc_add(s[jj], p, af);
-    }
-    if (BLOCK && ((k + 1) % d.L == 0 || k + 1 == d.K)) {
-      for (int64_t jj = 0; jj < jt; ++jj) {
-        if (KAHAN) kahan_f(s[jj], c[jj], bs[jj], af);
-        else s[jj] = acc_add(s[jj], bs[jj], af);
-        bs[jj] = 0.0f;
-      }
-    }
-  }
-  for (int64_t jj = 0; jj < jt; ++jj) out[j0 + jj] = s[jj];
-}
-
-template <bool KAHAN, bool BLOCK>
-void f32_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mf,
-                const cpd::FormatF& af) {
+template <class Acc, bool FUSED, bool KAHAN, bool BLOCK>
+void f32_matmul_v(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mf, const Acc& acc,
+                  const cpd::Format& af) {
   for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t, int64_t j0, int64_t jt) {
-    f32_tile<KAHAN, BLOCK>(ar, bm, yr, j0, jt, d, mf, af);
+    const cpd_cpu::Tile t{d.K, d.L, jt};
+    cpd_cpu::f32_tile<Acc, FUSED, KAHAN, BLOCK>(ar, bm + j0, d.N, yr + j0, t, mf, acc, af);
   });
+}
+
+template <class Acc>
+void f32_matmul(const float* a, const float* b, float* y, const Dims& d, bool fused, bool kahan,
+                const cpd::FormatF& mf, const Acc& acc, const cpd::Format& af) {
+  switch ((fused ? 4 : 0) | (kahan ? 2 : 0) | (d.L ? 1 : 0)) {
+    case 0: f32_matmul_v<Acc, false, false, false>(a, b, y, d, mf, acc, af); break;
+    case 1: f32_matmul_v<Acc, false, false, true>(a, b, y, d, mf, acc, af); break;
+    case 2: f32_matmul_v<Acc, false, true, false>(a, b, y, d, mf, acc, af); break;
+    case 3: f32_matmul_v<Acc, false, true, true>(a, b, y, d, mf, acc, af); break;
+    case 4: f32_matmul_v<Acc, true, false, false>(a, b, y, d, mf, acc, af); break;
+    case 5: f32_matmul_v<Acc, true, false, true>(a, b, y, d, mf, acc, af); break;
+    case 6: f32_matmul_v<Acc, true, true, false>(a, b, y, d, mf, acc, af); break;
+    default: f32_matmul_v<Acc, true, true, true>(a, b, y, d, mf, acc, af); break;
+  }
+}
+
+void f32_dispatch(AccKind kind, const float* a, const float* b, float* y, const Dims& d, bool has_mul, bool kahan,
+                  const cpd::Format& mf, const cpd::Format& af) {
+  const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);  // unused when fused
+  switch (kind) {
+#if CPD_CPU_F16_LANES
+    case ACC_H: f32_matmul(a, b, y, d, !has_mul, kahan, mg, cpd_cpu::AccH{}, af); break;
+#endif
+    case ACC_F: f32_matmul(a, b, y, d, !has_mul, kahan, mg, cpd_cpu::AccF{cpd::make_format_f(af)}, af); break;
+    case ACC_I_NORMAL: f32_matmul(a, b, y, d, !has_mul, kahan, mg, cpd_cpu::AccI<1>{af}, af); break;
+    default: f32_matmul(a, b, y, d, !has_mul, kahan, mg, cpd_cpu::AccI<0>{af}, af); break;
+  }
 }
 
 #if defined(__AVX512FP16__)
@@ -164,15 +165,11 @@ void f32_matmul(const float* a, const float* b, float* y, const Dims& d, const c
 // NaN operands send the whole call to the float32 lanes (matmul_out), so NaN results keep the
 // payload bits of the other paths (binary16 would keep only 10 of them).
 bool h16_applies(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode) {
-  return f32_applies(has_mul, mf, af, mode) && af.exp == 5 && af.man == 10 && af.bias == 15 &&
-         af.specials == cpd::SPECIALS_IEEE && af.subnormals && af.outward_bits == cpd::INF_BITS;
+  return has_mul && is_binary16(af) && f32_kind(has_mul, mf, af, mode, true, false) != ACC_NONE;
 }
 
 inline void kahan_h(_Float16& s, _Float16& c, _Float16 p) {
-  const _Float16 y = p - c;
-  const _Float16 t = s + y;
-  c = (t - s) - y;
-  s = t;
+  cpd::kahan_step(s, c, p, [](_Float16 x, _Float16 y, int) { return (_Float16)(x + y); });
 }
 
 template <bool KAHAN, bool BLOCK>
@@ -236,43 +233,37 @@ void sr_tile(const float* __restrict arow, const float* __restrict b, float* __r
              int64_t jt, const Dims& d, const cpd::FormatD& mg, const cpd::FormatD& ag, uint64_t seed,
              uint64_t offset) {
   double s[kTile], c[kTile], bs[kTile];
+  alignas(64) uint32_t w[4][kTile], w2[4][kTile];  // words j of the step's blocks, one run per j
   for (int64_t jj = 0; jj < kTile; ++jj) s[jj] = c[jj] = bs[jj] = 0.0;
   const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32), c2 = (uint32_t)offset,
                  c3 = (uint32_t)(offset >> 32);
+  const uint64_t K = (uint64_t)d.K, stride = 2u * K;  // lane jj's blocks: ((o0 + jj) * K + k) * 2 (+ 1)
   for (int64_t k = 0; k < d.K; ++k) {
     const double av = (double)arow[k];
     const float* __restrict br = b + k * d.N + j0;
     const bool run_end = BLOCK && ((k + 1) % d.L == 0 || k + 1 == d.K);
+    const uint64_t blk = ((uint64_t)o0 * K + (uint64_t)k) * 2u;
+    cpd_cpu::philox_strided(blk, stride, jt, c2, c3, k0, k1, &w[0][0], kTile);
+    if ((KAHAN && !BLOCK) || run_end) cpd_cpu::philox_strided(blk + 1u, stride, jt, c2, c3, k0, k1, &w2[0][0], kTile);
     for (int64_t jj = 0; jj < jt; ++jj) {
-      const uint64_t blk = ((uint64_t)(o0 + jj) * (uint64_t)d.K + (uint64_t)k) * 2u;
-      const cpd::U32x4 w = cpd::philox4x32_10((uint32_t)blk, (uint32_t)(blk >> 32), c2, c3, k0, k1);
       double p = av * (double)br[jj];
-      if (MUL) p = cpd::round_d_sr(p, mg, w.v[0]);
+      if (MUL) p = cpd::round_d_sr(p, mg, w[0][jj]);
       if (BLOCK) {
-        bs[jj] = cpd::add_d_sr(bs[jj], p, ag, w.v[1]);
+        bs[jj] = cpd::add_d_sr(bs[jj], p, ag, w[1][jj]);
       } else if (KAHAN) {
-        const cpd::U32x4 w2 = cpd::philox4x32_10((uint32_t)(blk + 1), (uint32_t)((blk + 1) >> 32), c2, c3, k0, k1);
-        double y = cpd::add_d_sr(p, -c[jj], ag, w.v[1]);
-        double t = cpd::add_d_sr(s[jj], y, ag, w.v[2]);
-        double ts = cpd::add_d_sr(t, -s[jj], ag, w.v[3]);
-        c[jj] = cpd::add_d_sr(ts, -y, ag, w2.v[0]);
-        s[jj] = t;
+        const uint32_t wk[4] = {w[1][jj], w[2][jj], w[3][jj], w2[0][jj]};
+        cpd::kahan_d_sr(s[jj], c[jj], p, ag, wk);
       } else {
-        s[jj] = cpd::add_d_sr(s[jj], p, ag, w.v[1]);
+        s[jj] = cpd::add_d_sr(s[jj], p, ag, w[1][jj]);
       }
     }
     if (run_end) {
       for (int64_t jj = 0; jj < jt; ++jj) {
-        const uint64_t blk = ((uint64_t)(o0 + jj) * (uint64_t)d.K + (uint64_t)k) * 2u + 1u;
-        const cpd::U32x4 w = cpd::philox4x32_10((uint32_t)blk, (uint32_t)(blk >> 32), c2, c3, k0, k1);
         if (KAHAN) {
-          double y = cpd::add_d_sr(bs[jj], -c[jj], ag, w.v[0]);
-          double t = cpd::add_d_sr(s[jj], y, ag, w.v[1]);
-          double ts = cpd::add_d_sr(t, -s[jj], ag, w.v[2]);
-          c[jj] = cpd::add_d_sr(ts, -y, ag, w.v[3]);
-          s[jj] = t;
+          const uint32_t wk[4] = {w2[0][jj], w2[1][jj], w2[2][jj], w2[3][jj]};
+          cpd::kahan_d_sr(s[jj], c[jj], bs[jj], ag, wk);
         } else {
-          s[jj] = cpd::add_d_sr(s[jj], bs[jj], ag, w.v[0]);
+          s[jj] = cpd::add_d_sr(s[jj], bs[jj], ag, w2[0][jj]);
         }
         bs[jj] = 0.0;
       }
@@ -292,7 +283,7 @@ void sr_matmul(const float* a, const float* b, float* y, const Dims& d, const cp
 void generic_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::DotSpec& spec,
                     uint64_t seed, uint64_t offset) {
   const int64_t n_out = d.B * d.M * d.N;
-  at::parallel_for(0, n_out, 16, [&](int64_t lo, int64_t hi) {
+  cpd_cpu::parallel_for(0, n_out, 16, [&](int64_t lo, int64_t hi) {
     const cpd::DotSpec g = spec;
     uint32_t w[cpd::DOT_WORDS];
     for (int64_t o = lo; o < hi; ++o) {
@@ -313,7 +304,7 @@ void generic_matmul(const float* a, const float* b, float* y, const Dims& d, con
 // Whether x[0 .. n) holds a NaN (one vectorized pass per span, in parallel).
 bool any_nan(const float* x, int64_t n) {
   std::atomic<bool> found{false};
-  at::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
+  cpd_cpu::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
     uint32_t nan = 0;
     for (int64_t i = lo; i < hi; ++i) nan |= (uint32_t)((cpd::bits_of(x[i]) & ~cpd::SIGN) > cpd::INF_BITS);
     if (nan) found = true;
@@ -323,15 +314,25 @@ bool any_nan(const float* x, int64_t n) {
 
 enum { LANES_GENERIC = 0, LANES_H16 = 16, LANES_F32 = 32, LANES_F64 = 64 };
 
-// Which loop runs (path: 0 automatic, 1 generic, 2 no float32 or binary16 lanes, 3 no binary16
-// lanes): binary16 lanes, float32 lanes, float64 lanes (nearest; stochastic with formats of
-// man <= 19), or the generic one.
-int lanes_for(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode, int64_t path) {
-  if (path == 0 && h16_applies(has_mul, mf, af, mode)) return LANES_H16;
-  if ((path == 0 || path == 3) && f32_applies(has_mul, mf, af, mode)) return LANES_F32;
+struct Plan {
+  int lanes;     // LANES_*
+  AccKind acc;   // the float32-lane variant (LANES_F32, and LANES_H16 off AVX512-FP16)
+};
+
+// Which loop runs. path: 0 automatic; 1 generic; 2 float64 lanes (no float32 or binary16 lanes);
+// 3 float32 lanes without binary16 rounding (round_f where it applies, else integer lanes);
+// 4 float32 lanes on integer-lane rounding only. Then binary16 lanes, float32 lanes, float64
+// lanes (nearest; stochastic with formats of man <= 19), or the generic one, whichever applies
+// first (paths 2-4 are for the tests, which compare every loop with the generic one).
+Plan plan_for(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode, int64_t path) {
+  if (path == 0 && h16_applies(has_mul, mf, af, mode)) return {LANES_H16, ACC_H};
+  if (path == 0 || path == 3 || path == 4) {
+    const AccKind kind = f32_kind(has_mul, mf, af, mode, path == 0, path == 4);
+    if (kind != ACC_NONE) return {kind == ACC_H ? LANES_H16 : LANES_F32, kind};
+  }
   if (path != 1 && (mode == cpd::NEAREST || (mode == cpd::STOCHASTIC && af.man <= 19 && (!has_mul || mf.man <= 19))))
-    return LANES_F64;
-  return LANES_GENERIC;
+    return {LANES_F64, ACC_NONE};
+  return {LANES_GENERIC, ACC_NONE};
 }
 
 }  // namespace
@@ -344,13 +345,13 @@ int64_t matmul_lanes(bool has_mul, int64_t mexp, int64_t mman, int64_t mbias, in
                                           saturate ? 1 : 0);
   const cpd::Format af = cpd::make_format((int)aexp, (int)aman, (int)abias, (int)aspecials, asubnormals ? 1 : 0,
                                           saturate ? 1 : 0);
-  return lanes_for(has_mul, mf, af, (int)mode, 0);
+  return plan_for(has_mul, mf, af, (int)mode, 0).lanes;
 }
 
 // out[b, i, j] = the accumulation of a[b, i, :] . b[b, :, j] (numerics.h, "Accumulation").
 // a: (B, M, K), b: (B, K, N), out: (B, M, N), contiguous float32. path: 0 automatic, 1 generic,
-// 2 no float32 or binary16 lanes, 3 no binary16 lanes (see lanes_for).
-void matmul_out(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& out, bool has_mul, int64_t mexp,
+// 2 float64 lanes, 3 float32 lanes without binary16, 4 float32 integer lanes (see plan_for).
+void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool has_mul, int64_t mexp,
                 int64_t mman, int64_t mbias, int64_t mspecials, bool msubnormals, int64_t aexp, int64_t aman,
                 int64_t abias, int64_t aspecials, bool asubnormals, bool kahan, int64_t block, int64_t mode,
                 bool saturate, int64_t sr_bits, int64_t seed, int64_t offset, int64_t path) {
@@ -364,10 +365,14 @@ void matmul_out(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& o
   const float* bp = b.data_ptr<float>();
   float* yp = out.data_ptr<float>();
   if (out.numel() == 0) return;
-  int lanes = lanes_for(has_mul, mf, af, (int)mode, path);
-  if (lanes == LANES_H16 && (any_nan(ap, a.numel()) || any_nan(bp, b.numel()))) lanes = LANES_F32;
+  Plan plan = plan_for(has_mul, mf, af, (int)mode, path);
+  // binary16 arithmetic would keep only 10 payload bits of a NaN operand: such calls take the
+  // float32 lanes, whose NaN results are the other paths' bit for bit
+  if (plan.lanes == LANES_H16 && (any_nan(ap, a.numel()) || any_nan(bp, b.numel())))
+    plan = plan_for(has_mul, mf, af, (int)mode, 3);
+  const int lanes = plan.lanes;
 #if defined(__AVX512FP16__)
-  if (lanes == LANES_H16) {
+  if (lanes == LANES_H16 && has_mul) {
     const cpd::FormatF mg = cpd::make_format_f(mf);
     switch ((kahan ? 2 : 0) | (block ? 1 : 0)) {
       case 0: h16_matmul<false, false>(ap, bp, yp, d, mg); break;
@@ -378,14 +383,8 @@ void matmul_out(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& o
     return;
   }
 #endif
-  if (lanes == LANES_F32) {
-    const cpd::FormatF mg = cpd::make_format_f(mf), ag = cpd::make_format_f(af);
-    switch ((kahan ? 2 : 0) | (block ? 1 : 0)) {
-      case 0: f32_matmul<false, false>(ap, bp, yp, d, mg, ag); break;
-      case 1: f32_matmul<false, true>(ap, bp, yp, d, mg, ag); break;
-      case 2: f32_matmul<true, false>(ap, bp, yp, d, mg, ag); break;
-      default: f32_matmul<true, true>(ap, bp, yp, d, mg, ag); break;
-    }
+  if (lanes == LANES_H16 || lanes == LANES_F32) {
+    f32_dispatch(plan.acc, ap, bp, yp, d, has_mul, kahan, mf, af);
     return;
   }
   if (lanes == LANES_F64 && mode == cpd::NEAREST) {

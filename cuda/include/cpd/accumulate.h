@@ -252,6 +252,36 @@ CPD_FN double round_d_sr(double x, const FormatD& g, u32 rand) {
 
 CPD_FN double add_d_sr(double x, double y, const FormatD& g, u32 rand) { return round_d_sr(add_odd(x, y), g, rand); }
 
+// ------------------------------------------------------------------------------------------
+// Kahan's step, one helper for every lane type: the incoming value p, the sum s and the
+// compensation c of one output; `add(x, y, j)` is the j-th rounded addition of the step
+// (j = 0: y = p - c, 1: t = s + y, 2: t - s, 3: (t - s) - y), T's negation exact.
+//   y = p - c,  t = s + y,  c = (t - s) - y,  s = t
+// kahan_finish is the last three, y already formed (a fused step rounds y = -c + a*b at once).
+// The u32 form of the generic path is kahan_add above; the float64 lanes use kahan_d /
+// kahan_d_sr below; the CPU matmul's float32 and binary16 lanes call these templates with their
+// own rounded additions.
+template <class T, class Add>
+CPD_FN void kahan_finish(T& s, T& c, T y, const Add& add) {
+  const T t = add(s, y, 1);
+  c = add(add(t, -s, 2), -y, 3);
+  s = t;
+}
+
+template <class T, class Add>
+CPD_FN void kahan_step(T& s, T& c, T p, const Add& add) {
+  kahan_finish(s, c, add(p, -c, 0), add);
+}
+
+CPD_FN void kahan_d(double& s, double& c, double p, const FormatD& g) {
+  kahan_step(s, c, p, [&g](double x, double y, int) { return add_d(x, y, g); });
+}
+
+// Stochastic rounding: w[j] is the word of addition j.
+CPD_FN void kahan_d_sr(double& s, double& c, double p, const FormatD& g, const u32* w) {
+  kahan_step(s, c, p, [&g, w](double x, double y, int j) { return add_d_sr(x, y, g, w[j]); });
+}
+
 }  // namespace cpd
 
 #endif  // CPD_ACCUMULATE_H

@@ -302,6 +302,49 @@ CPD_FN u32 fma_bits(u32 uc, u32 ua, u32 ub, const Format& f, int mode, u32 rand,
   return s.S == 0 ? zero_bits(zero_sum_sign(uc & SIGN, p.sign, mode), f) : round_wide(s, f, mode, rand, sr_bits);
 }
 
+// ------------------------------------------------------------------------------------------
+// Float32 lanes beyond round_f's range (the CPU matmul; additions to the forms above).
+//
+// add_lane_applies: add_bits(x, y, f, NEAREST) == cast_bits_fast(fl32(x + y), f, NEAREST) for x
+// and y values of f, for every format with the fast path and at most 11 significant bits, with
+// no condition on the exponent range (so BF16 too, whose C = 2^(E + 23 - man) would overflow
+// round_f's trick). Figueroa's identity (add_fast_applies) needs the fl32 sum to be the sum
+// rounded once to 24 bits or exact: above 2^-126 it is a float32 normal; below, x + y is a
+// multiple of f's finest quantum 2^(emin - man) >= 2^-149 (fast_path_applies) smaller than
+// 2^-126, which float32's subnormals hold exactly. The rounding is the fast cast itself,
+// region N on integer lanes (the float32 bits, as for any fast cast) and region S on float32
+// lanes; when emin = -126, region N's integer rounding is right below 2^emin too (f's quantum
+// there, 2^(-126 - man), is a fixed 23 - man bits of float32's subnormal encoding, as it is of
+// every binade above), so round_lane_i can skip region S (lane_normal_only).
+CPD_FN int add_lane_applies(const Format& f, int mode) {
+  return (int)(mode == NEAREST && f.fast && f.man <= 10);
+}
+
+CPD_FN int lane_normal_only(const Format& f) { return (int)(f.fast && f.emin == -126); }
+
+// cast_bits(u, f, NEAREST) on the path above: NORMAL_ONLY for lane_normal_only(f) formats.
+template <int NORMAL_ONLY>
+CPD_FN u32 round_lane_i(u32 u, const Format& f) {
+  return NORMAL_ONLY ? cast_bits_fast_normal(u, f, NEAREST, 0u, 32) : cast_bits_fast(u, f, NEAREST, 0u, 32);
+}
+
+// 1 when the magnitude a (float32 bits, sign clear, finite) lies exactly halfway between two
+// neighbours of f's grid, for fast formats with 1 <= man <= 22 (midpoints are float32 values).
+// A float32 result r = fl32(v) of an exact value v rounds to f as v does unless r is such a
+// midpoint: every value and midpoint of f is a float32 number, so rounding to float32 (monotone)
+// cannot carry v across one, and r lands on one only if it was one or v was next to it. The CPU
+// matmul's fused lanes (r = fma(a, b, s)) redo those lanes with fma_bits.
+//   region N (a >= 2^emin):  the d0 = 23 - man dropped bits are 100...0
+//   region S (a < 2^emin):   |a - v| = q / 2 with v = (a + C) - C, a rounded to a multiple of q
+CPD_FN u32 is_midpoint_bits(u32 a, const Format& f) {
+  u32 n_tie = (u32)((a & f.qmask) == f.half_m1 + 1u);
+  float ax = float_of(a), v = fsub(fadd(ax, f.sub_c), f.sub_c);
+  u32 s_tie = (u32)(fsub(ax, v) == fmul(f.sub_q, 0.5f)) | (u32)(fsub(v, ax) == fmul(f.sub_q, 0.5f));
+  return sel((u32)(a < f.min_normal_bits), s_tie, n_tie);
+}
+
+CPD_FN int midpoint_test_applies(const Format& f) { return (int)(f.fast && f.man >= 1 && f.man <= 22); }
+
 }  // namespace cpd
 
 #endif  // CPD_ARITH_H

@@ -1,0 +1,236 @@
+"""Step time of low-bit gradient communication on a throttled network: DDP float32, torch's
+fp16_compress_hook, cpd E4M3 and cpd packed 4-bit ((3, 0)), as ratios to DDP float32.
+
+Method (rerun it anywhere you are root; traffic stays on a private loopback):
+
+* for each RATE the benchmark re-executes itself inside a private network namespace
+  (``unshare --net``), brings its loopback up and, unless RATE is ``unthrottled``, shapes it with
+  ``tc qdisc add dev lo root tbf rate RATE burst 256kb latency 100ms``;
+* there it spawns N gloo processes (one CPU thread each) on 127.0.0.1; every process builds the same
+  MLP (three Linear layers, 4.7M weights, 18.9 MB of float32 gradients) under DDP four times, one
+  per variant, and times ``loss.backward()`` (backward + communication: DDP waits for every
+  bucket's future at the end of backward) between barriers, variants interleaved rep by rep;
+* rank 0 prints the medians and their ratios to DDP float32, and the bytes a rank sends per step
+  (cpd: counted by the engine's StepReport; DDP/fp16: the ring model 2(W-1)/W n x itemsize).
+
+    python benchmarks/bench_wire.py                      # RATE in 1gbit 10gbit unthrottled, N in 2 4
+    python benchmarks/bench_wire.py --rates 1gbit --nproc 2 --reps 9
+
+The machine (CPU model, ISA level, cores) is printed first; on a shared machine say so with the
+figures. Without root or ``unshare`` the throttled rates are skipped with a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = ("ddp float32", "torch fp16 hook", "cpd e4m3", "cpd e3m0 (4-bit)")
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        model = next(ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name"))
+        flags = next(ln for ln in text.splitlines() if ln.startswith("flags")).split()
+        isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
+    except (OSError, StopIteration):
+        isa = "?"
+    return f"{model}, {isa}, {os.cpu_count()} cores, {platform.machine()}, torch {torch.__version__}"
+
+
+# ------------------------------------------------------------------------------------ the worker
+def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import cpd
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=600))
+    w = opts.width
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(),
+                                   torch.nn.Linear(w, 10))
+
+    runs = {}
+    ddp = DDP(model())
+    runs[VARIANTS[0]] = (ddp, None)
+    ddp = DDP(model())
+    ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    runs[VARIANTS[1]] = (ddp, None)
+    for name, fmt in zip(VARIANTS[2:], ("e4m3", cpd.FloatFormat(3, 0))):
+        m = model()
+        ddp = DDP(m)
+        state = cpd.distributed.APSHookState(fmt, "ring", model=m, timeout=600)
+        ddp.register_comm_hook(state, cpd.distributed.aps_hook)
+        runs[name] = (ddp, state)
+    x = torch.randn(opts.batch, w, generator=torch.Generator().manual_seed(rank))
+    y = torch.randint(0, 10, (opts.batch,), generator=torch.Generator().manual_seed(rank))
+    times = {k: [] for k in runs}
+    for rep in range(opts.reps + 2):
+        for name, (ddp, _) in runs.items():
+            ddp.zero_grad()
+            loss = torch.nn.functional.cross_entropy(ddp(x), y)
+            dist.barrier()
+            t0 = time.perf_counter()
+            loss.backward()
+            t = time.perf_counter() - t0
+            dist.barrier()
+            if rep >= 2:  # two warm-up rounds (bucket rebuild, kernel tables, first messages)
+                times[name].append(t)
+    if rank == 0:
+        n = sum(p.numel() for p in model().parameters())
+        ring = cpd.distributed.float32_ring_bytes([n], world)
+        res = {"world": world, "params": n, "reps": opts.reps, "kernels": cpd.distributed.kernels.compiled(),
+               "variants": {}}
+        for name, (_, state) in runs.items():
+            sent = state.report.bytes_sent if state is not None else ring // (2 if "fp16" in name else 1)
+            res["variants"][name] = {"median_s": statistics.median(times[name]), "times": times[name], "sent": sent,
+                                     "counted": state is not None}
+        Path(out).write_text(json.dumps(res))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def inner(opts) -> int:
+    """Inside the namespace: loopback up, shaped, then the N processes."""
+    import torch.multiprocessing as mp
+
+    if opts.netns:
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        if opts.rate != "unthrottled":
+            subprocess.run(["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", opts.rate, "burst", "256kb",
+                            "latency", "100ms"], check=True)
+    mp.spawn(_worker, args=(opts.nproc[0], _free_port(), opts, opts.out), nprocs=opts.nproc[0], join=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------ kernels
+def kernel_rates(n: int = 1 << 22, reps: int = 5) -> str:
+    """Single-thread throughput of the fused kernels (G elements/s), measured side by side."""
+    import cpd
+    from cpd.distributed import kernels
+    from cpd.distributed.layout import layout
+    from cpd.rounding import Rounding
+
+    torch.set_num_threads(1)
+    x = torch.randn(n, generator=torch.Generator().manual_seed(0)) * 2.0 ** -10
+    rows = ["| kernel | format | ns / element | G elements / s (1 thread) |", "|---|---|---|---|"]
+
+    def rate(fn):
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) / reps / n
+
+    for fmt in (cpd.FloatFormat.parse("e4m3"), cpd.FloatFormat(3, 0)):
+        lay = layout(fmt, (n,), 1)
+        segs = lay.segments(0, [0], [fmt.emax + 7])
+        buf = kernels.encode(x, segs, lay.wf, Rounding.NEAREST, False)
+        acc, out = buf.clone(), torch.empty(n)
+        for name, fn in (("encode (scale, cast, pack)", lambda: kernels.encode(x, segs, lay.wf, Rounding.NEAREST,
+                                                                               False, out=acc)),
+                         ("hop (decode, add, encode)", lambda: kernels.hop(buf, acc, n, lay.wf, Rounding.NEAREST,
+                                                                           False)),
+                         ("decode (unscale, 1/W)", lambda: kernels.decode(buf, segs, out, lay.wf, 0.5))):
+            t = rate(fn)
+            rows.append(f"| {name} | {fmt.name} | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
+    return "\n".join(rows)
+
+
+# ------------------------------------------------------------------------------------ the driver
+def run_one(rate: str, nproc: int, opts) -> dict | None:
+    out = Path(tempfile.mkdtemp(prefix="bench_wire_")) / "res.json"
+    cmd = [sys.executable, __file__, "--inner", "--rates", rate, "--nproc", str(nproc), "--reps", str(opts.reps),
+           "--width", str(opts.width), "--batch", str(opts.batch), "--out", str(out)]
+    netns = shutil.which("unshare") is not None and os.geteuid() == 0
+    if netns:
+        cmd = ["unshare", "--net", "--", *cmd, "--netns"]
+    elif rate != "unthrottled":
+        print(f"  {rate}: skipped (needs root and unshare for a private, shaped loopback)")
+        return None
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0 or not out.is_file():
+        print(f"  {rate} N={nproc}: failed\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        return None
+    res = json.loads(out.read_text())
+    res["rate"], res["wall_s"] = rate, time.monotonic() - t0
+    return res
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| rate | N | variant | median step (ms) | / DDP float32 | / fp16 hook | bytes sent per rank |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        v = r["variants"]
+        base, fp16 = v[VARIANTS[0]]["median_s"], v[VARIANTS[1]]["median_s"]
+        for name in VARIANTS:
+            t = v[name]["median_s"]
+            sent = f"{v[name]['sent'] / 1e6:.2f} MB" + ("" if v[name]["counted"] else " (ring model)")
+            lines.append(f"| {r['rate']} | {r['world']} | {name} | {1e3 * t:.1f} | {t / base:.2f} | {t / fp16:.2f} "
+                         f"| {sent} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rates", nargs="+", default=["1gbit", "10gbit", "unthrottled"])
+    p.add_argument("--nproc", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--width", type=int, default=1536, help="MLP width (1536: 4.7M weights)")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--no-kernels", action="store_true", help="skip the single-thread kernel rates")
+    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--netns", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    opts = p.parse_args(argv)
+    if opts.inner:
+        opts.rate = opts.rates[0]
+        return inner(opts)
+    print(f"machine: {machine()}")
+    if not opts.no_kernels:
+        print(kernel_rates(), flush=True)
+    print(f"MLP width {opts.width}, batch {opts.batch}, {opts.reps} timed reps per variant (medians of "
+          "loss.backward(): backward + communication)")
+    results = []
+    for rate in opts.rates:
+        for n in opts.nproc:
+            r = run_one(rate, n, opts)
+            if r is not None:
+                results.append(r)
+                print(f"  done: {rate} N={n} ({r['wall_s']:.0f} s, compiled kernels: {r['kernels']})", flush=True)
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""Where each value of a stream sits on the wire: chunk-major layouts and their sub-chunks.
+
+A stream is the layers of one wire format in one exchange. The emulator's order (DESIGN.md §3)
+splits every layer like ``numpy.array_split`` into P chunks; chunk c of the stream is chunk c of
+every layer, layer after layer. On the wire (and in the rank's accumulator) the stream is stored
+chunk-major: chunk 0's values, then chunk 1's, each chunk starting on a byte boundary, so one
+chunk is one contiguous byte range — the message of one ring hop — and the fused kernels read and
+write it in place. Sub-chunks (the pipelining unit) split a chunk at multiples of 8 elements,
+which are byte boundaries for every code width, so the sub-chunk messages of a chunk concatenate
+to the chunk's message byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import torch
+
+from ..primitives import chunk_bounds
+from ..formats import FloatFormat
+from .wire import WireFormat
+
+__all__ = ["Layout", "layout", "SUB_CHUNK"]
+
+#: Default sub-chunk size in elements (the pipelining unit of a ring hop on gloo); the environment
+#: variable ``CPD_WIRE_SUBCHUNK`` overrides it (a positive multiple of 8).
+SUB_CHUNK = int(os.environ.get("CPD_WIRE_SUBCHUNK", 1 << 18))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One stream of layers of ``sizes`` elements chunked into ``parts`` chunks."""
+
+    wf: WireFormat
+    parts: int
+    sizes: tuple
+    #: Per chunk: ((layer index in the stream, first element in the layer, length), ...).
+    rows: tuple
+    #: Elements per chunk.
+    lengths: tuple
+    #: Byte offset of each chunk in the stream's buffer, and the total (parts + 1 entries).
+    offsets: tuple
+    #: Sub-chunk size in elements (a multiple of 8).
+    sub: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.offsets[-1]
+
+    def chunk(self, c: int) -> tuple[int, int]:
+        """Byte range of chunk c."""
+        return self.offsets[c], self.offsets[c + 1]
+
+    def subchunks(self, c: int) -> list[tuple[int, int, int]]:
+        """(first byte, end byte, elements) of each sub-chunk of chunk c (one, possibly empty, at least)."""
+        n, base = self.lengths[c], self.offsets[c]
+        out = []
+        for a in range(0, max(n, 1), self.sub):
+            b = min(n, a + self.sub)
+            out.append((base + self.wf.nbytes(a), base + self.wf.nbytes(b), b - a))
+        return out
+
+    def segments(self, c: int, layer_offsets, scales, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """Kernel segments of elements ``[lo, hi)`` of chunk c (default all): (offset in the flat
+        tensor, length, scale exponent) rows, for layers at ``layer_offsets`` (per stream layer)
+        scaled by ``2**scales[k]``."""
+        hi = self.lengths[c] if hi is None else hi
+        out, pos = [], 0
+        for k, a, m in self.rows[c]:
+            s0, s1 = max(lo, pos), min(hi, pos + m)
+            if s1 > s0:
+                out.append((layer_offsets[k] + a + s0 - pos, s1 - s0, scales[k]))
+            pos += m
+        return torch.tensor(out, dtype=torch.int64).reshape(-1, 3)
+
+
+@functools.lru_cache(maxsize=512)
+def layout(fmt: FloatFormat, sizes: tuple, parts: int, sub: int = SUB_CHUNK) -> Layout:
+    """The (cached) layout of layers of ``sizes`` in ``fmt`` chunked ``parts`` ways."""
+    if sub < 8 or sub % 8:
+        raise ValueError(f"sub-chunk size must be a positive multiple of 8 elements, got {sub}")
+    wf = WireFormat(fmt)
+    rows = [[] for _ in range(parts)]
+    for k, n in enumerate(sizes):
+        for c, (a, b) in enumerate(chunk_bounds(n, parts)):
+            if b > a:
+                rows[c].append((k, a, b - a))
+    lengths = [sum(m for _, _, m in r) for r in rows]
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + wf.nbytes(n))
+    return Layout(wf, parts, tuple(sizes), tuple(tuple(r) for r in rows), tuple(lengths), tuple(offsets), sub)

@@ -1,0 +1,195 @@
+"""The format-based reduction of one bucket: exponent exchange, per-layer decisions, streams.
+
+1. **Exponent exchange**: one ``all_reduce(MAX)`` of one int32 per layer: ``ceil(log2(max|g| *
+   W))`` (APS's FINDMAXEXP) or a sentinel for "no gradient", "all zero", "inf/NaN", so every rank
+   decides the same for every layer (the emulator's edge cases, in its order).
+2. **Streams**: the low-precision layers (scaled by ``2**s``, cast, encoded: one fused
+   :func:`.kernels.encode` per chunk, straight from the bucket) and the float32 layers
+   (``fp32_layers``, the hybrid phase), each in its chunk-major :class:`~.layout.Layout`.
+3. **Reduce** each stream in the configured order (:mod:`.orders`), then one fused
+   :func:`.kernels.decode` per chunk writes ``sum / 2**s`` (times ``inv``) back into the layers'
+   positions. inf/NaN layers: the float32 sum over the ranks (an all_gather), visible, flagged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..formats import FP32
+from ..ops import cast
+from ..primitives import ceil_log2
+from . import kernels
+from .layout import SUB_CHUNK, layout
+from .orders import Sums, hierarchical, one_rounding, ring
+from .report import StepReport
+from .transport import Transport
+from .wire import float32_ring_bytes
+
+__all__ = ["FormatReducer", "NONE", "ZERO", "NONFINITE"]
+
+# Per-layer int32 codes of the exponent exchange, combined with MAX: inf/NaN anywhere wins, then
+# the largest real exponent, then "all zero", then "no gradient on any rank".
+NONE = -(2**31) + 1
+ZERO = -(2**31) + 2
+NONFINITE = 2**31 - 1
+
+
+class FormatReducer:
+    """Sums the ranks' gradients of one bucket as the emulator would (a format on the wire)."""
+
+    def __init__(self, cfg, tp: Transport, sub_group=None):
+        self.cfg = cfg
+        self.tp = tp
+        self.sub = sub_group
+        self.sums = Sums(cfg.rounding, cfg.saturate, cfg.kahan)
+        #: Sub-chunk size in elements (the pipelining unit of a ring hop; a multiple of 8).
+        self.sub_chunk = SUB_CHUNK
+
+    def exponents(self, flat: torch.Tensor, present: list[bool], offsets: list[int], sizes: list[int]):
+        """This rank's exponent codes, MAX-exchanged; (codes, bytes this rank sent for them)."""
+        w = self.tp.world
+        segs = torch.tensor([[o, n, 0] for o, n in zip(offsets, sizes)], dtype=torch.int64).reshape(-1, 3)
+        mags = kernels.absmax(flat, segs)
+        codes = []
+        for m, here in zip(mags, present):
+            if not here:
+                codes.append(NONE)
+            elif not math.isfinite(m):
+                codes.append(NONFINITE)
+            else:
+                codes.append(ZERO if m == 0.0 else ceil_log2(m * w))
+        if w == 1 or not codes:
+            return codes, 0
+        ex = self.tp.all_reduce_max(torch.tensor(codes, dtype=torch.int32))
+        return ex.tolist(), float32_ring_bytes([len(codes)], w, self.tp.pos)  # int32: as float32
+
+    @torch.no_grad()
+    def reduce(self, flat: torch.Tensor, present: list[bool], names: list[str], sizes: list[int], *, step: int,
+               scale_exp: int | None, roundoff: bool = False, inv: float = 1.0):
+        """Reduce the layers of ``flat`` (float32, layers back to back; absent layers are zeros).
+
+        Returns ``(out, report)``: ``out`` (like ``flat``) holds every layer's sum times ``inv``
+        (skipped layers: zeros), ``report`` a :class:`StepReport` (status "skipped" for layers no
+        rank has).
+        """
+        cfg, tp, w = self.cfg, self.tp, self.tp.world
+        offsets = [0]
+        for n in sizes[:-1]:
+            offsets.append(offsets[-1] + n)
+        sent0, recv0 = tp.sent, tp.received
+        ex, exp_bytes = self.exponents(flat, present, offsets, sizes)
+        all_fp32 = step < cfg.hybrid_steps
+        rep = StepReport(step=step, world=w, rank=tp.pos, algorithm=cfg.algorithm, fmt=cfg.fmt.name, buckets=1)
+        low, f32, nonfinite, scales = [], [], [], {}
+        for i, (name, e) in enumerate(zip(names, ex)):
+            if e == NONE:
+                rep.status[name], rep.scale_exp[name] = "skipped", None
+            elif e == NONFINITE:
+                rep.status[name], rep.scale_exp[name] = "nonfinite", None
+                nonfinite.append(i)
+            elif all_fp32 or cfg.is_fp32_layer(name):
+                rep.status[name], rep.scale_exp[name] = "fp32", None
+                f32.append(i)
+            elif e == ZERO:
+                rep.status[name], rep.scale_exp[name] = "zero", None
+                low.append(i)
+                scales[i] = 0
+            else:
+                s = (cfg.fmt.emax - e - cfg.margin if cfg.scaling == "aps"
+                     else (scale_exp or 0) if cfg.scaling == "loss" else 0)
+                rep.status[name], rep.scale_exp[name] = "lowp", s
+                low.append(i)
+                scales[i] = s
+        out = torch.empty_like(flat)
+        for i, e in enumerate(ex):
+            if e == NONE:
+                out[offsets[i]:offsets[i] + sizes[i]] = 0.0
+        overflow = False  # possible without APS: a non-finite sum (counted by the fused decode)
+        for fmt, layers in ((cfg.fmt, low), (FP32, f32)):
+            if layers:
+                overflow |= self._stream(fmt, layers, flat, out, offsets, sizes, scales, inv) > 0
+        for i in nonfinite:  # the float32 sum over the ranks (the emulator's x.sum(0)): visible, flagged
+            x = flat[offsets[i]:offsets[i] + sizes[i]]
+            rows = tp.all_gather(x) if w > 1 else [x]
+            tp.sent += (w - 1) * x.numel() * 4
+            tp.received += (w - 1) * x.numel() * 4
+            res = torch.stack([r.to(flat.device) for r in rows]).sum(0)
+            out[offsets[i]:offsets[i] + sizes[i]] = res * inv if inv != 1.0 else res
+        rep.found_inf = bool(nonfinite) or overflow
+        if roundoff:
+            rep.roundoff, rep.diagnostic_bytes = self._roundoff(names, flat, out, offsets, sizes, rep, scales)
+        rep.bytes_sent = tp.sent - sent0 + exp_bytes
+        rep.bytes_received = tp.received - recv0 + exp_bytes
+        rep.exponent_bytes = exp_bytes
+        rep.float32_bytes = float32_ring_bytes([n for n, e in zip(sizes, ex) if e != NONE], w, tp.pos)
+        return out, rep
+
+    def _stream(self, fmt, layers, flat, out, offsets, sizes, scales, inv) -> int:
+        """Encode, reduce and decode the layers ``layers`` of one wire format; returns the number
+        of inf/NaN results."""
+        cfg, tp = self.cfg, self.tp
+        alg = cfg.algorithm
+        k = cfg.group_size if alg == "hierarchical" else 1
+        lay = layout(fmt, tuple(sizes[i] for i in layers), tp.world // k, self.sub_chunk)
+        offs = [offsets[i] for i in layers]
+        sc = [scales.get(i, 0) for i in layers]
+        buf = torch.empty(lay.nbytes, dtype=torch.uint8, device=flat.device)
+        bad = [0]
+
+        def prepare(c: int) -> None:  # the fused encode of chunk c, straight from the bucket
+            lo, hi = lay.chunk(c)
+            if hi > lo:
+                kernels.encode(flat, lay.segments(c, offs, sc), lay.wf, cfg.rounding, cfg.saturate, out=buf[lo:hi])
+
+        def final(c: int, j: int, lo: int, hi: int) -> None:  # the fused decode of one final sub-chunk
+            if hi > lo:
+                a = j * lay.sub  # sub-chunk j: elements [j * sub, (j + 1) * sub) of chunk c
+                b = min(lay.lengths[c], a + lay.sub)
+                bad[0] += kernels.decode(buf[lo:hi], lay.segments(c, offs, sc, a, b), out, lay.wf, inv)
+
+        if alg == "ring":
+            c_buf = torch.zeros_like(buf) if cfg.kahan else None
+            ring(tp, lay, buf, c_buf, tp.ranks, tp.pos, self.sums, prepare=prepare, final=final)
+            return bad[0]
+        for c in range(lay.parts):
+            prepare(c)
+        if alg == "hierarchical":
+            hierarchical(tp, lay, buf, self.sums, k, self.sub)
+        else:
+            lay, buf = one_rounding(tp, lay, buf)
+        for c in range(lay.parts):
+            lo, hi = lay.chunk(c)
+            if hi > lo:
+                bad[0] += kernels.decode(buf[lo:hi], lay.segments(c, offs, sc), out, lay.wf, inv)
+        return bad[0]
+
+    def _roundoff(self, names, flat, out, offsets, sizes, rep, scales):
+        """The emulator's per-layer report rows (cpd.report.layer_stats) from every rank's float32
+        gradients (one all_gather, off the hot path)."""
+        from ..report import RoundoffReport, layer_stats
+
+        w, cfg = self.tp.world, self.cfg
+        rows = self.tp.all_gather(flat) if w > 1 and flat.numel() else [flat]
+        every = torch.stack([r.cpu() for r in rows])
+        layers = {}
+        for i, name in enumerate(names):
+            status = rep.status[name]
+            if status == "skipped":
+                layers[name] = layer_stats(name, "skipped", torch.zeros(max(w, 1), 0), torch.zeros(0), cfg.fmt)
+                continue
+            x = every[:, offsets[i]:offsets[i] + sizes[i]]
+            res = out[offsets[i]:offsets[i] + sizes[i]].cpu()
+            if status in ("nonfinite", "fp32"):
+                layers[name] = layer_stats(name, status, x, res, cfg.fmt)
+            elif status == "zero":
+                layers[name] = layer_stats(name, "zero", x, res, cfg.fmt, None, x, res.new_zeros(x.shape))
+            else:
+                s = scales[i]
+                scaled = (x.double() * 2.0 ** s).to(torch.float32)
+                low = cast(scaled, cfg.fmt, cfg.rounding, saturate=cfg.saturate)
+                layers[name] = layer_stats(name, "lowp", x, res, cfg.fmt, s, scaled, low)
+        method = {"aps": "aps", "loss": "loss-scaled"}.get(cfg.scaling, "unscaled")
+        report = RoundoffReport(layers, cfg.fmt, cfg.algorithm, w, method, cfg.group_size)
+        return report, (w - 1) * flat.numel() * 4

@@ -1,0 +1,172 @@
+"""Transport: the dedicated process groups, point-to-point messages, timeouts, failures, byte
+counters and the communication thread. Knows bytes and ranks, nothing of formats.
+
+* Every exchange runs on a process group created for the state (``dist.new_group``), so it never
+  interleaves with DDP's own collectives or the user's.
+* Every wait is bounded by ``timeout``; any failure (a peer that raised, died or stalled: a closed
+  connection or a timeout) becomes a :class:`CommunicationError` naming the rank, W and the
+  timeout, and the transport refuses further work.
+* ``sent`` / ``received`` count the bytes of every message this rank posted / expected.
+* :meth:`submit` runs work on one FIFO communication thread and returns a
+  ``torch.futures.Future`` (gloo's point-to-point operations give no futures); DDP launches the
+  hooks in bucket order on every rank, so the buckets are reduced in the same order everywhere.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+
+from .report import CommunicationError
+
+__all__ = ["Transport"]
+
+
+class Transport:
+    """Point-to-point and collective messages over a process group of its own."""
+
+    def __init__(self, process_group, timeout: datetime.timedelta):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group(...) first")
+        self.timeout = timeout
+        pg = process_group if process_group is not None else dist.group.WORLD
+        self.ranks = list(dist.get_process_group_ranks(pg))
+        self.rank = dist.get_rank()
+        if sorted(self.ranks) != list(range(dist.get_world_size())):
+            # Creating the state's own groups is collective over the default group; a strict
+            # subgroup would need every non-member to join that call (not supported yet).
+            raise ValueError(f"process_group must hold every rank of the default group (ranks 0.."
+                             f"{dist.get_world_size() - 1}), got ranks {self.ranks}")
+        self.world = len(self.ranks)
+        self.pos = self.ranks.index(self.rank)
+        self.backend = dist.get_backend(pg)
+        self.pg = dist.new_group(ranks=self.ranks, timeout=self.timeout, backend=self.backend)
+        self.device = (torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
+                       else torch.device("cpu"))
+        #: gloo: sub-chunk messages with tags, completed by gloo's own threads (pipelining);
+        #: NCCL: one batched launch per hop, ordered on the device.
+        self.tagged = self.backend != "nccl"
+        self.error: BaseException | None = None
+        self.sent = self.received = 0
+        self._thread = None
+        self._queue: queue.Queue | None = None
+
+    # ---- groups
+    def subgroups(self, groups: list[list[int]]):
+        """This rank's subgroup of ``dist.new_subgroups_by_enumeration(groups)`` (collective)."""
+        sub, _ = dist.new_subgroups_by_enumeration(groups, timeout=self.timeout, backend=self.backend)
+        return sub
+
+    # ---- faults
+    def fail(self, exc: BaseException, what: str) -> BaseException:
+        """The error to raise for ``exc``; remembered, so that every later call fails too."""
+        if isinstance(exc, (CommunicationError, ValueError)):
+            err = exc
+        else:
+            err = CommunicationError(
+                f"cpd.distributed: {what} failed on rank {self.rank} (W={self.world}, timeout "
+                f"{self.timeout.total_seconds():g} s): {exc} (a closed connection or a timeout means that a peer "
+                "process raised, died or stalled)")
+            err.__cause__ = exc
+        self.error = err
+        return err
+
+    def check_alive(self) -> None:
+        if self.error is not None:
+            raise CommunicationError(f"cpd.distributed: an earlier exchange failed: {self.error}")
+
+    def wait(self, works) -> None:
+        for w in works:
+            if w is not None:
+                w.wait(self.timeout)
+
+    # ---- the communication thread
+    def submit(self, fn) -> torch.futures.Future:
+        """Run ``fn()`` on the communication thread; a future of its result (or of the error)."""
+        fut = torch.futures.Future()
+        if self.error is not None:
+            fut.set_exception(CommunicationError(f"cpd.distributed: an earlier exchange failed: {self.error}"))
+            return fut
+        if self._thread is None:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._loop, name="cpd-comm", daemon=True)
+            self._thread.start()
+        self._queue.put((fn, fut))
+        return fut
+
+    def _loop(self):
+        while True:
+            fn, fut = self._queue.get()
+            if self.error is not None:
+                fut.set_exception(CommunicationError(f"cpd.distributed: an earlier exchange failed: {self.error}"))
+                continue
+            try:
+                res = fn()
+            except BaseException as exc:  # noqa: BLE001 - delivered through the future
+                fut.set_exception(exc if exc is self.error else self.fail(exc, "the gradient exchange"))
+            else:
+                fut.set_result(res)
+
+    # ---- point to point
+    def isend(self, t: torch.Tensor, dst: int, tag: int):
+        """Post a send of the uint8 tensor ``t`` (counted); None for an empty message."""
+        if not t.numel():
+            return None
+        self.sent += t.numel()
+        return dist.isend(t, dst, group=self.pg, tag=tag)
+
+    def irecv(self, t: torch.Tensor, src: int, tag: int):
+        if not t.numel():
+            return None
+        self.received += t.numel()
+        return dist.irecv(t, src, group=self.pg, tag=tag)
+
+    def batch(self, sends, recvs) -> None:
+        """One ``batch_isend_irecv``: sends [(tensor, dst)], recvs [(tensor, src)] (in place), waited."""
+        ops = []
+        for t, dst in sends:
+            if t.numel():
+                ops.append(dist.P2POp(dist.isend, t, dst, group=self.pg))
+                self.sent += t.numel()
+        for t, src in recvs:
+            if t.numel():
+                ops.append(dist.P2POp(dist.irecv, t, src, group=self.pg))
+                self.received += t.numel()
+        if ops:
+            self.wait(dist.batch_isend_irecv(ops))
+
+    def exchange(self, sends, recvs) -> list[torch.Tensor]:
+        """Messages of known sizes: sends [(uint8 tensor, dst)], recvs [(nbytes, src)]; returns the
+        received tensors (on the CPU)."""
+        bufs = [torch.empty(n, dtype=torch.uint8, device=self.device) for n, _ in recvs]
+        self.batch([(t.to(self.device), dst) for t, dst in sends], [(b, src) for b, (_, src) in zip(bufs, recvs)])
+        return [b.cpu() for b in bufs]
+
+    # ---- collectives (on the dedicated group; bytes counted by the callers' models)
+    def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
+        d = t.to(self.device)
+        dist.all_reduce(d, op=dist.ReduceOp.MAX, group=self.pg, async_op=True).wait(self.timeout)
+        return d.cpu()
+
+    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        rows = [torch.empty_like(t, device=self.device) for _ in range(self.world)]
+        dist.all_gather(rows, t.to(self.device), group=self.pg, async_op=True).wait(self.timeout)
+        return rows
+
+    def all_gather_object(self, obj) -> list:
+        every = [None] * self.world
+        dist.all_gather_object(every, obj, group=self.pg)
+        return every
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits) -> None:
+        dist.all_to_all_single(out, inp, out_splits, in_splits, group=self.pg, async_op=True).wait(self.timeout)
+
+    def gather(self, t: torch.Tensor, rows, dst: int, group) -> None:
+        dist.gather(t, rows, dst=dst, group=group, async_op=True).wait(self.timeout)
+
+    def broadcast(self, t: torch.Tensor, src: int, group) -> None:
+        dist.broadcast(t, src=src, group=group, async_op=True).wait(self.timeout)

@@ -1,0 +1,541 @@
+// Fused wire kernels of cpd.distributed (CPU): one compiled pass per step of the gradient exchange.
+//
+//   wire_encode    bucket -> wire bytes: scale by 2^s (in double, as cpd.scaling does), cast to the
+//                  format, encode, pack (sub-byte codes), for a list of segments (chunk c of
+//                  every layer), in one pass;
+//   wire_hop       one ring hop: decode the received codes, add exactly in the format into my
+//                  accumulator chunk (in place, optionally Kahan-compensated), leave the codes I
+//                  send next; no float32 temporaries;
+//   wire_decode    wire bytes -> float32: decode, unscale (/ 2^s in double), optionally * (1/W),
+//                  scattered back to the layers' positions;
+//   wire_absmax    per-layer max |x| (NaN wins) for the APS exponent exchange.
+//
+// Every value is computed by the numerics core (cpd/numerics.h: cast_bits, add_bits,
+// encode_value_bits, decode_bits); the hop of a format of <= 8 bits reads a table of
+// add_bits over every pair of codes (built once per format, rounding mode and saturate flag, by
+// those same functions), so it is a byte gather. The result equals cpd.add / cpd.encode /
+// cpd.decode bit for bit (tests/test_wire_kernels.py checks every pair of 8-bit codes).
+//
+// Wire layout (that of cpd.distributed.pack_codes): 8-bit codes one per byte; 1..7-bit codes as
+// a bit stream (low bits first, or high bits first with msb=true); 9..16-bit codes as int16,
+// wider codes as int32, FP32 ("raw32") as the float32 bits. A call's first element starts at
+// byte 0, and the kernels split work at multiples of 8 elements, so every thread owns whole bytes.
+//
+// Registered as torch.ops.cpd_wire.* (cpd/distributed/kernels.py wraps them). The ops release
+// the GIL (the communication thread runs them while backward goes on).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "cpd/numerics.h"
+#include "parallel.h"  // cpd_cpu::parallel_for: threaded with or without OpenMP
+
+namespace {
+
+using cpd::u32;
+constexpr int64_t kBlock = 2048;  // elements per unit of work: a multiple of 8 (whole bytes)
+
+// How one format travels.
+struct Wire {
+  cpd::Format f;   // the format with the caller's saturate flag (casts and sums)
+  cpd::Format fe;  // the same without saturate: what cpd.encode does on the wire
+  int mode;
+  int bits;        // code width (32 for raw32)
+  bool msb;        // sub-byte codes: high bits first
+  bool raw32;      // float32 bits on the wire (cpd.FP32)
+  u32 has_nan;
+  int saturate;
+};
+
+// Releases the GIL for the duration of a kernel when the caller holds it (torch.ops may already
+// have released it).
+struct NoGil {
+  PyThreadState* st = nullptr;
+  NoGil() {
+    if (PyGILState_Check()) st = PyEval_SaveThread();
+  }
+  ~NoGil() {
+    if (st) PyEval_RestoreThread(st);
+  }
+};
+
+Wire make_wire(int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t mode, bool saturate,
+               int64_t bits, bool msb, bool raw32) {
+  TORCH_CHECK(bits >= 1 && bits <= 32, "cpd_wire: bits must be in 1..32, got ", bits);
+  TORCH_CHECK(mode != cpd::STOCHASTIC, "cpd_wire: stochastic rounding cannot be reproduced across processes");
+  Wire w;
+  w.f = cpd::make_format((int)exp, (int)man, (int)bias, (int)specials, subnormals ? 1 : 0, saturate ? 1 : 0);
+  w.fe = cpd::make_format((int)exp, (int)man, (int)bias, (int)specials, subnormals ? 1 : 0, 0);
+  w.mode = (int)mode;
+  w.bits = raw32 ? 32 : (int)bits;
+  w.msb = msb;
+  w.raw32 = raw32;
+  w.has_nan = (u32)(w.fe.nan_code != 0);
+  w.saturate = saturate ? 1 : 0;
+  return w;
+}
+
+// The code that travels for a value v of the format (float32 bits): cpd.encode(v) after the
+// wire's NaN rule (a format without a NaN code sends NaN as +inf; only after an overflow).
+inline u32 code_of_value(u32 v, const Wire& w) {
+  if (w.raw32) return v;
+  if ((v & ~cpd::SIGN) > cpd::INF_BITS && !w.has_nan) v = cpd::INF_BITS;
+  return cpd::encode_value_bits(cpd::cast_bits(v, w.fe, cpd::NEAREST, 0u, 32), w.fe);
+}
+
+inline u32 value_of_code(u32 c, const Wire& w) { return w.raw32 ? c : cpd::decode_bits(c, w.fe); }
+
+inline int64_t nbytes_of(int64_t n, int bits) { return (n * bits + 7) / 8; }
+
+// ---- code I/O: m codes starting at element e0 (a multiple of 8) of a byte stream
+void load_codes(const uint8_t* in, int64_t e0, int64_t m, const Wire& w, u32* __restrict codes) {
+  const int b = w.bits;
+  if (b == 8) {
+    for (int64_t i = 0; i < m; ++i) codes[i] = in[e0 + i];
+  } else if (b == 4 && !w.msb) {  // two codes per byte, low nibble first
+    const uint8_t* __restrict p = in + e0 / 2;
+    for (int64_t k = 0; k < m / 2; ++k) {
+      codes[2 * k] = p[k] & 15u;
+      codes[2 * k + 1] = p[k] >> 4;
+    }
+    if (m & 1) codes[m - 1] = p[m / 2] & 15u;
+  } else if (b > 8) {
+    const int sz = b <= 16 ? 2 : 4;
+    const uint8_t* p = in + e0 * sz;
+    if (sz == 2) {
+      for (int64_t i = 0; i < m; ++i) { uint16_t t; std::memcpy(&t, p + 2 * i, 2); codes[i] = t; }
+    } else {
+      for (int64_t i = 0; i < m; ++i) { uint32_t t; std::memcpy(&t, p + 4 * i, 4); codes[i] = t; }
+    }
+  } else {
+    const uint8_t* p = in + e0 * b / 8;
+    const u32 mask = (1u << b) - 1u;
+    uint64_t acc = 0;
+    int have = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      if (have < b) {
+        acc = w.msb ? (acc << 8) | *p++ : acc | ((uint64_t)*p++ << have);
+        have += 8;
+      }
+      if (w.msb) {
+        codes[i] = (u32)(acc >> (have - b)) & mask;
+      } else {
+        codes[i] = (u32)acc & mask;
+        acc >>= b;
+      }
+      have -= b;
+    }
+  }
+}
+
+void store_codes(uint8_t* out, int64_t e0, int64_t m, const Wire& w, const u32* __restrict codes) {
+  const int b = w.bits;
+  if (b == 8) {
+    for (int64_t i = 0; i < m; ++i) out[e0 + i] = (uint8_t)codes[i];
+  } else if (b == 4 && !w.msb) {  // two codes per byte, low nibble first; an odd tail pads with 0
+    uint8_t* __restrict p = out + e0 / 2;
+    for (int64_t k = 0; k < m / 2; ++k) p[k] = (uint8_t)(codes[2 * k] | (codes[2 * k + 1] << 4));
+    if (m & 1) p[m / 2] = (uint8_t)codes[m - 1];
+  } else if (b > 8) {
+    const int sz = b <= 16 ? 2 : 4;
+    uint8_t* p = out + e0 * sz;
+    if (sz == 2) {
+      for (int64_t i = 0; i < m; ++i) { uint16_t t = (uint16_t)codes[i]; std::memcpy(p + 2 * i, &t, 2); }
+    } else {
+      for (int64_t i = 0; i < m; ++i) std::memcpy(p + 4 * i, &codes[i], 4);
+    }
+  } else {
+    uint8_t* p = out + e0 * b / 8;
+    uint64_t acc = 0;
+    int have = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      if (w.msb) acc = (acc << b) | codes[i];
+      else acc |= (uint64_t)codes[i] << have;
+      have += b;
+      while (have >= 8) {
+        if (w.msb) { *p++ = (uint8_t)(acc >> (have - 8)); }
+        else { *p++ = (uint8_t)acc; acc >>= 8; }
+        have -= 8;
+      }
+    }
+    if (have) *p = w.msb ? (uint8_t)(acc << (8 - have)) : (uint8_t)acc;  // zero padding
+  }
+}
+
+// ---- tables of the <= 8-bit formats, built once from the numerics core
+struct Tables {
+  std::vector<uint8_t> add;   // add[(a << bits) | b] = code of add_bits(decode a, decode b)
+  std::vector<uint8_t> bytes; // bits in {1, 2, 4, 8}: the same on whole bytes, [(x << 8) | y]
+};
+
+std::mutex g_tables_lock;
+std::map<std::tuple<int, int, int, int, int, int, int, int>, std::shared_ptr<const Tables>> g_tables;
+
+std::shared_ptr<const Tables> tables_of(const Wire& w) {
+  auto key = std::make_tuple(w.fe.exp, w.fe.man, w.fe.bias, w.fe.specials, w.fe.subnormals, w.saturate,
+                             w.mode, w.bits);
+  std::lock_guard<std::mutex> g(g_tables_lock);
+  auto it = g_tables.find(key);
+  if (it != g_tables.end()) return it->second;
+  auto t = std::make_shared<Tables>();
+  const int b = w.bits, k = 1 << b;
+  t->add.resize((size_t)k * k);
+  for (int a = 0; a < k; ++a) {
+    const u32 va = value_of_code((u32)a, w);
+    for (int c = 0; c < k; ++c)
+      t->add[((size_t)a << b) | c] = (uint8_t)code_of_value(cpd::add_bits(va, value_of_code((u32)c, w), w.f, w.mode, 0u, 32), w);
+  }
+  if (8 % b == 0) {
+    t->bytes.resize(65536);
+    const u32 mask = (u32)k - 1u;
+    for (u32 x = 0; x < 256; ++x)
+      for (u32 y = 0; y < 256; ++y) {
+        u32 o = 0;
+        for (int s = 0; s < 8; s += b) o |= (u32)t->add[(((x >> s) & mask) << b) | ((y >> s) & mask)] << s;
+        t->bytes[(x << 8) | y] = (uint8_t)o;
+      }
+  }
+  g_tables[key] = t;
+  return t;
+}
+
+// ---- segments: [k, 3] int64 rows (offset in the float32 tensor, length, scale exponent)
+struct Segs {
+  const int64_t* rows;
+  int64_t k;
+  std::vector<int64_t> start;  // start[j]: first element of segment j in the call's element space
+  int64_t total;
+};
+
+Segs segs_of(const torch::Tensor& segs) {
+  TORCH_CHECK(segs.scalar_type() == at::kLong && segs.dim() == 2 && segs.size(1) == 3 && segs.is_contiguous(),
+              "cpd_wire: segments must be a contiguous int64 tensor of shape (k, 3)");
+  Segs s;
+  s.rows = segs.data_ptr<int64_t>();
+  s.k = segs.size(0);
+  s.start.resize(s.k + 1);
+  s.start[0] = 0;
+  for (int64_t j = 0; j < s.k; ++j) {
+    TORCH_CHECK(s.rows[3 * j + 1] >= 0, "cpd_wire: negative segment length");
+    s.start[j + 1] = s.start[j] + s.rows[3 * j + 1];
+  }
+  s.total = s.start[s.k];
+  return s;
+}
+
+// Calls fn(segment j, element index inside the segment, call element index e, run length) for the
+// runs of [e0, e1) that lie inside one segment.
+template <typename F>
+void for_runs(const Segs& s, int64_t e0, int64_t e1, F&& fn) {
+  int64_t j = std::upper_bound(s.start.begin(), s.start.end(), e0) - s.start.begin() - 1;
+  int64_t e = e0;
+  while (e < e1) {
+    while (s.start[j + 1] <= e) ++j;
+    const int64_t run = std::min(e1, s.start[j + 1]) - e;
+    fn(j, e - s.start[j], e, run);
+    e += run;
+  }
+}
+
+void check_bytes(const torch::Tensor& t, const char* name, int64_t need) {
+  TORCH_CHECK(t.scalar_type() == at::kByte && t.is_contiguous() && t.device().is_cpu(), "cpd_wire: ", name,
+              " must be a contiguous uint8 CPU tensor");
+  TORCH_CHECK(t.numel() >= need, "cpd_wire: ", name, " has ", t.numel(), " bytes, need ", need);
+}
+
+// x * 2^s rounded to float32, as (x.double() * 2.0 ** s).to(torch.float32) (s = 0: x itself). For
+// -149 <= s <= 127, 2^s is a float32 number and the float32 product is the same single rounding of
+// the same exact product, so the loop stays in float32 lanes.
+inline float scale_pow2(float x, int64_t s, double p) { return s ? (float)((double)x * p) : x; }
+
+template <int MODE, bool FAST, int SCALE>  // SCALE 0: none, 1: float32 multiply, 2: float64 multiply
+void encode_loop(const float* __restrict x, int64_t m, float pf, double pd, const cpd::Format g,
+                 u32* __restrict codes, u32& odd) {
+  u32 o = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const float xs = SCALE == 0 ? x[i] : SCALE == 1 ? x[i] * pf : (float)((double)x[i] * pd);
+    const u32 v = FAST ? cpd::cast_bits_fast(cpd::bits_of(xs), g, MODE, 0u, 32)
+                       : cpd::cast_bits_generic(cpd::bits_of(xs), g, MODE, 0u, 32);
+    o |= (u32)((v & ~cpd::SIGN) > cpd::INF_BITS);  // NaN: encodable unless the format has no NaN code
+    codes[i] = FAST ? cpd::encode_value_bits_fast(v, g) : cpd::encode_value_bits(v, g);
+  }
+  odd |= o;
+}
+
+template <int MODE, bool FAST>
+void encode_run(const float* __restrict x, int64_t m, int64_t s, const Wire& w, u32* __restrict codes) {
+  const cpd::Format g = w.f;
+  const double pd = std::ldexp(1.0, (int)s);
+  const float pf = (float)pd;
+  u32 odd = 0;  // the encoders give inf its code (only IEEE formats, which have one, overflow to inf)
+  if (s == 0) encode_loop<MODE, FAST, 0>(x, m, pf, pd, g, codes, odd);
+  else if (s >= -149 && s <= 127) encode_loop<MODE, FAST, 1>(x, m, pf, pd, g, codes, odd);
+  else encode_loop<MODE, FAST, 2>(x, m, pf, pd, g, codes, odd);
+  if (odd && !w.has_nan) {  // NaN in a format without a NaN code: the wire's rule, element by element
+    for (int64_t i = 0; i < m; ++i) {
+      const float xs = s ? (float)((double)x[i] * pd) : x[i];
+      codes[i] = code_of_value(cpd::cast_bits(cpd::bits_of(xs), g, MODE, 0u, 32), w);
+    }
+  }
+}
+
+template <bool FAST>
+void encode_run_mode(const float* x, int64_t m, int64_t s, const Wire& w, u32* codes) {
+  switch (w.mode) {
+    case cpd::NEAREST: encode_run<cpd::NEAREST, FAST>(x, m, s, w, codes); break;
+    case cpd::TOWARD_ZERO: encode_run<cpd::TOWARD_ZERO, FAST>(x, m, s, w, codes); break;
+    case cpd::UP: encode_run<cpd::UP, FAST>(x, m, s, w, codes); break;
+    default: encode_run<cpd::DOWN, FAST>(x, m, s, w, codes); break;
+  }
+}
+
+}  // namespace
+
+// out[bytes] <- the wire codes of x[segments] (scaled by 2^s and cast, or raw float32 bits).
+void wire_encode(const torch::Tensor& x, const torch::Tensor& segs, torch::Tensor out, int64_t exp, int64_t man,
+                 int64_t bias, int64_t specials, bool subnormals, int64_t mode, bool saturate, int64_t bits, bool msb,
+                 bool raw32) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
+              "cpd_wire: x must be a contiguous float32 CPU tensor");
+  const Wire w = make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, msb, raw32);
+  const Segs s = segs_of(segs);
+  for (int64_t j = 0; j < s.k; ++j)
+    TORCH_CHECK(s.rows[3 * j] >= 0 && s.rows[3 * j] + s.rows[3 * j + 1] <= x.numel(), "cpd_wire: segment out of x");
+  check_bytes(out, "out", nbytes_of(s.total, w.bits));
+  const float* xp = x.data_ptr<float>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  const int64_t nblocks = (s.total + kBlock - 1) / kBlock;
+  NoGil nogil;
+  cpd_cpu::parallel_for(0, nblocks, 8, [&](int64_t b0, int64_t b1) {
+    u32 codes[kBlock];
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t e0 = b * kBlock, e1 = std::min(s.total, e0 + kBlock);
+      for_runs(s, e0, e1, [&](int64_t j, int64_t i0, int64_t e, int64_t run) {
+        const float* src = xp + s.rows[3 * j] + i0;
+        u32* dst = codes + (e - e0);
+        if (w.raw32) {  // cpd.FP32: scaled and cast like any format (the cast of a finite float32 is itself)
+          const double pd = std::ldexp(1.0, (int)s.rows[3 * j + 2]);
+          for (int64_t i = 0; i < run; ++i)
+            dst[i] = cpd::cast_bits(cpd::bits_of(scale_pow2(src[i], s.rows[3 * j + 2], pd)), w.f, w.mode, 0u, 32);
+        } else if (w.f.fast) {
+          encode_run_mode<true>(src, run, s.rows[3 * j + 2], w, dst);
+        } else {
+          encode_run_mode<false>(src, run, s.rows[3 * j + 2], w, dst);
+        }
+      });
+      store_codes(op, e0, e1 - e0, w, codes);
+    }
+  });
+}
+
+// One hop over n elements, in place on the accumulator:
+//   role 0 (ring):        acc holds my values x (and, with carry, their compensations cx); the
+//                         received partial sum s (and compensation c, or +0) is merged:
+//                         plain  acc = add(s, x)
+//                         Kahan  c = add(c, cx) (carry only); y = add(x, -c); t = add(s, y);
+//                                c = add(add(t, -s), -y); acc = t, acc_c = c
+//   role 1 (sequential):  acc holds the running sum s and its compensation c; the received value
+//                         x is merged the same way (the leader's sum of a hierarchical group).
+// Each add is add_bits (exact sum rounded once to the format, the caller's mode and saturate);
+// the results are stored as wire codes. cpd.collectives._Acc.merge is the specification.
+void wire_hop(const torch::Tensor& recv, const torch::Tensor& recv_c, torch::Tensor acc, torch::Tensor acc_c,
+              int64_t n, int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t mode,
+              bool saturate, int64_t bits, bool msb, bool raw32, bool kahan, bool has_recv_c, bool carry,
+              int64_t role) {
+  const Wire w = make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, msb, raw32);
+  const int64_t nb = nbytes_of(n, w.bits);
+  check_bytes(recv, "recv", nb);
+  check_bytes(acc, "acc", nb);
+  if (kahan) {
+    check_bytes(acc_c, "acc_c", nb);
+    if (has_recv_c) check_bytes(recv_c, "recv_c", nb);
+  }
+  TORCH_CHECK(role == 0 || role == 1, "cpd_wire: role must be 0 (ring) or 1 (sequential)");
+  TORCH_CHECK(!(carry && role == 1), "cpd_wire: carry applies to the ring role");
+  const uint8_t* rp = recv.data_ptr<uint8_t>();
+  uint8_t* ap = acc.data_ptr<uint8_t>();
+  if (n == 0) return;
+  if (!kahan && w.bits <= 8 && !w.raw32) {
+    const auto tab = tables_of(w);
+    NoGil nogil;
+    if (!tab->bytes.empty()) {  // whole bytes: one gather per byte (padding bits stay codes of +0 + +0)
+      const uint8_t* __restrict t = tab->bytes.data();
+      cpd_cpu::parallel_for(0, nb, 1 << 16, [&](int64_t lo, int64_t hi) {
+        const uint8_t* __restrict r = rp;
+        uint8_t* __restrict a = ap;
+        for (int64_t i = lo; i < hi; ++i) a[i] = t[((u32)r[i] << 8) | a[i]];
+      });
+      return;
+    }
+    const uint8_t* t = tab->add.data();
+    const int b = w.bits;
+    cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
+      u32 cr[kBlock], ca[kBlock];
+      for (int64_t k = b0; k < b1; ++k) {
+        const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
+        load_codes(rp, e0, m, w, cr);
+        load_codes(ap, e0, m, w, ca);
+        for (int64_t i = 0; i < m; ++i) ca[i] = t[(cr[i] << b) | ca[i]];
+        store_codes(ap, e0, m, w, ca);
+      }
+    });
+    return;
+  }
+  const uint8_t* rcp = kahan && has_recv_c ? recv_c.data_ptr<uint8_t>() : nullptr;
+  uint8_t* acp = kahan ? acc_c.data_ptr<uint8_t>() : nullptr;
+  NoGil nogil;
+  cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
+    std::vector<u32> buf(4 * kBlock);
+    u32 *cr = buf.data(), *ca = cr + kBlock, *crc = ca + kBlock, *cac = crc + kBlock;
+    const cpd::Format& f = w.f;
+    const int md = w.mode;
+    auto add = [&](u32 a, u32 b) { return cpd::add_bits(a, b, f, md, 0u, 32); };
+    for (int64_t k = b0; k < b1; ++k) {
+      const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
+      load_codes(rp, e0, m, w, cr);
+      load_codes(ap, e0, m, w, ca);
+      if (!kahan) {
+        for (int64_t i = 0; i < m; ++i) ca[i] = code_of_value(add(value_of_code(cr[i], w), value_of_code(ca[i], w)), w);
+        store_codes(ap, e0, m, w, ca);
+        continue;
+      }
+      if (rcp) load_codes(rcp, e0, m, w, crc);
+      if (carry || role == 1) load_codes(acp, e0, m, w, cac);
+      for (int64_t i = 0; i < m; ++i) {
+        u32 s, c, x;
+        if (role == 0) {
+          s = value_of_code(cr[i], w);
+          c = rcp ? value_of_code(crc[i], w) : 0u;  // no compensation yet: +0
+          x = value_of_code(ca[i], w);
+          if (carry) c = add(c, value_of_code(cac[i], w));
+        } else {
+          s = value_of_code(ca[i], w);
+          c = value_of_code(cac[i], w);
+          x = value_of_code(cr[i], w);
+        }
+        const u32 y = add(x, c ^ cpd::SIGN);
+        const u32 t = add(s, y);
+        c = add(add(t, s ^ cpd::SIGN), y ^ cpd::SIGN);
+        ca[i] = code_of_value(t, w);
+        cac[i] = code_of_value(c, w);
+      }
+      store_codes(ap, e0, m, w, ca);
+      store_codes(acp, e0, m, w, cac);
+    }
+  });
+}
+
+namespace {
+// dst = v / 2^s (float64 division, then float32) times inv; returns how many results are inf/NaN.
+// The quotient is the exact v * 2^-s, so for -149 <= -s <= 127 (2^-s a float32 number) the
+// float32 product is the same single rounding (SCALE 1); otherwise float64 (SCALE 2).
+template <int SCALE, bool INV>
+int64_t finish_run(const float* __restrict v, float* __restrict dst, int64_t m, float pf, double pd, float inv) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    float x = v[i];
+    if (SCALE == 1) x = x * pf;
+    if (SCALE == 2) x = (float)((double)x * pd);
+    if (INV) x = x * inv;
+    dst[i] = x;
+    bad += (int64_t)((cpd::bits_of(x) & ~cpd::SIGN) >= cpd::INF_BITS);
+  }
+  return bad;
+}
+
+template <bool INV>
+int64_t finish(const float* v, float* dst, int64_t m, int64_t s, float inv) {
+  const double pd = std::ldexp(1.0, (int)-s);
+  if (s == 0) return finish_run<0, INV>(v, dst, m, 1.0f, pd, inv);
+  if (-s >= -149 && -s <= 127) return finish_run<1, INV>(v, dst, m, (float)pd, pd, inv);
+  return finish_run<2, INV>(v, dst, m, 1.0f, pd, inv);
+}
+}  // namespace
+
+// out[segment offsets] <- decode(codes) / 2^s (in double, then float32), times `inv` when inv != 1.
+// Returns the number of inf/NaN results (a 0-d int64 tensor): the overflow check, fused.
+torch::Tensor wire_decode(const torch::Tensor& in, const torch::Tensor& segs, torch::Tensor out, int64_t exp,
+                          int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t bits, bool msb,
+                          bool raw32, double inv) {
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.device().is_cpu(),
+              "cpd_wire: out must be a contiguous float32 CPU tensor");
+  const Wire w = make_wire(exp, man, bias, specials, subnormals, cpd::NEAREST, false, bits, msb, raw32);
+  const Segs s = segs_of(segs);
+  for (int64_t j = 0; j < s.k; ++j)
+    TORCH_CHECK(s.rows[3 * j] >= 0 && s.rows[3 * j] + s.rows[3 * j + 1] <= out.numel(), "cpd_wire: segment out of out");
+  check_bytes(in, "in", nbytes_of(s.total, w.bits));
+  std::vector<float> table;
+  if (w.bits <= 8 && !w.raw32) {
+    table.resize((size_t)1 << w.bits);
+    for (size_t c = 0; c < table.size(); ++c) table[c] = cpd::float_of(cpd::decode_bits((u32)c, w.fe));
+  }
+  const uint8_t* ip = in.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  const float finv = (float)inv;
+  const int64_t nblocks = (s.total + kBlock - 1) / kBlock;
+  std::atomic<int64_t> bad{0};
+  {
+    NoGil nogil;
+    cpd_cpu::parallel_for(0, nblocks, 8, [&](int64_t b0, int64_t b1) {
+      u32 codes[kBlock];
+      float vals[kBlock];
+      int64_t mine = 0;
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t e0 = b * kBlock, m = std::min(s.total, e0 + kBlock) - e0;
+        load_codes(ip, e0, m, w, codes);
+        if (!table.empty()) {
+          const float* __restrict t = table.data();
+          for (int64_t i = 0; i < m; ++i) vals[i] = t[codes[i]];
+        } else {
+          for (int64_t i = 0; i < m; ++i) vals[i] = cpd::float_of(value_of_code(codes[i], w));
+        }
+        for_runs(s, e0, e0 + m, [&](int64_t j, int64_t i0, int64_t e, int64_t run) {
+          float* dst = op + s.rows[3 * j] + i0;
+          const int64_t sc = s.rows[3 * j + 2];
+          mine += inv != 1.0 ? finish<true>(vals + (e - e0), dst, run, sc, finv)
+                             : finish<false>(vals + (e - e0), dst, run, sc, finv);
+        });
+      }
+      bad += mine;
+    });
+  }
+  return torch::full({}, bad.load(), torch::kLong);
+}
+
+// Per segment (rows: offset, length, unused): max |x| as float32 (NaN if any NaN, inf if any inf).
+torch::Tensor wire_absmax(const torch::Tensor& x, const torch::Tensor& segs) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
+              "cpd_wire: x must be a contiguous float32 CPU tensor");
+  const Segs s = segs_of(segs);
+  auto out = torch::zeros({s.k}, torch::kFloat);
+  const u32* xp = reinterpret_cast<const u32*>(x.data_ptr<float>());
+  u32* op = reinterpret_cast<u32*>(out.data_ptr<float>());
+  NoGil nogil;
+  for (int64_t j = 0; j < s.k; ++j) {
+    const int64_t off = s.rows[3 * j], len = s.rows[3 * j + 1];
+    TORCH_CHECK(off >= 0 && off + len <= x.numel(), "cpd_wire: segment out of x");
+    op[j] = at::parallel_reduce(0, len, 1 << 16, (u32)0, [&](int64_t lo, int64_t hi, u32 m) {
+      const u32* __restrict p = xp + off;
+      for (int64_t i = lo; i < hi; ++i) m = std::max(m, p[i] & ~cpd::SIGN);  // NaN bits > inf bits
+      return m;
+    }, [](u32 a, u32 b) { return std::max(a, b); });
+  }
+  return out;
+}
+
+TORCH_LIBRARY(cpd_wire, m) {
+  m.def("wire_encode", &wire_encode);
+  m.def("wire_hop", &wire_hop);
+  m.def("wire_decode", &wire_decode);
+  m.def("wire_absmax", &wire_absmax);
+}

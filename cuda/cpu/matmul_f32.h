@@ -1,0 +1,191 @@
+// The CPU matmul's float32 lanes (included by matmul.cpp): round to nearest, a tile of up to
+// kTile outputs of one row kept in arrays of kTile floats (s, c, bs), every step a loop over the
+// tile's lanes that the compiler vectorizes (or, for binary16 rounding, intrinsics).
+//
+// Products, one per lane and step k:
+//   mul given:  p = mul_f(a, b)              a*b + C rounded once by an FMA: a*b rounded to mul
+//               (nearest_f_applies(mul)); p is a value of acc (values_within)
+//   fused:      r = fl32(x + a*b) by one FMA, x the addend (s, -c or bs), then rounded to acc;
+//               r rounds as x + a*b does unless r is a midpoint of acc's grid
+//               (cpd::is_midpoint_bits), and those lanes are redone with cpd::fma_bits.
+// Sums of two values of acc (at most 11 bits): fl32(x + y) rounded to acc (Figueroa; see
+// cpd::add_fast_applies and cpd::add_lane_applies), by one of the rounding policies:
+//   AccF  round_f: fl32(v + C) - C on float32 lanes (cpd::nearest_f_applies, add_fast_applies);
+//   AccI  the fast cast on integer lanes (cpd::round_lane_i), for exponent ranges round_f's C
+//         cannot reach (BF16); region S skipped when emin = -126 (cpd::lane_normal_only);
+//   AccH  IEEE binary16 itself (exp 5, man 10, bias 15, infinities, subnormals, no
+//         saturation): the processor's float32 -> binary16 conversion, which rounds to nearest
+//         even once (IEEE 754), F16C on x86 and FCVT on Arm, 8 or 4 lanes per instruction.
+//         Calls with a NaN operand take AccF instead, so that NaN results keep their payload.
+// Kahan (y = p - c, t = s + y, c = (t - s) - y, s = t) is kahan_lanes, the helper of these
+// lanes (whole-tile passes of the policy's additions); each of its additions is a sum of two
+// values of acc as above.
+#ifndef CPD_CPU_MATMUL_F32_H
+#define CPD_CPU_MATMUL_F32_H
+
+#include <cstdint>
+
+#include "cpd/numerics.h"
+
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#define CPD_CPU_F16_LANES 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define CPD_CPU_F16_LANES 1
+#else
+#define CPD_CPU_F16_LANES 0
+#endif
+
+#if defined(__clang__)
+#define CPD_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define CPD_IVDEP _Pragma("GCC ivdep")
+#else
+#define CPD_IVDEP
+#endif
+
+namespace cpd_cpu {
+
+constexpr int64_t kLanes = 64;  // outputs per tile (a multiple of 8)
+
+// out[i] = R(x[i] + y[i]) (NEG: R(x[i] - y[i])) for the kLanes lanes; out may be x or y (each lane
+// reads its own index only, hence CPD_IVDEP). round(x): x[i] = R(x[i]), x a float32 result.
+struct AccF {
+  cpd::FormatF g;
+  template <bool NEG>
+  void add(float* out, const float* x, const float* y) const {
+    const cpd::FormatF h = g;
+    CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) out[i] = cpd::float_of(cpd::add_f(x[i], NEG ? -y[i] : y[i], h));
+  }
+  void round(float* x) const {
+    const cpd::FormatF h = g;
+    CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) x[i] = cpd::float_of(cpd::round_f(cpd::bits_of(x[i]), h));
+  }
+};
+
+template <int NORMAL_ONLY>
+struct AccI {
+  cpd::Format f;
+  template <bool NEG>
+  void add(float* out, const float* x, const float* y) const {
+    const cpd::Format h = f;
+    CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i)
+      out[i] = cpd::float_of(cpd::round_lane_i<NORMAL_ONLY>(cpd::bits_of(cpd::fadd(x[i], NEG ? -y[i] : y[i])), h));
+  }
+  void round(float* x) const {
+    const cpd::Format h = f;
+    CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) x[i] = cpd::float_of(cpd::round_lane_i<NORMAL_ONLY>(cpd::bits_of(x[i]), h));
+  }
+};
+
+#if CPD_CPU_F16_LANES
+struct AccH {
+#if defined(__F16C__)
+  static __m256 rnd(__m256 v) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  template <bool NEG>
+  void add(float* out, const float* x, const float* y) const {
+    for (int64_t i = 0; i < kLanes; i += 8) {
+      const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(y + i);
+      _mm256_storeu_ps(out + i, rnd(NEG ? _mm256_sub_ps(a, b) : _mm256_add_ps(a, b)));
+    }
+  }
+  void round(float* x) const {
+    for (int64_t i = 0; i < kLanes; i += 8) _mm256_storeu_ps(x + i, rnd(_mm256_loadu_ps(x + i)));
+  }
+#else
+  static float32x4_t rnd(float32x4_t v) { return vcvt_f32_f16(vcvt_f16_f32(v)); }
+  template <bool NEG>
+  void add(float* out, const float* x, const float* y) const {
+    for (int64_t i = 0; i < kLanes; i += 4) {
+      const float32x4_t a = vld1q_f32(x + i), b = vld1q_f32(y + i);
+      vst1q_f32(out + i, rnd(NEG ? vsubq_f32(a, b) : vaddq_f32(a, b)));
+    }
+  }
+  void round(float* x) const {
+    for (int64_t i = 0; i < kLanes; i += 4) vst1q_f32(x + i, rnd(vld1q_f32(x + i)));
+  }
+#endif
+};
+#endif
+
+// Kahan's step on a tile's lanes with acc's additions, as four passes of whole-tile additions:
+// y = p - c (unless Y_FORMED: p holds y), t = s + y, c = (t - s) - y, s = t. y, t: scratch
+// lanes. (One pass per lane, the four roundings in one loop body, measured about twice as slow
+// with AVX2: the roundings' constants and live values spill out of the 16 vector registers.)
+template <bool Y_FORMED, class Acc>
+inline void kahan_lanes(float* s, float* c, const float* p, float* y, float* t, const Acc& acc) {
+  const float* yy = p;
+  if (!Y_FORMED) {
+    acc.template add<true>(y, p, c);
+    yy = y;
+  }
+  acc.template add<false>(t, s, yy);
+  acc.template add<true>(c, t, s);
+  acc.template add<true>(c, c, yy);
+  for (int64_t i = 0; i < kLanes; ++i) s[i] = t[i];
+}
+
+struct Tile {
+  int64_t K, L, jt;  // steps, block length (0: none), live lanes
+};
+
+// One tile: outputs out[0 .. jt) of a row (arow: its K values of a; b: row k of b at b + k * ldb).
+// FUSED: no mul format, each step rounds x + a*b once (af: acc, for the midpoint redo).
+template <class Acc, bool FUSED, bool KAHAN, bool BLOCK>
+void f32_tile(const float* __restrict arow, const float* __restrict b, int64_t ldb, float* __restrict out,
+              const Tile& d, const cpd::FormatF& mf0, const Acc& acc, const cpd::Format& af) {
+  const cpd::FormatF mf = mf0;
+  alignas(64) float s[kLanes], c[kLanes], bs[kLanes], p[kLanes], y[kLanes], t[kLanes];
+  alignas(64) uint32_t tie[kLanes];
+  for (int64_t i = 0; i < kLanes; ++i) s[i] = c[i] = bs[i] = p[i] = y[i] = t[i] = 0.0f;
+  const int64_t jt = d.jt;
+  for (int64_t k = 0; k < d.K; ++k) {
+    const float av = arow[k];
+    const float* __restrict br = b + k * ldb;
+    if (FUSED) {
+      // p = fl32(x + a*b) for the addend x of this step's fused rounding, then rounded to acc
+      const float* x = BLOCK ? bs : KAHAN ? c : s;
+      uint32_t any = 0;
+      for (int64_t i = 0; i < jt; ++i) {
+        const float r = cpd::ffma(av, br[i], KAHAN && !BLOCK ? -x[i] : x[i]);
+        tie[i] = cpd::is_midpoint_bits(cpd::bits_of(r) & ~cpd::SIGN, af);
+        any |= tie[i];
+        p[i] = r;
+      }
+      acc.round(p);
+      if (any) {
+        for (int64_t i = 0; i < jt; ++i)
+          if (tie[i]) {
+            const float xi = KAHAN && !BLOCK ? -x[i] : x[i];
+            p[i] = cpd::float_of(cpd::fma_bits(cpd::bits_of(xi), cpd::bits_of(av), cpd::bits_of(br[i]), af,
+                                               cpd::NEAREST, 0u, 32));
+          }
+      }
+      if (BLOCK) {
+        for (int64_t i = 0; i < kLanes; ++i) bs[i] = p[i];
+      } else if (KAHAN) {
+        kahan_lanes<true>(s, c, p, y, t, acc);  // p is y = -c + a*b
+      } else {
+        for (int64_t i = 0; i < kLanes; ++i) s[i] = p[i];
+      }
+    } else {
+      for (int64_t i = 0; i < jt; ++i) p[i] = cpd::float_of(cpd::mul_f(av, br[i], mf));
+      if (BLOCK) acc.template add<false>(bs, bs, p);
+      else if (KAHAN) kahan_lanes<false>(s, c, p, y, t, acc);
+      else acc.template add<false>(s, s, p);
+    }
+    if (BLOCK && ((k + 1) % d.L == 0 || k + 1 == d.K)) {
+      if (KAHAN) kahan_lanes<false>(s, c, bs, y, t, acc);
+      else acc.template add<false>(s, s, bs);
+      for (int64_t i = 0; i < kLanes; ++i) bs[i] = 0.0f;
+    }
+  }
+  for (int64_t i = 0; i < jt; ++i) out[i] = s[i];  // values of acc: exact
+}
+
+}  // namespace cpd_cpu
+
+#endif  // CPD_CPU_MATMUL_F32_H

@@ -1,0 +1,257 @@
+// Philox4x32-10 (cpd/philox.h) on vector lanes, for the CPU loops: the same words as
+// cpd::philox4x32_10, bit for bit, many blocks at a time. CPU-only (intrinsics), so it lives
+// beside the loops rather than in the numerics core, which NVRTC also compiles.
+//
+//   philox_blocks(b0, nb, ...)   words[4k + j] = word j of block b0 + k       (element order: casts)
+//   philox_strided(b0, st, n, ...) w[j][i]   = word j of block b0 + i * st    (one array per word:
+//                                                                              the matmul's lanes)
+// A block is philox4x32_10(counter = {b (64 bits), c2, c3}, key = {k0, k1}).
+//
+// Per ISA (chosen at compile time; the scalar loop serves the rest and the tails):
+//   * AVX-512: 8 blocks per vector, one block per 64-bit lane [garbage (32) | word (32)]:
+//     _mm512_mul_epu32 multiplies the low halves into full 64-bit products, so one instruction
+//     gives mulhilo's (hi, lo) for 8 blocks: hi = p >> 32, lo = the low half of p as it stands
+//     (its high half is garbage that the next multiply ignores and the xors only move around in
+//     high halves). Only low halves are meaningful, and only they are stored.
+//   * AVX2: the same on 4 blocks per __m256i with _mm256_mul_epu32 (8 products of 32-bit lanes
+//     per pair of multiplies), 3 vectors interleaved: 12 blocks per call (2 for the strided form).
+//   * NEON: 4 blocks per uint32x4_t, one block per 32-bit lane: lo = vmulq_u32, hi = the odd
+//     halves of vmull_u32 / vmull_high_u32 (vuzp2q_u32); vst4q_u32 stores element order.
+// A round, as in cpd::philox4x32_10:
+//   p0 = c0 * 0xD2511F53, p1 = c2 * 0xCD9E8D57
+//   c0' = hi(p1) ^ c1 ^ k0,  c1' = lo(p1),  c2' = hi(p0) ^ c3 ^ k1,  c3' = lo(p0)
+#ifndef CPD_CPU_PHILOX_SIMD_H
+#define CPD_CPU_PHILOX_SIMD_H
+
+#include <cstdint>
+
+#include "cpd/numerics.h"
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#if defined(__ARM_NEON) && defined(__aarch64__)
+#include <arm_neon.h>
+#define CPD_CPU_NEON 1
+#endif
+
+namespace cpd_cpu {
+
+// The ISA the vector paths of this build use (for the benchmarks and the tests).
+inline const char* isa_name() {
+#if defined(__AVX512F__) && defined(__AVX512FP16__)
+  return "avx512+fp16";
+#elif defined(__AVX512F__)
+  return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "avx2+fma";
+#elif defined(__AVX2__)
+  return "avx2";
+#elif defined(__SSE4_2__)
+  return "sse4.2";
+#elif defined(CPD_CPU_NEON)
+  return "neon";
+#else
+  return "scalar";
+#endif
+}
+
+inline void philox_one(uint64_t b, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1, uint32_t* w4) {
+  const cpd::U32x4 w = cpd::philox4x32_10((uint32_t)b, (uint32_t)(b >> 32), c2, c3, k0, k1);
+  for (int j = 0; j < 4; ++j) w4[j] = w.v[j];
+}
+
+#if defined(__AVX512F__)
+constexpr int kGroups512 = 4;
+
+// Blocks b0 + i * st for i < 32 (8 per vector, 4 vectors); x0..x3 hold the words in low halves.
+inline void philox512(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+                      __m512i* x0, __m512i* x1, __m512i* x2, __m512i* x3) {
+  const __m512i m0 = _mm512_set1_epi64(0xD2511F53u), m1 = _mm512_set1_epi64(0xCD9E8D57u);
+  const long long s = (long long)st;
+  const __m512i iota = _mm512_set_epi64(7 * s, 6 * s, 5 * s, 4 * s, 3 * s, 2 * s, s, 0);
+  for (int g = 0; g < kGroups512; ++g) {
+    __m512i b = _mm512_add_epi64(_mm512_set1_epi64((long long)(b0 + 8 * g * st)), iota);
+    x0[g] = b;
+    x1[g] = _mm512_srli_epi64(b, 32);
+    x2[g] = _mm512_set1_epi64(c2);
+    x3[g] = _mm512_set1_epi64(c3);
+  }
+  for (int r = 0; r < cpd::PHILOX_ROUNDS; ++r) {
+    if (r) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const __m512i kk0 = _mm512_set1_epi64(k0), kk1 = _mm512_set1_epi64(k1);
+    for (int g = 0; g < kGroups512; ++g) {
+      __m512i p0 = _mm512_mul_epu32(x0[g], m0), p1 = _mm512_mul_epu32(x2[g], m1);
+      x0[g] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), x1[g], kk0, 0x96);  // a ^ b ^ c
+      x1[g] = p1;
+      x2[g] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), x3[g], kk1, 0x96);
+      x3[g] = p0;
+    }
+  }
+}
+#endif
+
+#if defined(__AVX2__)
+// Groups of vectors interleaved: 3 keeps 12 state vectors and 4 constants in the 16 ymm
+// registers with enough independent multiplies in flight (measured: 3 > 2 > 4 on Zen); the
+// matmul's 64-lane tiles take 2 (64 is a multiple of 8, not of 12).
+constexpr int kGroups256 = 3, kGroups256Strided = 2;
+
+// Blocks b0 + i * st for i < 4 * G (4 per vector); x0..x3 hold the words in low halves.
+template <int G>
+inline void philox256(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+                      __m256i* x0, __m256i* x1, __m256i* x2, __m256i* x3) {
+  const __m256i m0 = _mm256_set1_epi64x(0xD2511F53u), m1 = _mm256_set1_epi64x(0xCD9E8D57u);
+  const __m256i iota = _mm256_set_epi64x((long long)(3 * st), (long long)(2 * st), (long long)st, 0);
+  for (int g = 0; g < G; ++g) {
+    __m256i b = _mm256_add_epi64(_mm256_set1_epi64x((long long)(b0 + 4 * g * st)), iota);
+    x0[g] = b;
+    x1[g] = _mm256_srli_epi64(b, 32);
+    x2[g] = _mm256_set1_epi64x(c2);
+    x3[g] = _mm256_set1_epi64x(c3);
+  }
+  for (int r = 0; r < cpd::PHILOX_ROUNDS; ++r) {
+    if (r) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const __m256i kk0 = _mm256_set1_epi64x(k0), kk1 = _mm256_set1_epi64x(k1);
+    for (int g = 0; g < G; ++g) {
+      __m256i p0 = _mm256_mul_epu32(x0[g], m0), p1 = _mm256_mul_epu32(x2[g], m1);
+      x0[g] = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), x1[g]), kk0);
+      x1[g] = p1;
+      x2[g] = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), x3[g]), kk1);
+      x3[g] = p0;
+    }
+  }
+}
+
+// The low halves of a vector's four 64-bit lanes, as four u32.
+inline __m128i low_halves(__m256i v) {
+  return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(v, _mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0)));
+}
+#endif
+
+#if defined(CPD_CPU_NEON)
+// Blocks b0 + i * st for i < 4 * G; word j of group g in x[j][g] (one block per 32-bit lane).
+template <int G>
+inline void philox_neon(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+                        uint32x4_t (*x)[G]) {
+  const uint32x4_t m0 = vdupq_n_u32(0xD2511F53u), m1 = vdupq_n_u32(0xCD9E8D57u);
+  const uint32x2_t m0h = vdup_n_u32(0xD2511F53u), m1h = vdup_n_u32(0xCD9E8D57u);
+  for (int g = 0; g < G; ++g) {
+    uint32_t lo[4], hi[4];
+    for (int i = 0; i < 4; ++i) {
+      const uint64_t b = b0 + (uint64_t)(4 * g + i) * st;
+      lo[i] = (uint32_t)b;
+      hi[i] = (uint32_t)(b >> 32);
+    }
+    x[0][g] = vld1q_u32(lo);
+    x[1][g] = vld1q_u32(hi);
+    x[2][g] = vdupq_n_u32(c2);
+    x[3][g] = vdupq_n_u32(c3);
+  }
+  for (int r = 0; r < cpd::PHILOX_ROUNDS; ++r) {
+    if (r) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const uint32x4_t kk0 = vdupq_n_u32(k0), kk1 = vdupq_n_u32(k1);
+    for (int g = 0; g < G; ++g) {
+      const uint32x4_t a = x[0][g], c = x[2][g];
+      const uint32x4_t hi0 = vuzp2q_u32(vreinterpretq_u32_u64(vmull_u32(vget_low_u32(a), m0h)),
+                                        vreinterpretq_u32_u64(vmull_high_u32(a, m0)));
+      const uint32x4_t hi1 = vuzp2q_u32(vreinterpretq_u32_u64(vmull_u32(vget_low_u32(c), m1h)),
+                                        vreinterpretq_u32_u64(vmull_high_u32(c, m1)));
+      x[0][g] = veorq_u32(veorq_u32(hi1, x[1][g]), kk0);
+      x[1][g] = vmulq_u32(c, m1);
+      x[2][g] = veorq_u32(veorq_u32(hi0, x[3][g]), kk1);
+      x[3][g] = vmulq_u32(a, m0);
+    }
+  }
+}
+#endif
+
+// words[4k + j] = word j of block b0 + k, for k < nb (element order: random_word(4 (b0 + k) + j)).
+inline void philox_blocks(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+                          uint32_t* __restrict words) {
+  int64_t k = 0;
+#if defined(__AVX512F__)
+  // v01 lane k = [w1 | w0] of block k, v23 = [w3 | w2]; block k's four words are then 64-bit
+  // lanes k of v01 and v23, interleaved by two permutes into 2 x 16 words.
+  const __m512i lo4 = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0), hi4 = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
+  for (; k + 8 * kGroups512 <= nb; k += 8 * kGroups512) {
+    __m512i x0[kGroups512], x1[kGroups512], x2[kGroups512], x3[kGroups512];
+    philox512(b0 + (uint64_t)k, 1, c2, c3, k0, k1, x0, x1, x2, x3);
+    uint32_t* w = words + 4 * k;
+    for (int g = 0; g < kGroups512; ++g) {
+      __m512i v01 = _mm512_mask_blend_epi32(0xAAAA, x0[g], _mm512_slli_epi64(x1[g], 32));
+      __m512i v23 = _mm512_mask_blend_epi32(0xAAAA, x2[g], _mm512_slli_epi64(x3[g], 32));
+      _mm512_storeu_si512(w + 32 * g, _mm512_permutex2var_epi64(v01, lo4, v23));
+      _mm512_storeu_si512(w + 32 * g + 16, _mm512_permutex2var_epi64(v01, hi4, v23));
+    }
+  }
+#elif defined(__AVX2__)
+  // v01 = [b0: w0 w1 | b1: w0 w1 || b2: ... | b3: ...], v23 the same for w2 w3; unpacking their
+  // 64-bit halves gives [b0 | b2] and [b1 | b3], and two 128-bit permutes element order.
+  for (; k + 4 * kGroups256 <= nb; k += 4 * kGroups256) {
+    __m256i x0[kGroups256], x1[kGroups256], x2[kGroups256], x3[kGroups256];
+    philox256<kGroups256>(b0 + (uint64_t)k, 1, c2, c3, k0, k1, x0, x1, x2, x3);
+    uint32_t* w = words + 4 * k;
+    for (int g = 0; g < kGroups256; ++g) {
+      __m256i v01 = _mm256_blend_epi32(x0[g], _mm256_slli_epi64(x1[g], 32), 0xAA);
+      __m256i v23 = _mm256_blend_epi32(x2[g], _mm256_slli_epi64(x3[g], 32), 0xAA);
+      __m256i b02 = _mm256_unpacklo_epi64(v01, v23), b13 = _mm256_unpackhi_epi64(v01, v23);
+      _mm256_storeu_si256((__m256i*)(w + 16 * g), _mm256_permute2x128_si256(b02, b13, 0x20));
+      _mm256_storeu_si256((__m256i*)(w + 16 * g + 8), _mm256_permute2x128_si256(b02, b13, 0x31));
+    }
+  }
+#elif defined(CPD_CPU_NEON)
+  constexpr int G = 4;
+  for (; k + 4 * G <= nb; k += 4 * G) {
+    uint32x4_t x[4][G];
+    philox_neon<G>(b0 + (uint64_t)k, 1, c2, c3, k0, k1, x);
+    for (int g = 0; g < G; ++g) {
+      uint32x4x4_t v = {{x[0][g], x[1][g], x[2][g], x[3][g]}};
+      vst4q_u32(words + 4 * k + 16 * g, v);  // interleaves: element order
+    }
+  }
+#endif
+  for (; k < nb; ++k) philox_one(b0 + (uint64_t)k, c2, c3, k0, k1, words + 4 * k);
+}
+
+// w[j * ld + i] = word j of block b0 + i * st, for i < n (one array per word).
+inline void philox_strided(uint64_t b0, uint64_t st, int64_t n, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+                           uint32_t* __restrict w, int64_t ld) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  constexpr int G = kGroups256Strided;
+  for (; i + 4 * G <= n; i += 4 * G) {
+    __m256i x[4][G];
+    philox256<G>(b0 + (uint64_t)i * st, st, c2, c3, k0, k1, x[0], x[1], x[2], x[3]);
+    for (int j = 0; j < 4; ++j)
+      for (int g = 0; g < G; ++g)
+        _mm_storeu_si128((__m128i*)(w + j * ld + i + 4 * g), low_halves(x[j][g]));
+  }
+#elif defined(CPD_CPU_NEON)
+  constexpr int G = 4;
+  for (; i + 4 * G <= n; i += 4 * G) {
+    uint32x4_t x[4][G];
+    philox_neon<G>(b0 + (uint64_t)i * st, st, c2, c3, k0, k1, x);
+    for (int j = 0; j < 4; ++j)
+      for (int g = 0; g < G; ++g) vst1q_u32(w + j * ld + i + 4 * g, x[j][g]);
+  }
+#endif
+  for (; i < n; ++i) {
+    uint32_t w4[4];
+    philox_one(b0 + (uint64_t)i * st, c2, c3, k0, k1, w4);
+    for (int j = 0; j < 4; ++j) w[j * ld + i] = w4[j];
+  }
+}
+
+}  // namespace cpd_cpu
+
+#endif  // CPD_CPU_PHILOX_SIMD_H

@@ -1,0 +1,192 @@
+// Fused wire kernels of cpd.distributed on CUDA tensors (the GPU-resident NCCL path): the same
+// four passes as cuda/cpu/hop.cpp, on torch's current stream, compiled by NVRTC (cpd/_cuda.py).
+//
+// One thread per group of 8 elements: 8 codes of b bits are b whole bytes, so every thread owns
+// its bytes (sub-byte codes included) and no atomics are needed. Codes are computed directly by
+// the numerics core (no tables): decode_bits, add_bits, cast_bits, encode_value_bits.
+// Wire layout, segments and the Kahan merge: see hop.cpp (the CPU twin, tested bit for bit).
+#include "cpd/numerics.h"
+
+namespace {
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+struct Wire {
+  cpd::Format f, fe;
+  int mode, bits, raw32;
+  u32 has_nan;
+};
+
+__device__ __forceinline__ Wire make_wire(int exp, int man, int bias, int specials, int subnormals, int mode,
+                                          int saturate, int bits, int raw32) {
+  Wire w;
+  w.f = cpd::make_format(exp, man, bias, specials, subnormals, saturate);
+  w.fe = cpd::make_format(exp, man, bias, specials, subnormals, 0);
+  w.mode = mode;
+  w.bits = raw32 ? 32 : bits;
+  w.raw32 = raw32;
+  w.has_nan = w.fe.nan_code != 0u;
+  return w;
+}
+
+// The wire code of a value of the format (cpd.encode after the wire's NaN rule) and back.
+// (Twins of hop.cpp's code_of_value / value_of_code: candidates for the codes header.)
+__device__ __forceinline__ u32 wire_code(u32 v, const Wire& w) {
+  if (w.raw32) return v;
+  if ((v & ~cpd::SIGN) > cpd::INF_BITS && !w.has_nan) v = cpd::INF_BITS;
+  return cpd::encode_value_bits(cpd::cast_bits(v, w.fe, cpd::NEAREST, 0u, 32), w.fe);
+}
+
+__device__ __forceinline__ u32 wire_value(u32 c, const Wire& w) { return w.raw32 ? c : cpd::decode_bits(c, w.fe); }
+
+__device__ __forceinline__ long long nbytes_of(long long n, int bits) {
+  return bits <= 8 ? (n * bits + 7) / 8 : n * (bits <= 16 ? 2 : 4);
+}
+
+// The 8 codes of group g (elements 8g .. 8g+7) of a stream of nb bytes; bytes past nb read as 0.
+__device__ void load8(const unsigned char* __restrict__ p, long long g, long long nb, int bits, u32* c) {
+  if (bits <= 8) {
+    u64 word = 0;
+    const long long b0 = g * bits;
+    for (int k = 0; k < bits; ++k)
+      if (b0 + k < nb) word |= (u64)p[b0 + k] << (8 * k);
+    const u32 mask = (1u << bits) - 1u;
+    for (int i = 0; i < 8; ++i) c[i] = (u32)(word >> (i * bits)) & mask;
+  } else {
+    const int sz = bits <= 16 ? 2 : 4;
+    for (int i = 0; i < 8; ++i) {
+      const long long b = (g * 8 + i) * sz;
+      u32 v = 0;
+      for (int k = 0; k < sz; ++k)
+        if (b + k < nb) v |= (u32)p[b + k] << (8 * k);
+      c[i] = v;
+    }
+  }
+}
+
+__device__ void store8(unsigned char* __restrict__ p, long long g, long long nb, int bits, const u32* c) {
+  if (bits <= 8) {
+    u64 word = 0;
+    for (int i = 0; i < 8; ++i) word |= (u64)c[i] << (i * bits);
+    const long long b0 = g * bits;
+    for (int k = 0; k < bits; ++k)
+      if (b0 + k < nb) p[b0 + k] = (unsigned char)(word >> (8 * k));
+  } else {
+    const int sz = bits <= 16 ? 2 : 4;
+    for (int i = 0; i < 8; ++i) {
+      const long long b = (g * 8 + i) * sz;
+      for (int k = 0; k < sz; ++k)
+        if (b + k < nb) p[b + k] = (unsigned char)(c[i] >> (8 * k));
+    }
+  }
+}
+
+// The segment holding call element e: rows (offset, length, scale), starts[k + 1] prefix sums.
+__device__ __forceinline__ int find_segment(const long long* __restrict__ starts, int k, long long e) {
+  int lo = 0, hi = k;  // starts[lo] <= e < starts[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (starts[mid] <= e) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ double pow2(long long s) {
+  return __longlong_as_double((long long)(s + 1023) << 52);  // 2^s for -1022 <= s <= 1023
+}
+
+}  // namespace
+
+// out <- wire codes of x[segments]: x * 2^s (float64, then float32), cast, encoded, packed.
+extern "C" __global__ void cpd_wire_encode(const float* __restrict__ x, const long long* __restrict__ rows,
+                                           const long long* __restrict__ starts, int k, long long total,
+                                           unsigned char* __restrict__ out, int exp, int man, int bias, int specials,
+                                           int subnormals, int mode, int saturate, int bits, int raw32) {
+  const Wire w = make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, raw32);
+  const long long groups = (total + 7) / 8, nb = nbytes_of(total, w.bits);
+  const long long stride = (long long)blockDim.x * gridDim.x;
+  for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += stride) {
+    u32 c[8];
+    for (int i = 0; i < 8; ++i) {
+      const long long e = g * 8 + i;
+      c[i] = 0u;
+      if (e >= total) continue;
+      const int j = find_segment(starts, k, e);
+      const float v = x[rows[3 * j] + (e - starts[j])];
+      const long long s = rows[3 * j + 2];
+      const float xs = s ? (float)((double)v * pow2(s)) : v;
+      c[i] = wire_code(cpd::cast_bits(cpd::bits_of(xs), w.f, w.mode, 0u, 32), w);  // raw32: the cast bits
+    }
+    store8(out, g, nb, w.bits, c);
+  }
+}
+
+// One hop, in place on acc (and acc_c): role 0 ring, role 1 sequential; see hop.cpp wire_hop.
+extern "C" __global__ void cpd_wire_hop(const unsigned char* __restrict__ recv, const unsigned char* __restrict__ recv_c,
+                                        unsigned char* __restrict__ acc, unsigned char* __restrict__ acc_c,
+                                        long long n, int exp, int man, int bias, int specials, int subnormals,
+                                        int mode, int saturate, int bits, int raw32, int kahan, int has_recv_c,
+                                        int carry, int role) {
+  const Wire w = make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, raw32);
+  const long long groups = (n + 7) / 8, nb = nbytes_of(n, w.bits);
+  const long long stride = (long long)blockDim.x * gridDim.x;
+  for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += stride) {
+    u32 cr[8], ca[8], crc[8], cac[8];
+    load8(recv, g, nb, w.bits, cr);
+    load8(acc, g, nb, w.bits, ca);
+    if (kahan) {
+      if (has_recv_c) load8(recv_c, g, nb, w.bits, crc);
+      load8(acc_c, g, nb, w.bits, cac);
+    }
+    for (int i = 0; i < 8; ++i) {
+      if (!kahan) {
+        ca[i] = wire_code(cpd::add_bits(wire_value(cr[i], w), wire_value(ca[i], w), w.f, w.mode, 0u, 32), w);
+        continue;
+      }
+      u32 s, c, xv;
+      if (role == 0) {
+        s = wire_value(cr[i], w);
+        c = has_recv_c ? wire_value(crc[i], w) : 0u;
+        xv = wire_value(ca[i], w);
+        if (carry) c = cpd::add_bits(c, wire_value(cac[i], w), w.f, w.mode, 0u, 32);
+      } else {
+        s = wire_value(ca[i], w);
+        c = wire_value(cac[i], w);
+        xv = wire_value(cr[i], w);
+      }
+      const u32 y = cpd::add_bits(xv, c ^ cpd::SIGN, w.f, w.mode, 0u, 32);
+      const u32 t = cpd::add_bits(s, y, w.f, w.mode, 0u, 32);
+      c = cpd::add_bits(cpd::add_bits(t, s ^ cpd::SIGN, w.f, w.mode, 0u, 32), y ^ cpd::SIGN, w.f, w.mode, 0u, 32);
+      ca[i] = wire_code(t, w);
+      cac[i] = wire_code(c, w);
+    }
+    store8(acc, g, nb, w.bits, ca);
+    if (kahan) store8(acc_c, g, nb, w.bits, cac);
+  }
+}
+
+// out[segment offsets] <- decode(codes) / 2^s (float64, then float32), times inv when inv != 1.
+extern "C" __global__ void cpd_wire_decode(const unsigned char* __restrict__ in, const long long* __restrict__ rows,
+                                           const long long* __restrict__ starts, int k, long long total,
+                                           float* __restrict__ out, int exp, int man, int bias, int specials,
+                                           int subnormals, int bits, int raw32, float inv) {
+  const Wire w = make_wire(exp, man, bias, specials, subnormals, cpd::NEAREST, 0, bits, raw32);
+  const long long groups = (total + 7) / 8, nb = nbytes_of(total, w.bits);
+  const long long stride = (long long)blockDim.x * gridDim.x;
+  for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += stride) {
+    u32 c[8];
+    load8(in, g, nb, w.bits, c);
+    for (int i = 0; i < 8; ++i) {
+      const long long e = g * 8 + i;
+      if (e >= total) break;
+      const int j = find_segment(starts, k, e);
+      const long long s = rows[3 * j + 2];
+      float v = cpd::float_of(wire_value(c[i], w));
+      if (s) v = (float)((double)v / pow2(s));
+      if (inv != 1.0f) v = v * inv;
+      out[rows[3 * j] + (e - starts[j])] = v;
+    }
+  }
+}

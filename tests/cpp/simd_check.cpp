@@ -1,0 +1,113 @@
+// The CPU extension's vector helpers against the numerics core, without torch, so that every ISA
+// level (and Arm, through a cross compiler and qemu-aarch64 where installed) can be checked in
+// seconds (tests/test_isa_levels.py builds and runs it):
+//   * cuda/cpu/philox_simd.h: philox_blocks (element order) and philox_strided (one run per
+//     word) give cpd::philox4x32_10's words bit for bit: block numbers crossing 2^32, strides
+//     1..2^33, every count 0..70 (full vectors and scalar tails), keys and offsets with high bits;
+//   * cuda/cpu/matmul_f32.h's binary16 rounding by conversion (AccH: F16C, FCVT) equals
+//     cpd::cast_bits_generic to IEEE binary16, round to nearest, on every float32 value whose
+//     top 16 bits are anything and low bits are a few patterns (ties, near-ties, subnormals,
+//     overflow, infinities; NaN compared as NaN);
+//   * the integer-lane rounding (AccI, round_lane_i) equals cast_bits_generic for BF16 and FP16
+//     on the same values.
+// Build and run from the repository root, e.g.
+//   g++ -std=c++17 -O2 -march=x86-64-v3 -ffp-contract=off -fno-fast-math -I cuda/include -I cuda/cpu \
+//       tests/cpp/simd_check.cpp -o /tmp/simd_check && /tmp/simd_check
+// Prints the ISA it was built for; exit status 0 when everything matches.
+#include <cstdint>
+#include <cstdio>
+
+#include "cpd/numerics.h"
+#include "matmul_f32.h"
+#include "philox_simd.h"
+
+using cpd::u32;
+using cpd::u64;
+
+static int failures = 0;
+
+static void fail(const char* what, u64 a, u64 b, u64 c) {
+  if (failures++ < 10) std::printf("MISMATCH %s: %llx %llx %llx\n", what, (unsigned long long)a, (unsigned long long)b,
+                                   (unsigned long long)c);
+}
+
+static void check_philox() {
+  const u64 starts[] = {0, 1, 5, 0xfffffff0ull, 0x1234567890ull, 0xffffffffffffffc0ull};
+  const u64 strides[] = {1, 2, 3, 194, 0x100000000ull, 0x200000001ull};
+  const u32 keys[][4] = {{0, 0, 0, 0}, {0xdeadbeef, 0x01234567, 0x89abcdef, 0xffffffff}, {7, 0, 0x80000000u, 1}};
+  static u32 got[4 * 80], want[4];
+  for (const auto& kk : keys) {
+    for (u64 b0 : starts) {
+      for (int n = 0; n <= 70; ++n) {
+        cpd_cpu::philox_blocks(b0, n, kk[2], kk[3], kk[0], kk[1], got);
+        for (int k = 0; k < n; ++k) {
+          cpd_cpu::philox_one(b0 + (u64)k, kk[2], kk[3], kk[0], kk[1], want);
+          for (int j = 0; j < 4; ++j)
+            if (got[4 * k + j] != want[j]) fail("philox_blocks", b0, (u64)n, (u64)(4 * k + j));
+        }
+        for (u64 st : strides) {
+          cpd_cpu::philox_strided(b0, st, n, kk[2], kk[3], kk[0], kk[1], got, 80);
+          for (int i = 0; i < n; ++i) {
+            const cpd::U32x4 w = cpd::philox4x32_10((u32)(b0 + i * st), (u32)((b0 + i * st) >> 32), kk[2], kk[3],
+                                                    kk[0], kk[1]);
+            for (int j = 0; j < 4; ++j)
+              if (got[j * 80 + i] != w.v[j]) fail("philox_strided", b0, st, (u64)(j * 80 + i));
+          }
+        }
+      }
+    }
+  }
+  // the scalar reference itself: Random123's known answer for counter 0, key 0
+  cpd_cpu::philox_one(0, 0, 0, 0, 0, want);
+  if (want[0] != 0x6627E8D5u || want[3] != 0x9B00DBD8u) fail("philox known answer", want[0], want[3], 0);
+}
+
+static bool same(u32 a, u32 b) {
+  const bool na = (a & 0x7fffffffu) > cpd::INF_BITS, nb = (b & 0x7fffffffu) > cpd::INF_BITS;
+  return a == b || (na && nb);
+}
+
+template <class Acc>
+static void check_rounding(const char* what, const Acc& acc, const cpd::Format& f) {
+  const u32 lows[] = {0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x7fff, 0x8000, 0x8001, 0xffff, 0x2000, 0xe000};
+  alignas(64) float x[cpd_cpu::kLanes], zero[cpd_cpu::kLanes] = {};
+  int filled = 0;
+  u32 in[cpd_cpu::kLanes];
+  for (u32 hi = 0; hi < 0x10000u; ++hi) {
+    for (u32 lo : lows) {
+      in[filled] = (hi << 16) | lo;
+      x[filled] = cpd::float_of(in[filled]);
+      if (++filled == cpd_cpu::kLanes) {
+        float y[cpd_cpu::kLanes];
+        for (int i = 0; i < cpd_cpu::kLanes; ++i) y[i] = x[i];
+        acc.round(y);
+        acc.template add<false>(x, x, zero);  // x + 0 = x for every x but -0 (-0 + 0 = +0)
+        for (int i = 0; i < cpd_cpu::kLanes; ++i) {
+          const u32 want = cpd::cast_bits_generic(in[i], f, cpd::NEAREST, 0u, 32);
+          if (!same(cpd::bits_of(y[i]), want)) fail(what, in[i], cpd::bits_of(y[i]), want);
+          const u32 want0 = in[i] == cpd::SIGN ? 0u : want;
+          if (!same(cpd::bits_of(x[i]), want0)) fail(what, in[i], cpd::bits_of(x[i]), want0);
+        }
+        filled = 0;
+      }
+    }
+  }
+}
+
+int main() {
+  std::printf("simd_check: %s\n", cpd_cpu::isa_name());
+  check_philox();
+  const cpd::Format fp16 = cpd::make_format(5, 10, 15, cpd::SPECIALS_IEEE, 1, 0);
+  const cpd::Format bf16 = cpd::make_format(8, 7, 127, cpd::SPECIALS_IEEE, 1, 0);
+  const cpd::Format e5m2 = cpd::make_format(5, 2, 15, cpd::SPECIALS_IEEE, 1, 0);
+#if CPD_CPU_F16_LANES
+  check_rounding("AccH fp16", cpd_cpu::AccH{}, fp16);
+#endif
+  check_rounding("AccI fp16", cpd_cpu::AccI<0>{fp16}, fp16);
+  check_rounding("AccI e5m2", cpd_cpu::AccI<0>{e5m2}, e5m2);
+  check_rounding("AccI bf16 normal-only", cpd_cpu::AccI<1>{bf16}, bf16);
+  check_rounding("AccI bf16", cpd_cpu::AccI<0>{bf16}, bf16);
+  if (!cpd::lane_normal_only(bf16) || cpd::lane_normal_only(fp16)) fail("lane_normal_only", 0, 0, 0);
+  std::printf("%s (%d mismatches)\n", failures ? "FAILED" : "ok", failures);
+  return failures ? 1 : 0;
+}

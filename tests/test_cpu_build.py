@@ -1,0 +1,156 @@
+"""The CPU extension's build choices, testable without the machines they are for (issue 13).
+
+Invariants defended:
+* ``build_flags(machine, compiler, arch, openmp)`` gives x86 flags only on x86 (``-march=<level>``
+  for the x86-64 levels, ``-march=native`` for the host), Arm flags only on Arm (``-march=armv8.2-a``,
+  ``-mcpu=native``; none for Apple clang's native), IEEE flags everywhere (no contraction, no
+  fast-math), and OpenMP flags per compiler (``-Xpreprocessor -fopenmp`` + ``-lomp`` for Apple
+  clang; none when OpenMP is off);
+* a target that does not fit the machine, a bad compiler or a bad ``CPD_CPU_OPENMP`` is a
+  ValueError naming the allowed values; a level the host cannot run is refused before it is built;
+* the host's level is read off the CPU flags; the module name differs per target and per
+  OpenMP setting (separate caches);
+* the first build announces itself with one line naming the target.
+"""
+
+import pytest
+
+from cpd import _cpu
+
+IEEE = ["-O3", "-ffp-contract=off", "-fno-fast-math"]
+V3_FLAGS = {"sse4_1", "sse4_2", "ssse3", "popcnt", "cx16", "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe"}
+V4_FLAGS = V3_FLAGS | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+
+
+@pytest.mark.parametrize("compiler", ["gcc", "clang"])
+@pytest.mark.parametrize("level", ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"])
+def test_x86_levels(compiler, level):
+    f = _cpu.build_flags("x86_64", compiler, level)
+    assert f.cflags[:3] == tuple(IEEE) and f"-march={level}" in f.cflags
+    assert ("-mprefer-vector-width=512" in f.cflags) == (level == "x86-64-v4")
+    assert "-fopenmp" in f.cflags and f.ldflags == ("-fopenmp",) and f.openmp
+    assert f.machine == "x86_64" and f.arch == level
+
+
+def test_x86_native_and_spellings():
+    for machine in ("x86_64", "AMD64", "amd64"):
+        f = _cpu.build_flags(machine, "gcc")
+        assert f.machine == "x86_64" and "-march=native" in f.cflags and "-mprefer-vector-width=512" in f.cflags
+
+
+@pytest.mark.parametrize("compiler", ["gcc", "clang"])
+@pytest.mark.parametrize("machine", ["aarch64", "arm64"])
+def test_arm_targets(compiler, machine):
+    f = _cpu.build_flags(machine, compiler, "armv8.2-a")
+    assert f.machine == "aarch64" and "-march=armv8.2-a" in f.cflags
+    assert not any(x.startswith(("-mprefer", "-march=x86", "-mavx")) for x in f.cflags)
+    assert "-mcpu=native" in _cpu.build_flags(machine, compiler).cflags
+    for arch in ("armv8-a", "armv8.2-a+fp16", "armv9-a", "armv8.4-a+sve"):
+        assert f"-march={arch}" in _cpu.build_flags(machine, compiler, arch).cflags
+
+
+def test_macos_apple_clang():
+    f = _cpu.build_flags("arm64", "apple-clang", openmp=False)
+    assert f.cflags == tuple(IEEE) and f.ldflags == () and not f.openmp  # no -fopenmp, no -mcpu
+    g = _cpu.build_flags("arm64", "apple-clang", openmp=True)
+    assert g.cflags == tuple(IEEE + ["-Xpreprocessor", "-fopenmp"]) and g.ldflags == ("-lomp",)
+    h = _cpu.build_flags("x86_64", "apple-clang", "x86-64-v3", openmp=False)  # an Intel Mac
+    assert "-march=x86-64-v3" in h.cflags and "-fopenmp" not in h.cflags
+
+
+def test_without_openmp():
+    f = _cpu.build_flags("x86_64", "gcc", "x86-64-v2", openmp=False)
+    assert "-fopenmp" not in f.cflags and f.ldflags == () and not f.openmp
+
+
+def test_unknown_machine_native_is_portable():
+    f = _cpu.build_flags("ppc64le", "gcc")
+    assert f.cflags == tuple(IEEE + ["-fopenmp"])
+    with pytest.raises(ValueError, match="ppc64le"):
+        _cpu.build_flags("ppc64le", "gcc", "x86-64-v3")
+
+
+@pytest.mark.parametrize("machine,compiler,arch,match", [
+    ("x86_64", "gcc", "armv8.2-a", "not an x86-64 target.*x86-64-v3"),
+    ("x86_64", "gcc", "x86-64-v5", "not an x86-64 target"),
+    ("aarch64", "gcc", "x86-64-v3", "not an Arm target.*armv8.2-a"),
+    ("aarch64", "clang", "armv8.2", "not an Arm target"),
+    ("x86_64", "msvc", "native", "compiler must be one of"),
+    ("x86_64", "gcc", "", "non-empty"),
+])
+def test_bad_targets(machine, compiler, arch, match):
+    with pytest.raises(ValueError, match=match):
+        _cpu.build_flags(machine, compiler, arch)
+
+
+def test_host_level_from_flags():
+    assert _cpu.host_level("x86_64", set()) == "x86-64"
+    assert _cpu.host_level("x86_64", V3_FLAGS - {"avx2"}) == "x86-64-v2"
+    assert _cpu.host_level("x86_64", V3_FLAGS) == "x86-64-v3"
+    assert _cpu.host_level("x86_64", V4_FLAGS) == "x86-64-v4"
+    assert _cpu.host_level("x86_64", V4_FLAGS - {"avx2"}) == "x86-64-v2"  # levels are cumulative
+    assert _cpu.host_level("aarch64", {"fp", "asimd", "fphp", "asimdhp"}) == "armv8.2-a"
+
+
+def test_env_validation(monkeypatch):
+    monkeypatch.setenv("CPD_CPU_OPENMP", "yes")
+    with pytest.raises(ValueError, match="CPD_CPU_OPENMP must be '0', '1' or unset"):
+        _cpu.current_flags()
+    monkeypatch.setenv("CPD_CPU_OPENMP", "0")
+    monkeypatch.setenv("CPD_CPU_ARCH", " x86-64-v2 ")
+    if _cpu.machine_kind(__import__("platform").machine()) == "x86_64":
+        f = _cpu.current_flags()
+        assert f.arch == "x86-64-v2" and not f.openmp
+
+
+def test_level_the_host_cannot_run_is_refused(monkeypatch):
+    monkeypatch.setattr(_cpu, "_cpu_flags", lambda: V3_FLAGS)
+    with pytest.raises(ValueError, match="cannot run it.*avx512f.*'x86-64-v3'"):
+        _cpu._check_host_runs("x86_64", "x86-64-v4")
+    _cpu._check_host_runs("x86_64", "x86-64-v3")  # fine
+
+
+def test_module_names_differ_per_target():
+    names = {_cpu._module_name(_cpu.build_flags("x86_64", "gcc", arch, omp))
+             for arch in ("native", "x86-64-v2", "x86-64-v3") for omp in (True, False)}
+    assert len(names) == 6
+
+
+def test_first_build_says_so(monkeypatch, tmp_path, capsys):
+    import torch.utils.cpp_extension as ce
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(_cpu, "_state", {})
+    monkeypatch.setattr(_cpu, "_openmp_works", lambda flags: True)
+    seen = {}
+
+    def fake_load(**kw):
+        seen.update(kw)
+        return "module"
+
+    monkeypatch.setattr(ce, "load", fake_load)
+    flags = _cpu.build_flags("x86_64", "gcc", "x86-64-v2")
+    assert _cpu._build(flags) == "module"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "building cpd's CPU extension for x86-64-v2 (one time, about a minute)" in err
+    assert seen["extra_cflags"] == list(flags.cflags) and str(tmp_path) in seen["build_directory"]
+    # once built (the library is in its folder), nothing is printed
+    (tmp_path / f"py{__import__('sys').version_info.major}{__import__('sys').version_info.minor}_cpu" /
+     seen["name"] / f"{seen['name']}.so").write_bytes(b"")
+    _cpu._build(flags)
+    assert capsys.readouterr().err == ""
+
+
+def test_no_openmp_is_said_and_keyed(monkeypatch, tmp_path, capsys):
+    import torch.utils.cpp_extension as ce
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(_cpu, "_state", {})
+    monkeypatch.setattr(_cpu, "_openmp_works", lambda flags: False)  # e.g. Apple clang, no libomp
+    seen = {}
+    monkeypatch.setattr(ce, "load", lambda **kw: seen.update(kw) or "module")
+    _cpu._build(_cpu.build_flags("x86_64", "gcc", "x86-64-v3"))
+    assert "without OpenMP" in capsys.readouterr().err
+    assert "-fopenmp" not in seen["extra_cflags"] and seen["extra_ldflags"] == []
+    assert seen["name"] == _cpu._module_name(_cpu.build_flags("x86_64", "gcc", "x86-64-v3", openmp=False))

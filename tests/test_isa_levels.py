@@ -1,0 +1,135 @@
+"""Every ISA level the CPU extension is built for gives the same bits (issue 13).
+
+Invariants defended:
+* the vector Philox of the loaded build (AVX-512, AVX2, NEON or scalar) gives philox4x32_10's
+  words bit for bit, in element order and strided, also across 2^32 block numbers;
+* the extension built for ``x86-64-v2`` (SSE4.2, and without OpenMP: threads through ATen's
+  pool) and for ``x86-64-v3`` (AVX2 + FMA + F16C), each in its own cache, passes the numerics tests
+  that compare its cast, arithmetic and every matmul lane with the generic path and with exact
+  oracles (one subprocess per level running a focused pytest selection with ``CPD_CPU_ARCH``;
+  the host's own build runs the whole suite);
+* ``tests/cpp/simd_check.cpp`` (vector Philox and the lane roundings against the numerics core,
+  no torch) passes when built for each x86 level the host runs, and for aarch64 where a cross
+  compiler is installed (``apt-get install g++-aarch64-linux-gnu``; run under ``qemu-aarch64``
+  when ``qemu-user`` is installed, otherwise compiled only).
+"""
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import cpd
+from cpd import _cpu
+
+ROOT = Path(__file__).resolve().parent.parent
+X86 = _cpu.machine_kind(platform.machine()) == "x86_64"
+HOST = _cpu.host_level() if X86 else None
+
+
+def _runs(level):
+    return X86 and _cpu.X86_LEVELS.index(level) <= _cpu.X86_LEVELS.index(HOST)
+
+
+# ------------------------------------------------------------------------------------ the loaded build
+@pytest.mark.skipif(_cpu.extension() is None, reason="no compiled extension")
+@pytest.mark.parametrize("start", [0, 3, 2**32 - 5, 2**40 + 7])
+@pytest.mark.parametrize("seed,offset", [(0, 0), (0x1234567890ABCDEF, 0x0FEDCBA987654321), (-1, 5)])
+def test_vector_philox_words(start, seed, offset):
+    ext = _cpu.extension()
+    for n in (0, 1, 15, 16, 17, 33, 64, 70):
+        got = torch.empty(4 * n, dtype=torch.int32)
+        ext.philox_simd_out(got, start, 1, n, seed, offset, False)
+        assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, cpd.ops.random_words(4 * start, 4 * n, seed, offset)), n
+        for stride in (1, 2, 194, 2**33 + 1):
+            ext.philox_simd_out(got, start, stride, n, seed, offset, True)
+            words = (got.to(torch.int64) & 0xFFFFFFFF).reshape(4, n)
+            for i in range(n):
+                b = (start + i * stride) % 2**64
+                want = cpd.ops.random_words(4 * b, 4, seed, offset) if 4 * b < 2**63 else None
+                if want is not None:
+                    assert torch.equal(words[:, i], want), (n, stride, i)
+
+
+@pytest.mark.skipif(_cpu.extension() is None, reason="no compiled extension")
+def test_build_reports_its_isa():
+    isa = _cpu.extension().isa()
+    assert isa.split(",")[0] in ("avx512+fp16", "avx512", "avx2+fma", "avx2", "sse4.2", "neon", "scalar")
+    info = _cpu.build_info()
+    assert info["isa"] == isa and info["target"]
+
+
+# ------------------------------------------------------------------------------------ other levels
+# The numerics tests each level's build must pass: casts against torch's own, stochastic decisions
+# against exact ones, exact arithmetic, and every matmul loop against the generic one.
+SELECTION = [
+    "tests/test_isa_levels.py::test_vector_philox_words",
+    "tests/test_isa_levels.py::test_build_reports_its_isa",
+    "tests/test_native.py::test_every_16_bit_value",
+    "tests/test_stochastic.py",
+    "tests/test_arith_fast.py",
+    "tests/test_matmul.py::test_float32_lane_path_equals_generic_path",
+    "tests/test_matmul.py::test_fused_lane_path_equals_generic_path",
+    "tests/test_matmul.py::test_fast_path_equals_generic_path",
+    "tests/test_matmul.py::test_matches_exact_reference",
+    "tests/test_matmul.py::test_thread_count_independent",
+]
+LEVELS = [("x86-64-v2", "0"), ("x86-64-v3", "1")]  # (CPD_CPU_ARCH, CPD_CPU_OPENMP)
+
+
+@pytest.mark.skipif(not X86, reason="x86-64 levels")
+@pytest.mark.parametrize("level,openmp", LEVELS, ids=[lv for lv, _ in LEVELS])
+def test_numerics_at_level(level, openmp):
+    if not _runs(level):
+        pytest.skip(f"this CPU runs up to {HOST}")
+    env = {**os.environ, "CPD_CPU_ARCH": level, "CPD_CPU_OPENMP": openmp, "PYTHONPATH": str(ROOT)}
+    env.pop("CPD_NO_EXTENSION", None)
+    check = ("import cpd._cpu as c; e = c.extension(); assert e is not None, 'no build'; "
+             "print(c.build_info()['target'], '|', e.isa())")
+    r = subprocess.run([sys.executable, "-c", check], env=env, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    target, isa = r.stdout.strip().splitlines()[-1].split(" | ")
+    assert target == level
+    assert isa.startswith({"x86-64-v2": "sse4.2", "x86-64-v3": "avx2+fma"}[level])
+    assert ("no OpenMP" in isa) == (openmp == "0")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *SELECTION], env=env,
+                       cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------ simd_check
+def _simd_check(cxx, flags, tmp_path, runner=()):
+    exe = tmp_path / "simd_check"
+    cmd = [cxx, "-std=c++17", "-O2", *flags, "-ffp-contract=off", "-fno-fast-math", "-I", str(ROOT / "cuda/include"),
+           "-I", str(ROOT / "cuda/cpu"), str(ROOT / "tests/cpp/simd_check.cpp"), "-o", str(exe)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    if runner is None:
+        return None
+    r = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "ok (0 mismatches)" in r.stdout, r.stdout[-3000:]
+    return r.stdout.splitlines()[0]
+
+
+@pytest.mark.skipif(not X86 or shutil.which("g++") is None, reason="x86-64 levels with g++")
+@pytest.mark.parametrize("level", ["x86-64-v2", "x86-64-v3", "x86-64-v4", "native"])
+def test_simd_check_x86(level, tmp_path):
+    if level != "native" and not _runs(level):
+        pytest.skip(f"this CPU runs up to {HOST}")
+    first = _simd_check("g++", [f"-march={level}"], tmp_path)
+    assert first.startswith("simd_check: ")
+
+
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,
+                    reason="no aarch64 cross compiler (apt-get install g++-aarch64-linux-gnu)")
+@pytest.mark.parametrize("arch", ["armv8-a", "armv8.2-a"])
+def test_simd_check_aarch64(arch, tmp_path):
+    qemu = shutil.which("qemu-aarch64")
+    first = _simd_check("aarch64-linux-gnu-g++", [f"-march={arch}", "-static"], tmp_path,
+                        runner=(qemu,) if qemu else None)
+    assert first is None or first == "simd_check: neon"

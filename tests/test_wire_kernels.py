@@ -1,0 +1,219 @@
+"""The fused wire kernels of cpd.distributed (cuda/cpu/hop.cpp) against the exact public ops.
+
+Invariants defended:
+* one hop (decode received codes, add in the format, encode) equals ``cpd.add`` on the decoded
+  values followed by ``cpd.encode`` (the wire's NaN rule included), for every pair of codes of
+  the 8-bit formats e4m3, e5m2, e4m3fn, the 6-bit finite e3m2 and the 4-bit (3, 0) (packed,
+  both parities of the element count), every deterministic rounding mode, with and without
+  saturate; on random pairs of bfloat16 codes (16-bit, the direct path);
+* the Kahan hop (ring role, with and without a received compensation and a carried one, and the
+  sequential role of a hierarchical leader) equals ``cpd.primitives.Accumulator.merge`` on random code
+  triples, including specials;
+* the bucket encode (scale by 2^s in float64, cast, encode, pack) equals ``cpd.cast`` +
+  ``cpd.encode`` + ``pack_codes`` segment by segment, scales far outside float32's range and
+  overflow to inf / NaN included; the decode (unpack, decode, / 2^s, * 1/W) equals the public ops;
+* the per-segment absmax is the largest magnitude, NaN when any NaN, 0 for an empty segment;
+* the CUDA twin (cuda/kernels/hop.cu) compiles through NVRTC for sm_70/80/90 on any machine and,
+  on a GPU (tests marked ``cuda``), gives the CPU kernels' bytes for the same inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import cpd
+from cpd.distributed import kernels
+from cpd.distributed.wire import WireFormat
+from cpd.rounding import Rounding
+
+compiled = pytest.mark.skipif(not kernels.compiled(), reason="the CPU extension is not built")
+
+MODES = [Rounding.NEAREST, Rounding.TOWARD_ZERO, Rounding.UP, Rounding.DOWN]
+SMALL = ["e4m3", "e5m2", "e4m3fn", cpd.FloatFormat(3, 2, specials="finite"), cpd.FloatFormat(3, 0)]
+
+
+def _all_pairs(bits: int, odd: bool):
+    k = 1 << bits
+    a = torch.arange(k).repeat_interleave(k)
+    b = torch.arange(k).repeat(k)
+    if odd:  # an odd element count: the last packed byte is half padding
+        a, b = a[:-1], b[:-1]
+    return a, b
+
+
+def _same(got: torch.Tensor, want: torch.Tensor, n: int, wf: WireFormat) -> bool:
+    """Equal wire values, bit for bit, except that any NaN equals any NaN (the sign and payload of
+    a NaN sum are not specified: the hardware's NaN propagation, operand order)."""
+    if got.numel() != want.numel():
+        return False
+    a, b = kernels.from_bytes(got, n, wf), kernels.from_bytes(want, n, wf)
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan].view(torch.int32), b[~nan].view(torch.int32))
+
+
+def _bytes(codes: torch.Tensor, wf: WireFormat) -> torch.Tensor:
+    return kernels.to_bytes(cpd.decode(codes.to(torch.int64), wf.fmt), wf) if not wf.raw32 else codes
+
+
+@compiled
+@pytest.mark.parametrize("fmt", SMALL, ids=str)
+def test_hop_every_code_pair(fmt):
+    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    for odd in (False, True):
+        a, b = _all_pairs(wf.bits, odd)
+        n = a.numel()
+        ra, rb = _bytes(a, wf), _bytes(b, wf)
+        for mode, sat in itertools.product(MODES, (False, True)):
+            got = rb.clone()
+            kernels.hop(ra, got, n, wf, mode, sat)
+            want = rb.clone()
+            kernels.hop_reference(ra, want, n, wf, mode, sat)
+            assert _same(got, want, n, wf), (wf.fmt.name, mode, sat, odd)
+
+
+@compiled
+def test_hop_bfloat16_random_pairs():
+    wf = WireFormat(cpd.FloatFormat.parse("bf16"))
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 1 << 16, (2, 20001), generator=g)
+    specials = torch.tensor([0, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F7F, 0x0001, 0x8001])
+    codes[:, :64] = specials.repeat(8)[None, :].expand(2, 64)
+    codes[1, :64] = specials.repeat_interleave(8)
+    ra, rb = _bytes(codes[0], wf), _bytes(codes[1], wf)
+    for mode in MODES:
+        got = rb.clone()
+        kernels.hop(ra, got, codes.shape[1], wf, mode, False)
+        want = rb.clone()
+        kernels.hop_reference(ra, want, codes.shape[1], wf, mode, False)
+        assert _same(got, want, codes.shape[1], wf), mode
+
+
+@compiled
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", cpd.FloatFormat(3, 0), "bf16"], ids=str)
+def test_kahan_hop(fmt):
+    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    g = torch.Generator().manual_seed(2)
+    n = 4099
+    k = 1 << min(wf.bits, 16)
+    rows = [_bytes(torch.randint(0, k, (n,), generator=g), wf) for _ in range(4)]
+    for mode, (has_c, carry, seq) in itertools.product(
+            MODES[:2], [(False, False, False), (True, False, False), (True, True, False), (False, True, False),
+                        (False, False, True)]):
+        recv, recv_c, acc, acc_c = (r.clone() for r in rows)
+        args = dict(kahan=True, recv_c=recv_c if has_c else None, carry=carry, sequential=seq)
+        a1, c1 = acc.clone(), acc_c.clone()
+        kernels.hop(recv, a1, n, wf, mode, False, acc_c=c1, **args)
+        a2, c2 = acc.clone(), acc_c.clone()
+        kernels.hop_reference(recv, a2, n, wf, mode, False, acc_c=c2, **args)
+        assert _same(a1, a2, n, wf) and _same(c1, c2, n, wf), (wf.fmt.name, mode, has_c, carry, seq)
+
+
+@compiled
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e4m3fn", cpd.FloatFormat(3, 0),
+                                 cpd.FloatFormat(2, 2, specials="finite"), "bf16", "fp32"], ids=str)
+def test_encode_and_decode_segments(fmt):
+    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(10007, generator=g) * 2.0 ** torch.randint(-30, 30, (10007,), generator=g)
+    x[5] = 3e38
+    x[6] = -1e-45
+    segs = kernels.segments([(0, 7, 0), (100, 0, 3), (10, 2048, -12), (3000, 4097, 40), (9000, 1000, 150),
+                             (7, 3, -150), (8000, 1, 9)])  # disjoint: decode writes each once
+    for mode, sat in itertools.product(MODES, (False, True)):
+        got = kernels.encode(x, segs, wf, mode, sat)
+        want = kernels.encode_reference(x, segs, wf, mode, sat)
+        assert torch.equal(got, want), (wf.fmt.name, mode, sat)
+        for inv in (1.0, 0.25):
+            o1 = torch.full((10007,), 7.0)
+            o2 = o1.clone()
+            bad = kernels.decode(got, segs, o1, wf, inv)
+            kernels.decode_reference(got, segs, o2, wf, inv)
+            assert bad == kernels._count_nonfinite(o2, segs), (wf.fmt.name, mode, sat, inv)
+            nan = torch.isnan(o1)
+            assert torch.equal(nan, torch.isnan(o2)), (wf.fmt.name, mode, sat, inv)
+            assert torch.equal(o1[~nan].view(torch.int32), o2[~nan].view(torch.int32)), (wf.fmt.name, mode, sat, inv)
+
+
+@compiled
+def test_absmax():
+    x = torch.tensor([1.0, -3.0, 2.0, float("inf"), 0.5, float("nan"), -0.0, 7.0])
+    segs = kernels.segments([(0, 3, 0), (0, 4, 0), (4, 2, 0), (6, 1, 0), (2, 0, 0), (7, 1, 0)])
+    got = kernels.absmax(x, segs)
+    assert got[:2] == [3.0, float("inf")] and got[2] != got[2] and got[3:] == [0.0, 0.0, 7.0]
+
+
+@pytest.mark.parametrize("arch", ["sm_70", "sm_80", "sm_90"])
+def test_cuda_hop_kernels_compile(arch, tmp_path, monkeypatch):
+    from cpd import _cuda
+
+    if not _cuda.available():
+        pytest.skip("cuda-bindings NVRTC not installed")
+    monkeypatch.setenv("CPD_CACHE_DIR", str(tmp_path))
+    assert _cuda.compile_source("hop.cu", arch, use_cache=False)[:4] == b"\x7fELF"
+
+
+@pytest.mark.cuda
+@compiled
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", cpd.FloatFormat(3, 0), cpd.FloatFormat(3, 2, specials="finite"),
+                                 "bf16", "fp32"], ids=str)
+def test_cuda_kernels_equal_cpu(fmt):
+    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(5003, generator=g) * 2.0 ** torch.randint(-20, 20, (5003,), generator=g)
+    segs = kernels.segments([(0, 1001, 3), (2000, 2003, -7), (1500, 5, 0)])
+    cuda = torch.device("cuda")
+    for mode in MODES:
+        cpu = kernels.encode(x, segs, wf, mode, False)
+        gpu = kernels.encode(x.to(cuda), segs, wf, mode, False)
+        assert torch.equal(gpu.cpu(), cpu), (wf.fmt.name, mode)
+        n = 3009
+        a, b = cpu[:wf.nbytes(n)].clone(), torch.roll(cpu, 7)[:wf.nbytes(n)].clone()
+        for kahan in (False, True):
+            c1, c2 = a.clone(), a.clone()
+            s1, s2 = b.clone(), b.to(cuda)
+            kernels.hop(a, s1, n, wf, mode, False, kahan=kahan, acc_c=c1 if kahan else None, recv_c=b if kahan else None)
+            kernels.hop(a.to(cuda), s2, n, wf, mode, False, kahan=kahan, acc_c=c2.to(cuda) if kahan else None,
+                        recv_c=b.to(cuda) if kahan else None)
+            assert _same(s2.cpu(), s1, n, wf), (wf.fmt.name, mode, kahan)
+        o1, o2 = torch.zeros(5003), torch.zeros(5003, device=cuda)
+        kernels.decode(cpu, segs, o1, wf, 0.5)
+        kernels.decode(cpu.to(cuda), segs, o2, wf, 0.5)
+        assert torch.equal(o1.view(torch.int32), o2.cpu().view(torch.int32)), (wf.fmt.name, mode)
+
+
+@compiled
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", cpd.FloatFormat(3, 0), cpd.FloatFormat(3, 2, specials="finite"),
+                                 "bf16", "fp32"], ids=str)
+def test_cuda_kernels_through_the_host_shim_equal_cpu(fmt):
+    """hop.cu, run on the host by cpd._shim with the parameter array cuLaunchKernel would get, gives
+    the CPU kernels' bytes: encode, hop (plain and Kahan) and decode, ragged segments included."""
+    from cpd import _shim
+    from cpd.distributed import cuda_kernels
+
+    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1203, generator=g) * 2.0 ** torch.randint(-20, 20, (1203,), generator=g)
+    rows = [(0, 301, 3), (700, 203, -7), (500, 5, 0)]
+    segs = kernels.segments(rows)
+    total = sum(n for _, n, _ in rows)
+    for mode in MODES:
+        cpu = kernels.encode(x, segs, wf, mode, False)
+        shim = torch.zeros_like(cpu)
+        cuda_kernels.encode(x, segs, shim, wf, mode, False, launcher=_shim.launch)
+        assert torch.equal(shim[:wf.nbytes(total)], cpu[:wf.nbytes(total)]), (wf.fmt.name, mode)
+        n = 509
+        a, b = cpu[:wf.nbytes(n)].clone(), torch.roll(cpu, 7)[:wf.nbytes(n)].clone()
+        for kahan in (False, True):
+            c1, c2 = a.clone(), a.clone()
+            s1, s2 = b.clone(), b.clone()
+            kernels.hop(a, s1, n, wf, mode, False, kahan=kahan, acc_c=c1 if kahan else None, recv_c=b if kahan else None)
+            cuda_kernels.hop(a, s2, n, wf, mode, False, kahan, b if kahan else None, c2 if kahan else None, False,
+                             False, launcher=_shim.launch)
+            assert _same(s2, s1, n, wf), (wf.fmt.name, mode, kahan)
+        o1, o2 = torch.zeros(1203), torch.zeros(1203)
+        kernels.decode(cpu, segs, o1, wf, 0.5)
+        cuda_kernels.decode(cpu, segs, o2, wf, 0.5, launcher=_shim.launch)
+        assert torch.equal(o1.view(torch.int32), o2.view(torch.int32)), (wf.fmt.name, mode)
