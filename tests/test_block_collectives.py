@@ -281,3 +281,10 @@ def test_block_stochastic_rounding_reproducible_and_composed():
     ref = cpd.allreduce(low, cpd.E2M1, rounding="stochastic", generator=g, inputs_in_fmt=True)
     assert torch.equal(a, (ref.double() / f).float())
     assert cpd.allreduce(torch.zeros(3, 0), MXFP4).shape == (0,)
+
+
+def test_ddp_hook_refuses_block_format_naming_the_emulated_path():
+    from cpd.distributed import APSHookState
+
+    with pytest.raises(ValueError, match=r"emulated path only \(cpd.allreduce, cpd.aps_allreduce\)"):
+        APSHookState(cpd.mx.MXFP8_E4M3)
