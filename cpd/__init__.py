@@ -17,8 +17,8 @@ from .ops import matmul, sum  # noqa: A004
 from .rounding import Rounding
 from .config import CompressedReduceConfig, ReduceConfig
 from .collectives import ALGORITHMS as ALLREDUCE_ALGORITHMS, allreduce, cost_model
-from .report import LayerReport, RoundoffReport
-from .scaling import LossScaler, aps_allreduce, aps_exponent, scaled_allreduce
+from .report import LayerReport, RoundoffReport, ScalingComparison
+from .scaling import LossScaler, aps_allreduce, aps_exponent, compare_scalings, scaled_allreduce
 from .optim import APSOptimizer
 from . import compressors  # noqa: E402  (the literature's gradient compressors; see cpd/compressors)
 from . import distributed
@@ -34,6 +34,6 @@ __all__ = [
     "cast", "encode", "decode", "bits", "code_dtype", "add", "mul", "fma", "matmul", "sum",
     "Quantizer", "quantizer", "nn", "optim", "reference",
     "allreduce", "ALLREDUCE_ALGORITHMS", "cost_model", "aps_allreduce", "aps_exponent", "scaled_allreduce",
-    "LossScaler", "RoundoffReport", "LayerReport", "APSOptimizer", "compressors", "distributed",
+    "LossScaler", "RoundoffReport", "LayerReport", "ScalingComparison", "compare_scalings", "APSOptimizer", "compressors", "distributed",
     "FusedDot", "tensor_core", "mx",
 ]

@@ -112,7 +112,9 @@ class APSOptimizer(WrappedOptimizer):
 
     Args:
         opt: the inner optimizer.
-        fmt: the communication format (e.g. ``cpd.E4M3``, ``"e5m2"``, ``cpd.FloatFormat(3, 0)``).
+        fmt: the communication format (e.g. ``cpd.E4M3``, ``"e5m2"``, ``cpd.FloatFormat(3, 0)``), or
+            in emulated mode a :class:`cpd.mx.BlockFormat` such as ``cpd.mx.MXFP8_E4M3`` (APS per
+            block, :mod:`cpd.blockreduce`; ``scaling`` must be ``"aps"``; the real mode refuses it).
         workers: W, the number of emulated workers (default 8; in real mode the group size).
         algorithm, group_size, kahan, rounding: passed to the allreduce (see :func:`cpd.allreduce`).
         scaling: ``"aps"``, ``"loss"`` or None.

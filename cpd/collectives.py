@@ -13,6 +13,7 @@ import dataclasses
 
 import torch
 
+from .blockreduce import block_exponents, block_factors
 from .config import EMULATED_ALGORITHMS, CompressedReduceConfig, ReduceConfig, make_config
 from .formats import FloatFormat
 from .ops import cast
@@ -20,7 +21,7 @@ from .primitives import Accumulator, ceil_log2, chunk_bounds, stack_workers
 from .registry import COMPRESSED_ALLREDUCE, lookup
 from .rounding import Rounding
 
-__all__ = ["allreduce", "ALGORITHMS", "chunk_bounds", "reduce_matrix", "cost_model", "CostEstimate"]
+__all__ = ["allreduce", "ALGORITHMS", "chunk_bounds", "reduce_matrix", "reduce_blocks", "cost_model", "CostEstimate"]
 
 #: The summation orders :func:`allreduce` emulates.
 ALGORITHMS = EMULATED_ALGORITHMS
@@ -94,7 +95,14 @@ def allreduce(tensors, fmt=None, *, algorithm: str = "ring", group_size: int | N
     Args:
         tensors: a list of W same-shape float32 tensors (float16/bfloat16 are upcast exactly), one
             per worker, or one tensor whose leading dimension is W. Never modified.
-        fmt: the accumulation / wire format (a :class:`FloatFormat`, a name or a torch dtype).
+        fmt: the accumulation / wire format (a :class:`FloatFormat`, a name or a torch dtype), or a
+            :class:`cpd.mx.BlockFormat` (e.g. ``cpd.mx.MXFP8_E4M3``): block-scaled communication, APS
+            at block granularity — each block of ``block_size`` consecutive elements of the
+            flattened tensor is scaled by one power of two shared by all workers, chosen so the
+            block's sum cannot overflow the element format; the elements are rounded to the
+            element format, summed in it in the order below, and unscaled (exact definition in
+            :mod:`cpd.blockreduce`; ``inputs_in_fmt`` does not apply; a block holding inf/NaN is
+            not scaled, so the inf/NaN reaches the result as with a float format).
         algorithm: ``"ring"``, ``"hierarchical"``, ``"tree"`` or ``"sequential"`` (orders below).
         group_size: hierarchical only: k, the number of consecutive workers per group; must divide W.
         kahan: carry a Kahan compensation with every partial sum (every Kahan operation is itself
@@ -179,6 +187,11 @@ def reduce_matrix(x: torch.Tensor, config: ReduceConfig, *, generator: torch.Gen
     if cfg.workers is not None and cfg.workers != w:
         raise ValueError(f"the config has workers={cfg.workers}, but the tensors come from W={w} workers")
     cfg.check_workers(w)
+    if cfg.is_block:
+        if inputs_in_fmt:
+            raise ValueError(f"inputs_in_fmt=True does not apply to a block format (fmt={cfg.fmt.name}): the block "
+                             "scales are chosen from the inputs")
+        return reduce_blocks(x, cfg, generator=generator)[0]
     fmt, mode, saturate, kahan, algorithm = cfg.fmt, cfg.rounding, cfg.saturate, cfg.kahan, cfg.algorithm
     if not inputs_in_fmt:
         x = cast(x, fmt, mode, saturate=saturate, generator=generator)
@@ -208,6 +221,22 @@ def reduce_matrix(x: torch.Tensor, config: ReduceConfig, *, generator: torch.Gen
             step *= 2
         s = p[0]
     return s.clone()
+
+
+@torch.no_grad()
+def reduce_blocks(x: torch.Tensor, config: ReduceConfig, *, generator: torch.Generator | None = None):
+    """Block-scaled reduction of the finite (W, n) float32 ``x`` under a block-format ``config``
+    (:mod:`cpd.blockreduce`): returns ``(result, s, nonzero, scaled, low)``: the (n,) float32 sum,
+    the per-block exponents and nonzero mask, and the (W, n) scaled values before and after the
+    cast to the element format."""
+    w, n = x.shape
+    s, nonzero = block_exponents(x, config.fmt, w, config.margin)
+    f = block_factors(s, n, config.fmt.block_size)
+    scaled = (x.double() * f).to(torch.float32)
+    elem = dataclasses.replace(config, fmt=config.element)
+    low = cast(scaled, elem.fmt, elem.rounding, saturate=elem.saturate, generator=generator)
+    red = reduce_matrix(low, elem, generator=generator, inputs_in_fmt=True)
+    return (red.double() / f).to(torch.float32), s, nonzero, scaled, low
 
 
 # --------------------------------------------------------------------------------------- cost model

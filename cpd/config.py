@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 
 from .formats import FP32, FloatFormat
+from .blockreduce import check_block_format
+from .mx import BlockFormat
 from .primitives import match_prefix
 from .registry import COMPRESSOR_FACTORY, lookup
 from .rounding import Rounding
@@ -110,7 +112,9 @@ class ReduceConfig(_Shared):
     """A format-based reduction: every link carries ``fmt`` and every partial sum is rounded to it.
 
     Args:
-        fmt: the accumulation / wire format (a :class:`cpd.FloatFormat`, a name or a torch dtype).
+        fmt: the accumulation / wire format (a :class:`cpd.FloatFormat`, a name or a torch dtype), or
+            a :class:`cpd.mx.BlockFormat` with power-of-two scales: block-scaled communication (APS at
+            block granularity, :mod:`cpd.blockreduce`; emulator only, ``scaling`` must be ``"aps"``).
         algorithm: the summation order: ``"ring"``, ``"hierarchical"``, ``"tree"``, ``"sequential"``
             (emulator) or ``"one_rounding"`` (processes only); see :func:`cpd.allreduce`.
         group_size: hierarchical only: workers per group (must divide ``workers``).
@@ -140,11 +144,14 @@ class ReduceConfig(_Shared):
     workers: int | None = None
 
     def __post_init__(self):
-        try:
-            fmt = FloatFormat.parse(self.fmt)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"fmt: {exc}") from None
-        object.__setattr__(self, "fmt", fmt)
+        if isinstance(self.fmt, BlockFormat):
+            check_block_format(self.fmt)
+        else:
+            try:
+                fmt = FloatFormat.parse(self.fmt)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"fmt: {exc}") from None
+            object.__setattr__(self, "fmt", fmt)
         a = self.algorithm
         if not isinstance(a, str) or a not in REDUCE_ALGORITHMS:
             raise ValueError(f"algorithm={a!r} is unknown; allowed: {_allowed(REDUCE_ALGORITHMS)}")
@@ -167,11 +174,25 @@ class ReduceConfig(_Shared):
         if scaling not in SCALINGS:
             raise ValueError(f"scaling must be 'aps', 'loss' or None, got {scaling!r}")
         object.__setattr__(self, "scaling", scaling)
+        if self.is_block and scaling != "aps":
+            raise ValueError(f"fmt={self.fmt.name} is a block format: it scales every block by its own power of two "
+                             f"(APS at block granularity), so scaling must be 'aps' (the default), got {scaling!r}")
         if not _is_int(self.margin):
             raise TypeError(f"margin must be an int, got {type(self.margin).__name__}")
         _common(self)
         if self.workers is not None:
             self.check_workers(self.workers)
+
+    @property
+    def is_block(self) -> bool:
+        """Whether ``fmt`` is a :class:`cpd.mx.BlockFormat` (block-scaled communication)."""
+        return isinstance(self.fmt, BlockFormat)
+
+    @property
+    def element(self) -> FloatFormat:
+        """The format every value on the wire and every partial sum is rounded to: ``fmt``, or
+        the block format's element format."""
+        return self.fmt.element if self.is_block else self.fmt
 
     @property
     def compressor(self):
@@ -195,6 +216,10 @@ class ReduceConfig(_Shared):
         """Self, checked for the real multi-process transport: an order of
         :data:`PROCESS_ALGORITHMS` and a deterministic rounding (stochastic rounding draws its bits
         per emulator call, which W processes cannot reproduce)."""
+        if self.is_block:
+            raise ValueError(f"fmt={self.fmt.name}: block-scaled communication (a cpd.mx.BlockFormat) runs on the "
+                             "emulated path only (cpd.allreduce, cpd.aps_allreduce); the multi-process transport "
+                             "takes a cpd.FloatFormat")
         self.require(PROCESS_ALGORITHMS, "the multi-process transport (cpd.distributed)")
         if self.rounding is Rounding.STOCHASTIC:
             raise ValueError("rounding='stochastic' is not supported across processes (its random bits are drawn "

@@ -17,7 +17,7 @@ import torch
 
 from .formats import FloatFormat
 
-__all__ = ["LayerReport", "RoundoffReport", "layer_stats"]
+__all__ = ["LayerReport", "RoundoffReport", "ScalingComparison", "layer_stats"]
 
 
 @dataclasses.dataclass
@@ -33,6 +33,8 @@ class LayerReport:
     #: Power-of-two exponent s: gradients were multiplied by 2**s before the cast and divided after
     #: (None when no scaling applies).
     scale_exp: int | None = None
+    #: Block formats: (smallest, largest) block exponent over the nonzero blocks (None otherwise).
+    block_scale_exps: tuple | None = None
     #: Elements per worker.
     numel: int = 0
     #: Number of workers.
@@ -194,8 +196,11 @@ class RoundoffReport:
             e = sorted(r.exp_hist)
             ax.bar(e, [r.exp_hist[k] for k in e], width=0.9, color="tab:gray", alpha=0.6, label="gradients")
             if r.scale_exp:
+                lab = f"scaled by 2^{r.scale_exp}"
+                if r.block_scale_exps and r.block_scale_exps[0] != r.block_scale_exps[1]:
+                    lab = f"scaled by 2^{r.scale_exp} (blocks: 2^{r.block_scale_exps[0]}..2^{r.block_scale_exps[1]})"
                 ax.bar([k + r.scale_exp for k in e], [r.exp_hist[k] for k in e], width=0.9, color="tab:blue",
-                       alpha=0.6, label=f"scaled by 2^{r.scale_exp}")
+                       alpha=0.6, label=lab)
             ax.axvspan(lo, hi + 1, color="tab:green", alpha=0.12, label=f"{self.fmt.name} range")
             ax.axvline(lo, color="k", lw=1)
             ax.axvline(hi + 1, color="k", lw=1)
@@ -204,6 +209,84 @@ class RoundoffReport:
             ax.legend(fontsize=7)
         for ax in list(axes.flat)[len(rows):]:
             ax.axis("off")
+        fig.tight_layout()
+        if path is not None:
+            fig.savefig(path, dpi=90)
+            plt.close(fig)
+        return fig
+
+
+class ScalingComparison:
+    """Round-off of the same gradients under several scalings (:func:`cpd.compare_scalings`):
+    one :class:`RoundoffReport` per method. ``print`` it (one row per layer and method),
+    ``to_dict()``, ``plot(path)`` (relative L2 error and underflow per layer, one bar per method)."""
+
+    COLUMNS = (("layer", "name", "s"), ("method", None, "s"), ("scale_exp", "scale_exp", "d"),
+               ("eq5_mean_rel", "mean_rel_error", "%"), ("rel_l2", "rel_l2_error", "g"),
+               ("underflow", "underflow_frac", "%"), ("overflow", "overflow_count", "d"))
+
+    def __init__(self, reports: dict, title: str = ""):
+        #: {method label: RoundoffReport}, all over the same layers.
+        self.reports: dict[str, RoundoffReport] = dict(reports)
+        self.title = title
+
+    def __getitem__(self, method: str) -> RoundoffReport:
+        return self.reports[method]
+
+    @property
+    def methods(self) -> list:
+        return list(self.reports)
+
+    @property
+    def layer_names(self) -> list:
+        return list(next(iter(self.reports.values())).layers) if self.reports else []
+
+    def to_dict(self) -> dict:
+        return {"title": self.title, "reports": {m: r.to_dict() for m, r in self.reports.items()}}
+
+    def __str__(self) -> str:
+        head = [c[0] for c in self.COLUMNS]
+        rows = []
+        for name in self.layer_names:
+            for m, rep in self.reports.items():
+                r = rep[name]
+                rows.append([m if attr is None else RoundoffReport._fmt_cell(getattr(r, attr), kind)
+                             for _, attr, kind in self.COLUMNS])
+        widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(head)]
+
+        def line(cells):
+            return "  ".join(c.ljust(wd) if i < 2 else c.rjust(wd) for i, (c, wd) in enumerate(zip(cells, widths)))
+
+        return "\n".join([self.title, line(head), line(["-" * wd for wd in widths])] + [line(r) for r in rows])
+
+    __repr__ = __str__
+
+    def plot(self, path=None):
+        """Two panels, one group of bars per layer and one bar per method: the relative L2 error
+        (log scale) and the underflow fraction. Saves to ``path`` if given; returns the Figure."""
+        try:
+            import matplotlib
+
+            if path is not None and matplotlib.get_backend().lower() not in ("agg", "pdf", "svg", "ps"):
+                matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as exc:  # pragma: no cover - optional dependency
+            raise ImportError("ScalingComparison.plot needs matplotlib: pip install matplotlib") from exc
+        names, methods = self.layer_names, self.methods
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(6.0, 1.2 * len(names) + 3), 3.4))
+        width = 0.8 / max(1, len(methods))
+        for k, m in enumerate(methods):
+            xs = [i + (k - (len(methods) - 1) / 2) * width for i in range(len(names))]
+            l2 = [self.reports[m][n].rel_l2_error for n in names]
+            ax1.bar(xs, [v if math.isfinite(v) and v > 0 else float("nan") for v in l2], width, label=m)
+            ax2.bar(xs, [100 * self.reports[m][n].underflow_frac for n in names], width, label=m)
+        for ax, lab in ((ax1, "relative L2 error"), (ax2, "underflow (% of nonzero inputs)")):
+            ax.set_xticks(range(len(names)))
+            ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+            ax.set_ylabel(lab)
+        ax1.set_yscale("log")
+        ax1.legend(fontsize=7)
+        fig.suptitle(self.title, fontsize=9)
         fig.tight_layout()
         if path is not None:
             fig.savefig(path, dpi=90)

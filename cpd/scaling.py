@@ -17,15 +17,16 @@ import warnings
 
 import torch
 
-from .collectives import ALGORITHMS, reduce_matrix
+from .collectives import ALGORITHMS, reduce_blocks, reduce_matrix
 from .config import ReduceConfig, make_config
 from .formats import FP32
 from .ops import cast
 from .primitives import aps_exponent, match_prefix, stack_workers
-from .report import RoundoffReport, layer_stats
+from .mx import BlockFormat
+from .report import RoundoffReport, ScalingComparison, layer_stats
 from .rounding import Rounding
 
-__all__ = ["aps_allreduce", "aps_exponent", "LossScaler", "scaled_allreduce", "loss_scaler_for"]
+__all__ = ["aps_allreduce", "aps_exponent", "LossScaler", "scaled_allreduce", "loss_scaler_for", "compare_scalings"]
 
 
 def _reduce_scaled(x: torch.Tensor, cfg: ReduceConfig, s: int, generator):
@@ -77,7 +78,7 @@ def _config(fmt, config, what: str, kw: dict) -> ReduceConfig:
 @torch.no_grad()
 def _run(layers, cfg: ReduceConfig, exponent_of, method, generator, all_fp32=False):
     layers = _collect(layers)
-    fmt = cfg.fmt
+    fmt = cfg.element  # the format values are rounded to (a block format's element format)
     if generator is not None and cfg.rounding is not Rounding.STOCHASTIC:
         raise ValueError(f"generator only applies to rounding='stochastic', got rounding={cfg.rounding.value!r}")
     unknown = [p for p in cfg.fp32_layers if not any(match_prefix(n, p) for n in layers)]
@@ -112,6 +113,16 @@ def _run(layers, cfg: ReduceConfig, exponent_of, method, generator, all_fp32=Fal
             out[name] = res.reshape(shape)
             rows[name] = layer_stats(name, "fp32", x, res, fmt)
             continue
+        # 4'. Block format: one exponent per block (cpd.blockreduce); an all-zero layer stays zero.
+        if cfg.is_block:
+            res, sb, nz, scaled, low = reduce_blocks(x, cfg, generator=generator)
+            out[name] = res.reshape(shape)
+            if not bool(nz.any()):
+                rows[name] = layer_stats(name, "zero", x, res, fmt, None, x, res.new_zeros(x.shape))
+                continue
+            rows[name] = layer_stats(name, "lowp", x, res, fmt, int(sb[nz].min()), scaled, low)
+            rows[name].block_scale_exps = (int(sb[nz].min()), int(sb[nz].max()))
+            continue
         s = exponent_of(x, w)
         # 4. All-zero layer: nothing to scale (no log of 0, no NaN); the result is zero.
         if s is None:
@@ -123,6 +134,8 @@ def _run(layers, cfg: ReduceConfig, exponent_of, method, generator, all_fp32=Fal
         res, scaled, low = _reduce_scaled(x, cfg, s, generator)
         out[name] = res.reshape(shape)
         rows[name] = layer_stats(name, "lowp", x, res, fmt, s, scaled, low)
+    if cfg.is_block:
+        method = f"{method} per block ({cfg.fmt.name})"
     return out, RoundoffReport(rows, fmt, cfg.algorithm, workers or 0, method, cfg.group_size)
 
 
@@ -164,9 +177,16 @@ def aps_allreduce(layers: dict, fmt=None, *, algorithm: str = "ring", group_size
     * margin: ``margin`` > 0 scales by 2**-margin less, leaving head room (e.g. for stochastic
       rounding); 0 is the paper's choice. No overflow is possible for margin >= 0.
 
+    **Block formats** (``fmt`` a :class:`cpd.mx.BlockFormat` such as ``cpd.mx.MXFP8_E4M3``): APS at
+    block granularity — steps 1-3 per block of ``block_size`` consecutive elements of the flattened
+    layer instead of per layer (``s_b = element.emax - ceil(log2(max_w amax_b * W)) - margin``,
+    clamped to the scale format's range), as :mod:`cpd.blockreduce` defines; the report's
+    ``scale_exp`` is the smallest block exponent (the per-layer APS exponent unless clamped) and
+    ``block_scale_exps`` the (min, max) over the nonzero blocks; its ``fmt`` is the element format.
+
     Args:
         layers: ``{name: [W tensors]}`` (or a (W, ...) tensor, or None) of per-worker gradients.
-        fmt: the low-precision format.
+        fmt: the low-precision format (a :class:`cpd.FloatFormat`, or a :class:`cpd.mx.BlockFormat`).
         algorithm, group_size, kahan: passed to :func:`cpd.allreduce`.
         rounding, saturate, generator: rounding of the cast and of every addition.
         margin: extra power-of-two head room (an int >= 0 recommended; negative allowed).
@@ -208,6 +228,10 @@ def scaled_allreduce(layers: dict, fmt=None, scale_exp: int = 0, *, algorithm: s
     cfg = _config(fmt, config, "scaled_allreduce()", dict(
         algorithm=algorithm, group_size=group_size, kahan=kahan, rounding=rounding, saturate=saturate,
         fp32_layers=fp32_layers))
+    if cfg.is_block:
+        raise ValueError(f"fmt={cfg.fmt.name} is a block format, which scales every block itself; a global scale "
+                         "(scaled_allreduce, cpd.LossScaler) takes a cpd.FloatFormat such as its element format "
+                         f"{cfg.element.name}; for block scaling use cpd.allreduce or cpd.aps_allreduce")
     exp = lambda x, w: scale_exp if bool((x != 0).any()) else None  # noqa: E731
     return _run(layers, cfg, exp, "scaled" if scale_exp else "unscaled", generator)
 
@@ -325,3 +349,40 @@ class LossScaler:
     def __repr__(self) -> str:
         return (f"LossScaler(scale=2^{self._exp}, dynamic={self.dynamic}, growth_tracker={self.growth_tracker}/"
                 f"{self.growth_interval})")
+
+
+def compare_scalings(layers: dict, fmt, *, loss_scale_exp: int | None = None, algorithm: str = "ring",
+                     group_size: int | None = None, kahan: bool = False, rounding="nearest", margin: int = 0,
+                     generator: torch.Generator | None = None):
+    """Round-off of the same gradients under per-layer APS, per-block (MX-style) APS and loss scaling.
+
+    ``fmt`` is a :class:`cpd.mx.BlockFormat` with power-of-two scales (e.g. ``cpd.mx.MXFP8_E4M3``);
+    the three reductions share its element format, the summation order and the rounding:
+
+    * ``"aps per layer"``: :func:`aps_allreduce` in ``fmt.element`` (one power of two per layer);
+    * ``"aps per block"``: :func:`aps_allreduce` in ``fmt`` (one per block, :mod:`cpd.blockreduce`);
+    * ``"loss scaling"``: :func:`scaled_allreduce` in ``fmt.element`` with one global exponent,
+      ``loss_scale_exp`` or by default the largest that cannot overflow any layer (the smallest
+      per-layer APS exponent: the best a static loss scale can do on these gradients).
+
+    Returns a :class:`~cpd.report.ScalingComparison` (``print`` it; ``.plot(path)``). Stochastic
+    rounding draws from ``generator`` in that order. Inputs are never modified.
+    """
+    if not isinstance(fmt, BlockFormat):
+        raise TypeError(f"fmt must be a cpd.mx.BlockFormat (e.g. cpd.mx.MXFP8_E4M3), got {type(fmt).__name__}")
+    if loss_scale_exp is not None and (isinstance(loss_scale_exp, bool) or not isinstance(loss_scale_exp, int)):
+        raise TypeError(f"loss_scale_exp must be an int or None, got {type(loss_scale_exp).__name__}")
+    opts = dict(algorithm=algorithm, group_size=group_size, kahan=kahan, rounding=rounding, generator=generator)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # inf/NaN layers show in every report
+        _, layer = aps_allreduce(layers, fmt.element, margin=margin, **opts)
+        _, block = aps_allreduce(layers, fmt, margin=margin, **opts)
+        if loss_scale_exp is None:
+            exps = [r.scale_exp for r in layer if r.status == "lowp"]
+            loss_scale_exp = min(exps) if exps else 0
+        _, loss = scaled_allreduce(layers, fmt.element, loss_scale_exp, **opts)
+    loss.method = f"loss scaling (2^{loss_scale_exp})"
+    title = (f"{layer.workers} workers, {algorithm}, {fmt.element.name} elements; per block: {fmt.name} "
+             f"(blocks of {fmt.block_size}, {fmt.scale.name} scales)")
+    return ScalingComparison({"aps per layer": layer, "aps per block": block,
+                              f"loss scaling 2^{loss_scale_exp}": loss}, title)
