@@ -254,3 +254,19 @@ def test_bad_arguments():
     opt.collect()
     with pytest.raises(RuntimeError):
         opt.step()  # 1 of 8 workers
+
+
+def test_config_margin_and_saturate_reach_the_reduction():
+    """A config's margin lowers every layer's APS exponent by exactly that many binades (APS: s =
+    emax - ceil(log2(W * amax)) - margin), and its saturate flag is the one the reduction uses."""
+    x, y = _data()
+    reps = {}
+    for margin, saturate in ((0, False), (2, True)):
+        m = _model()
+        cfg = cpd.ReduceConfig(cpd.E5M2, workers=W, margin=margin, saturate=saturate)
+        opt = cpd.APSOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), config=cfg)
+        assert opt.config.margin == margin and opt.config.saturate is saturate
+        _aps_step(opt, m, x, y)
+        reps[margin] = {r.name: r.scale_exp for r in opt.last_report}
+    assert reps[0].keys() == reps[2].keys() and len(reps[0]) == 4
+    assert all(reps[2][n] == reps[0][n] - 2 for n in reps[0]), reps
