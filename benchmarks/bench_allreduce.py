@@ -1,4 +1,4 @@
-"""Emulated allreduce vs ``torch.stack(ws).sum(0)`` in float32, measured side by side (DESIGN.md §6).
+"""Emulated allreduce vs ``torch.stack(ws).sum(0)`` in float32, measured side by side (docs/design.md §6).
 
 Issue 4's target: ring over 64 workers x 2^20 elements in E5M2 within 3x of the float32 sum.
 Run: ``python benchmarks/bench_allreduce.py [--workers 64] [--log2n 20] [--repeat 5]``.

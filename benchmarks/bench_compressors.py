@@ -1,5 +1,5 @@
 """Encode and decode throughput of every compressor as a ratio to a copy of the same tensor,
-measured side by side in one process (DESIGN.md §6): ``encode / out.copy_(x)`` and
+measured side by side in one process (docs/design.md §6): ``encode / out.copy_(x)`` and
 ``decode / out.copy_(x)`` (a ratio of 10 means ten times the time of the copy).
 
 Run: ``python benchmarks/bench_compressors.py [--rows 4096] [--cols 256] [--repeat 5]``.

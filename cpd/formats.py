@@ -2,7 +2,7 @@
 
 A format has one sign bit (none when ``signed=False``), ``exp`` exponent bits and ``man`` stored
 mantissa bits, and a special-value convention (:class:`Specials`); float32 is the
-carrier, so every format must fit inside float32 (DESIGN.md §3). Properties follow
+carrier, so every format must fit inside float32 (docs/design.md §3). Properties follow
 ``torch.finfo``'s names.
 """
 

@@ -1,4 +1,4 @@
-"""An exact oracle of the numerics contract (DESIGN.md §3), independent of the code under test.
+"""An exact oracle of the numerics contract (docs/design.md §3), independent of the code under test.
 
 Invariant defended: nothing here calls into cpd. A format is read only through its five fields
 (``exp``, ``man``, ``bias``, ``specials``, ``subnormals``); every value, code and rounding

@@ -1,4 +1,4 @@
-"""Every format of at most 8 bits is cast exactly right, bit for bit (DESIGN.md §3, §5).
+"""Every format of at most 8 bits is cast exactly right, bit for bit (docs/design.md §3, §5).
 
 Invariant defended: for every such format (all exp/man splits, all three specials conventions,
 flush-to-zero variants, custom biases at both ends of float32's range), every deterministic

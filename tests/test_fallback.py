@@ -1,6 +1,6 @@
 """The pure-torch fallback (cpd/_fallback.py) is bit-identical to the compiled CPU path.
 
-Invariants defended (DESIGN.md §2: "tested against the fast path"):
+Invariants defended (docs/design.md §2: "tested against the fast path"):
 * ``_fallback.cast`` equals ``torch.ops.cpd.cast`` (the C++ extension) bit for bit on random bit
   patterns, values near the format's codes and specials, for narrow and wide formats, every
   rounding mode, saturate on/off, and stochastic rounding with the same (seed, offset) and

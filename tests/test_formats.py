@@ -1,4 +1,4 @@
-"""FloatFormat describes the format the contract says it does (DESIGN.md §3).
+"""FloatFormat describes the format the contract says it does (docs/design.md §3).
 
 Invariants defended:
 * every preset has the well-known numbers of its format (max, smallest normal/subnormal, eps,

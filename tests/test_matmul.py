@@ -1,4 +1,4 @@
-"""cpd.matmul follows its documented order of operations exactly (DESIGN.md §3; issue 3).
+"""cpd.matmul follows its documented order of operations exactly (docs/design.md §3; issue 3).
 
 Invariants defended:
 * every output equals an exact reference written here with ``fractions.Fraction``: each output

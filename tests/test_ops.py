@@ -1,4 +1,4 @@
-"""The public API and its custom ops behave as documented around the numerics (DESIGN.md §3, §4).
+"""The public API and its custom ops behave as documented around the numerics (docs/design.md §3, §4).
 
 Invariants defended:
 * ``cpd::cast``, ``cpd::cast_out``, ``cpd::encode``, ``cpd::decode`` pass ``torch.library.opcheck``

@@ -1,4 +1,4 @@
-"""cpd.reference, the readable exact spec of the numerics contract, is itself right (DESIGN.md §1, §3).
+"""cpd.reference, the readable exact spec of the numerics contract, is itself right (docs/design.md §1, §3).
 
 Invariants defended:
 * ``reference.cast`` / ``round_value`` equal the tests' independent oracle (tests/oracle.py,

@@ -1,6 +1,6 @@
 """Stochastic rounding is exact, unbiased, reproducible and thread-count independent.
 
-Invariants defended (DESIGN.md §2, §3, §5):
+Invariants defended (docs/design.md §2, §3, §5):
 * (a) exactness: element i rounds away from zero iff floor(p * 2^k) + (w_i >> (32 - k)) >= 2^k,
   where p is the exact fractional distance (tests/oracle.py), k = sr_bits (32 by default) and
   w_i = random_words(i, seed, offset) with (seed, offset) drawn from the generator exactly as cpd

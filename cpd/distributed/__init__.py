@@ -48,7 +48,7 @@ worker order (worker w = the w-th rank of the process group), the sums equal
 ``cpd.aps_allreduce(...)`` (``scaling="aps"``), ``cpd.scaled_allreduce(..., scale_exp)``
 (``"loss"``) or ``cpd.scaled_allreduce(..., 0)`` (None) bit for bit, layer by layer (each layer
 is chunked like ``numpy.array_split`` into W chunks, chunk c starts at worker c: the emulator's
-order, DESIGN.md §3). ``"one_rounding"`` has no emulator algorithm; its specification is
+order, docs/design.md §3). ``"one_rounding"`` has no emulator algorithm; its specification is
 ``cpd.allreduce(cast(g * 2**s, fmt), cpd.FP32, algorithm="sequential") / 2**s``. Only the
 deterministic rounding modes are supported (stochastic rounding draws its bits per emulator call,
 which W processes cannot reproduce).

@@ -1,6 +1,6 @@
 """Where each value of a stream sits on the wire: chunk-major layouts and their sub-chunks.
 
-A stream is the layers of one wire format in one exchange. The emulator's order (DESIGN.md §3)
+A stream is the layers of one wire format in one exchange. The emulator's order (docs/design.md §3)
 splits every layer like ``numpy.array_split`` into P chunks; chunk c of the stream is chunk c of
 every layer, layer after layer. On the wire (and in the rank's accumulator) the stream is stored
 chunk-major: chunk 0's values, then chunk 1's, each chunk starting on a byte boundary, so one

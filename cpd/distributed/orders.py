@@ -3,7 +3,7 @@
 Each works on a stream's buffer in its :class:`~.layout.Layout` (chunk-major wire bytes, every
 value already in the format) and leaves there what every rank holds at the end; no value is ever
 expanded to float32 except in one_rounding's float32 sums. The orders are the emulator's
-(:func:`cpd.allreduce`, DESIGN.md §3), distributed:
+(:func:`cpd.allreduce`, docs/design.md §3), distributed:
 
 * :func:`ring` — reduce-scatter (chunk c starts at member c; at hop h member p receives the
   partial sum of chunk (p - h) mod P and merges its own values into it with one fused
