@@ -33,15 +33,9 @@ What travels, per DDP bucket (or per optimizer step), on a dedicated process gro
 Integer codes are never summed with ``all_reduce(SUM)`` (uint8 codes would wrap around).
 
 With a gradient compressor (``APSHookState(compressor=...)``, ``APSOptimizer(compressor=...,
-process_group=...)``) the exchange is the emulator's ``cpd.compressors.reduce_layers`` instead: one
-``all_reduce(MAX)`` of per-layer flags (no gradient / finite / inf-NaN), each rank quantizes its
-layers once with its own error-feedback states (rank r keeps the emulator's worker-r state), then
-the ``"ring"`` or ``"pairwise"`` order of :mod:`cpd.compressors.reduce` over point-to-point
-messages and a ring allgather of the final payloads. A message concatenates the payloads' uint8
-parts in :meth:`cpd.compressors.Compressor.wire_layout` order; sizes that follow from the shapes
-are not sent, data-dependent ones (threshold/adaptive index words) go first as int32
-(:attr:`StepReport.length_bytes`). The sums equal ``cpd.allreduce(..., compressor=...)`` per layer
-bit for bit.
+process_group=...)``) the exchange is the emulator's ``cpd.compressors.reduce_layers`` instead,
+over point-to-point messages (:mod:`cpd.distributed.reduce_compressed` spells out the order and
+the message layout); the sums equal ``cpd.allreduce(..., compressor=...)`` per layer bit for bit.
 
 Bit-identity contract: with the same format, algorithm, group size, Kahan flag, rounding and
 worker order (worker w = the w-th rank of the process group), the sums equal
