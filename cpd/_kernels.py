@@ -33,9 +33,11 @@ MAX_THREADS = 256
 CAST_KERNELS = {0: "cpd_cast_nearest", 1: "cpd_cast_stochastic", 2: "cpd_cast_toward_zero", 3: "cpd_cast_up",
                 4: "cpd_cast_down", 5: "cpd_cast_nearest_away", 6: "cpd_cast_odd"}
 CODE_SUFFIX = {torch.uint8: "u8", torch.int16: "i16", torch.int32: "i32"}
-#: The tiled matmul (cuda/kernels/matmul.cu): a block computes TILE_M x TILE_N outputs with
-#: MATMUL_THREADS threads, each a register tile of (TILE_M / 16) x (TILE_N / 16) outputs.
-TILE_M, TILE_N, MATMUL_THREADS = 64, 64, 256
+#: The tiled matmul (cuda/kernels/matmul.cu): a block of MATMUL_THREADS threads computes a tile of
+#: TILE_M x TILE_N outputs on float32 lanes (a 4 x 4 register tile per thread) or of
+#: GENERIC_TILE x GENERIC_TILE outputs on the generic steps (2 x 2 per thread); the grid counts the
+#: smaller tiles (a block past the float32-lane tiles exits at once).
+TILE_M, TILE_N, GENERIC_TILE, MATMUL_THREADS = 64, 64, 32, 256
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ def matmul(a, b, out, mul, acc, kahan: bool, block: int, mode: int, saturate: bo
         grid = _grid(geometry.blocks(out.numel()), geometry.threads)
         name = "cpd_matmul_simple"
     elif kernel == "tiled":
-        tiles = B * -(-M // TILE_M) * -(-N // TILE_N)
+        tiles = B * -(-M // GENERIC_TILE) * -(-N // GENERIC_TILE)
         grid = _grid(geometry.blocks(tiles, 1), MATMUL_THREADS)
         name = "cpd_matmul_tiled"
     else:

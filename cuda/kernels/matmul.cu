@@ -38,25 +38,31 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS)
 }
 
 // ------------------------------------------------------------------------------------------
-// The tiled kernel. A block of 256 threads (16 x 16) owns a tile of 64 x 64 outputs of one batch
-// element; thread (tx, ty) owns the 4 x 4 outputs (ty + 16 i, tx + 16 j), i, j < 4, whose sums
+// The tiled kernel. A block of 256 threads (16 x 16) owns a tile of (16 RM) x (16 RN) outputs of
+// one batch element; thread (tx, ty) owns the RM x RN outputs (ty + 16 i, tx + 16 j), whose sums
 // (s, Kahan's c, the block sum bs) live in registers. K is walked in slices of 16: the block loads
-// the 64 x 16 slice of A and the 16 x 64 slice of B into shared memory (zeros outside the
+// the TM x 16 slice of A and the 16 x TN slice of B into shared memory (zeros outside the
 // matrices, never used), waits, and every thread applies step k of each of its outputs for
 // k = k0, k0 + 1, ... in order. An output's steps, operands and random words (dot_words, keyed
 // by its flat index o) are those of the simple kernel and of the CPU: tiling across outputs
-// changes no bit. The block grid-strides over the B * ceil(M/64) * ceil(N/64) tiles (the loop
+// changes no bit. The block grid-strides over the B * ceil(M/TM) * ceil(N/TN) tiles (the loop
 // bound is uniform in a block, so every thread reaches every barrier).
 //
 // Round to nearest with f32_lanes (the CPU matmul's float32 lanes, cpd/arith.h mul_f/add_f: the
 // products rounded to mul are values of an accumulator of at most 11 bits) runs each step as a
-// few float32 operations; everything else runs dot_step on float32 bits. Both give the bits of
-// the generic steps (checked on the host by tests/test_shim.py against the CPU extension).
+// few float32 operations, on a 4 x 4 register tile; everything else runs dot_step on float32 bits,
+// on a 2 x 2 tile: dot_step is long, and inlining it 16 times made ptxas take two minutes per
+// architecture (and 219 registers) for no gain in a loop bound by integer work. Both give the
+// bits of the generic steps (checked on the host by tests/test_shim.py against the CPU extension).
+// __launch_bounds__(256, 1): without the minimum of one block per SM, ptxas aims at 128
+// registers and spills the 4 x 4 float32-lane tile.
 #define CPD_TM 64
 #define CPD_TN 64
 #define CPD_TK 16
 #define CPD_RM 4  // outputs per thread along M (rows ty + 16 i)
 #define CPD_RN 4  // outputs per thread along N (cols tx + 16 j)
+#define CPD_GM 2  // the generic steps' register tile: 2 x 2 outputs per thread (32 x 32 per block)
+#define CPD_GN 2
 
 namespace {
 
@@ -75,39 +81,40 @@ __device__ __forceinline__ void kahan_f(float& s, float& c, float p, const cpd::
 }
 
 // As[kk][m]: A's slice, transposed (+1: no bank conflicts on the transposing store); Bs[kk][n].
-template <bool F32>
+template <bool F32, int RM, int RN>
 __device__ __forceinline__ void tiled(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
                                       long long B, long long M, long long K, long long N, const cpd::DotSpec& d,
                                       unsigned long long seed, unsigned long long offset, float (*As)[CPD_TM + 1],
                                       float (*Bs)[CPD_TN]) {
+  constexpr int TM = 16 * RM, TN = 16 * RN;
   const int tx = (int)(threadIdx.x % 16u), ty = (int)(threadIdx.x / 16u);
-  const long long tiles_m = (M + CPD_TM - 1) / CPD_TM, tiles_n = (N + CPD_TN - 1) / CPD_TN;
+  const long long tiles_m = (M + TM - 1) / TM, tiles_n = (N + TN - 1) / TN;
   const long long tiles = B * tiles_m * tiles_n;
   const cpd::FormatF mg = cpd::make_format_f(d.mf), ag = cpd::make_format_f(d.af);
   cpd::u32 w[cpd::DOT_WORDS];
   for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
     const long long bi = t / (tiles_m * tiles_n), rest = t - bi * tiles_m * tiles_n;
-    const long long m0 = (rest / tiles_n) * CPD_TM, n0 = (rest % tiles_n) * CPD_TN;
+    const long long m0 = (rest / tiles_n) * TM, n0 = (rest % tiles_n) * TN;
     const float* ab = a + bi * M * K;
     const float* bb = b + bi * K * N;
-    cpd::u32 s[CPD_RM][CPD_RN], c[CPD_RM][CPD_RN], bs[CPD_RM][CPD_RN];
-    float fs[CPD_RM][CPD_RN], fc[CPD_RM][CPD_RN], fb[CPD_RM][CPD_RN];
+    cpd::u32 s[RM][RN], c[RM][RN], bs[RM][RN];
+    float fs[RM][RN], fc[RM][RN], fb[RM][RN];
 #pragma unroll
-    for (int i = 0; i < CPD_RM; ++i)
+    for (int i = 0; i < RM; ++i)
 #pragma unroll
-      for (int j = 0; j < CPD_RN; ++j) {
+      for (int j = 0; j < RN; ++j) {
         s[i][j] = c[i][j] = bs[i][j] = 0u;
         fs[i][j] = fc[i][j] = fb[i][j] = 0.0f;
       }
     for (long long k0 = 0; k0 < K; k0 += CPD_TK) {
-      // 64 x 16 elements of A and 16 x 64 of B: 4 of each per thread, coalesced along K (A) and N (B).
-      for (int e = (int)threadIdx.x; e < CPD_TM * CPD_TK; e += CPD_THREADS) {
+      // TM x 16 elements of A and 16 x TN of B: RM (RN) of each per thread, coalesced along K (A) and N (B).
+      for (int e = (int)threadIdx.x; e < TM * CPD_TK; e += CPD_THREADS) {
         const int m = e / CPD_TK, kk = e % CPD_TK;
         const long long gm = m0 + m, gk = k0 + kk;
         As[kk][m] = (gm < M && gk < K) ? ab[gm * K + gk] : 0.0f;
       }
-      for (int e = (int)threadIdx.x; e < CPD_TK * CPD_TN; e += CPD_THREADS) {
-        const int kk = e / CPD_TN, n = e % CPD_TN;
+      for (int e = (int)threadIdx.x; e < CPD_TK * TN; e += CPD_THREADS) {
+        const int kk = e / TN, n = e % TN;
         const long long gk = k0 + kk, gn = n0 + n;
         Bs[kk][n] = (gk < K && gn < N) ? bb[gk * N + gn] : 0.0f;
       }
@@ -115,17 +122,17 @@ __device__ __forceinline__ void tiled(const float* __restrict__ a, const float* 
       const int kn = K - k0 < CPD_TK ? (int)(K - k0) : CPD_TK;
       for (int kk = 0; kk < kn; ++kk) {
         const unsigned long long k = (unsigned long long)(k0 + kk);
-        float av[CPD_RM], bv[CPD_RN];
+        float av[RM], bv[RN];
 #pragma unroll
-        for (int i = 0; i < CPD_RM; ++i) av[i] = As[kk][ty + 16 * i];
+        for (int i = 0; i < RM; ++i) av[i] = As[kk][ty + 16 * i];
 #pragma unroll
-        for (int j = 0; j < CPD_RN; ++j) bv[j] = Bs[kk][tx + 16 * j];
+        for (int j = 0; j < RN; ++j) bv[j] = Bs[kk][tx + 16 * j];
         if (F32) {
           const bool run_end = d.block && ((k + 1) % (unsigned long long)d.block == 0 || k + 1 == (unsigned long long)K);
 #pragma unroll
-          for (int i = 0; i < CPD_RM; ++i)
+          for (int i = 0; i < RM; ++i)
 #pragma unroll
-            for (int j = 0; j < CPD_RN; ++j) {
+            for (int j = 0; j < RN; ++j) {
               const float p = cpd::float_of(cpd::mul_f(av[i], bv[j], mg));
               if (d.block) {
                 fb[i][j] = cpd::float_of(cpd::add_f(fb[i][j], p, ag));
@@ -143,9 +150,9 @@ __device__ __forceinline__ void tiled(const float* __restrict__ a, const float* 
         } else {
           const int high = cpd::dot_needs_high(d, k, (unsigned long long)K);
 #pragma unroll
-          for (int i = 0; i < CPD_RM; ++i)
+          for (int i = 0; i < RM; ++i)
 #pragma unroll
-            for (int j = 0; j < CPD_RN; ++j) {
+            for (int j = 0; j < RN; ++j) {
               const unsigned long long o = (unsigned long long)((bi * M + m0 + ty + 16 * i) * N + n0 + tx + 16 * j);
               cpd::dot_words(o, (unsigned long long)K, k, seed, offset, d.mode, high, w);
               cpd::dot_step(d, cpd::bits_of(av[i]), cpd::bits_of(bv[j]), k, (unsigned long long)K, s[i][j], c[i][j],
@@ -156,9 +163,9 @@ __device__ __forceinline__ void tiled(const float* __restrict__ a, const float* 
       __syncthreads();  // the slice is read by all before the next one overwrites it
     }
 #pragma unroll
-    for (int i = 0; i < CPD_RM; ++i)
+    for (int i = 0; i < RM; ++i)
 #pragma unroll
-      for (int j = 0; j < CPD_RN; ++j) {
+      for (int j = 0; j < RN; ++j) {
         const long long gm = m0 + ty + 16 * i, gn = n0 + tx + 16 * j;
         if (gm < M && gn < N) y[(bi * M + gm) * N + gn] = F32 ? fs[i][j] : cpd::float_of(s[i][j]);
       }
@@ -169,7 +176,7 @@ __device__ __forceinline__ void tiled(const float* __restrict__ a, const float* 
 
 // a: (B, M, K), b: (B, K, N), y: (B, M, N), contiguous; launched with 256 threads per block and
 // any number of blocks (cpd/_kernels.py matmul).
-extern "C" __global__ void __launch_bounds__(CPD_THREADS)
+extern "C" __global__ void __launch_bounds__(CPD_THREADS, 1)
     cpd_matmul_tiled(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, long long B,
                      long long M, long long K, long long N, int has_mul, int mexp, int mman, int mbias, int mspecials,
                      int msubnormals, int aexp, int aman, int abias, int aspecials, int asubnormals, int kahan,
@@ -181,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS)
   __shared__ float As[CPD_TK][CPD_TM + 1];
   __shared__ float Bs[CPD_TK][CPD_TN];
   if (f32_lanes(d))
-    tiled<true>(a, b, y, B, M, K, N, d, seed, offset, As, Bs);
+    tiled<true, CPD_RM, CPD_RN>(a, b, y, B, M, K, N, d, seed, offset, As, Bs);
   else
-    tiled<false>(a, b, y, B, M, K, N, d, seed, offset, As, Bs);
+    tiled<false, CPD_GM, CPD_GN>(a, b, y, B, M, K, N, d, seed, offset, As, Bs);
 }
