@@ -418,8 +418,9 @@ def _to_input(x: torch.Tensor, fmt: FloatFormat, rounding: str) -> torch.Tensor:
     return torch.where(torch.isinf(x), x.to(torch.float32), y) if fmt.has_inf else y
 
 
-def _block_operand(x: torch.Tensor, fmt, k_axis: int):
-    """x quantized along K with cpd.mx: (elements (..., K', ...), scales, tensor scale or None).
+def _block_operand(x: torch.Tensor, fmt, k_axis: int, dequantized: bool = False):
+    """x quantized along K with cpd.mx: (elements (..., K', ...), scales, tensor scale or None),
+    plus, with ``dequantized``, x's block-format values (``cpd.mx.cast(x)``: P fl(S T)).
 
     The elements keep x's layout with K zero-padded to whole blocks; the scales are (..., M, nb)
     for a (k_axis=-1) and (..., nb, N) for b (k_axis=-2). A NaN scale makes its block's elements NaN."""
@@ -431,9 +432,15 @@ def _block_operand(x: torch.Tensor, fmt, k_axis: int):
     p = decode(enc.codes, f.element)
     s = decode(enc.scales, f.scale)
     p = torch.where(torch.isnan(s).repeat_interleave(f.block_size, dim=-1), math.nan, p)
+    q = None
+    if dequantized:  # cpd.mx's decode rule: P * fl(S * T), the padding cut off
+        d = s if enc.tensor_scale is None else s * enc.tensor_scale
+        q = (p * d.repeat_interleave(f.block_size, dim=-1))[..., :x.shape[k_axis]]
     if k_axis == -2:
         p, s = p.transpose(-1, -2), s.transpose(-1, -2)
-    return p.contiguous(), s.contiguous(), enc.tensor_scale
+        q = None if q is None else q.transpose(-1, -2)
+    out = (p.contiguous(), s.contiguous(), enc.tensor_scale)
+    return out + (q,) if dequantized else out
 
 
 class _BlockScaledMatmul(torch.autograd.Function):
@@ -441,18 +448,15 @@ class _BlockScaledMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, acc):
-        from . import mx
-
-        pa, sa, ta = _block_operand(a, acc.a_block, -1)
-        pb, sb, tb = _block_operand(b, acc.b_block, -2)
+        pa, sa, ta, aq = _block_operand(a, acc.a_block, -1, dequantized=True)
+        pb, sb, tb, bq = _block_operand(b, acc.b_block, -2, dequantized=True)
         s_emin = acc.a_block.scale.emin
         fields = (acc.a.man, acc.a.emax, acc.b.man, acc.b.emax)
         y = _tensor_core_op.fused_dot_matmul(pa, pb, acc.params, fields, sa, sb, acc.a_block.block_size, s_emin)
         if ta is not None or tb is not None:  # NVFP4's tensor scales: the epilogue's alpha, in float32
             one = torch.ones((), dtype=torch.float32, device=y.device)
             y = y * ((one if ta is None else ta) * (one if tb is None else tb))
-        ctx.save_for_backward(mx.cast(a, dataclasses.replace(acc.a_block, axis=-1)),
-                              mx.cast(b, dataclasses.replace(acc.b_block, axis=-2)))
+        ctx.save_for_backward(aq, bq)
         return y
 
     @staticmethod
