@@ -416,3 +416,95 @@ def test_fused_dot_new_field_errors():
 def test_docstring_cites_sources_and_undocumented():
     doc = tensor_core.__doc__
     assert "2511.10909" in doc and "MIOpen" in doc and "Undocumented" in doc
+
+
+# ----------------------------------------------------------------------------------- exhaustive / hypothesis
+def test_mxf4nvf4_e2m1_pairs_exhaustive():
+    """Every pair of E2M1 values as one product of each 16-chunk of an NVFP4 step (random UE4M3
+    scales and other products), every CPU path against the oracle."""
+    acc = tensor_core("blackwell", a="nvfp4")
+    vals = sorted(set(oracle.positive_values(cpd.E2M1)) | {0.0})
+    vals = torch.tensor(vals + [-v for v in vals if v], dtype=torch.float32)
+    n = len(vals)
+    gen = torch.Generator().manual_seed(13)
+    a = values_of(cpd.E2M1, n * 64, gen, spread=1).reshape(n, 64)
+    b = values_of(cpd.E2M1, 64 * n, gen, spread=1).reshape(64, n)
+    a[:, 5], b[5, :] = vals, vals  # the pair (i, j) is product 5 of the first chunk of output (i, j)
+    sa = cpd.cast(torch.rand(n, 4, generator=gen) * 4 + 0.01, cpd.E4M3FN)
+    sb = cpd.cast(torch.rand(4, n, generator=gen) * 4 + 0.01, cpd.E4M3FN)
+    want = oracle_matmul(a, b, acc, sa, sb, 16)
+    for name, got in _paths(a, b, acc, sa, sb).items():
+        if name != "reference":
+            assert same(got, want), name
+
+
+hyp = pytest.importorskip("hypothesis")
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+def _vals(fmt, n):
+    return st.lists(st.floats(-8192.0, 8192.0, allow_nan=False, width=32), min_size=n, max_size=n).map(
+        lambda v: cpd.cast(torch.tensor(v, dtype=torch.float32), fmt, saturate=True).tolist())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([("cdna3", "bf16"), ("cdna3", "fp16"), ("cdna1", "bf16"), ("cdna2", "fp16"),
+                        ("cdna3", "xf32")]), st.data())
+def test_amd_steps_hypothesis(preset, data):
+    acc = tensor_core(preset[0], a=preset[1])
+    K = 2 * acc.group
+    a = torch.tensor([data.draw(_vals(acc.a, K))])
+    b = torch.tensor(data.draw(_vals(acc.b, K)))[:, None]
+    scale = data.draw(st.sampled_from([1.0, 2.0**-20, 2.0**-120]))  # reach the subnormal range too
+    a = cpd.cast(a * scale, acc.a, "toward_zero")
+    want = oracle_matmul(a, b, acc)
+    got = _paths(a, b, acc)
+    for name, y in got.items():
+        assert same(y, want), name
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-2.0**20, 2.0**20, allow_nan=False, width=32), min_size=64, max_size=64),
+       st.lists(st.floats(-2.0**-20, 2.0**-20, allow_nan=False, width=32), min_size=64, max_size=64))
+def test_mxfp8_steps_hypothesis(av, bv):
+    acc = tensor_core("blackwell", a="mxfp8_e4m3", b="mxfp8_e5m2")
+    a, b = torch.tensor([av]), torch.tensor(bv)[:, None]
+    pa, sa, _ = _block_operands(a, acc.a_block, -1)
+    pb, sb, _ = _block_operands(b, acc.b_block, -2)
+    want = oracle_matmul(pa, pb, acc, sa, sb, 32)
+    for name, y in _paths(pa, pb, acc, sa, sb).items():
+        assert same(y, want), name
+    assert same(cpd.matmul(a, b, acc=acc), want)
+
+
+def test_fallback_without_extension_amd_and_mx(monkeypatch):
+    """CPD_NO_EXTENSION=1: the pure-torch fallback (the readable steps for AMD/chunk16), same bits."""
+    import warnings
+
+    gen = torch.Generator().manual_seed(22)
+    cases = [(tensor_core("cdna3", a="fp8"), 33), (tensor_core("cdna2", a="bf16"), 9),
+             (tensor_core("blackwell", a="mxfp8_e4m3"), 70), (tensor_core("blackwell", a="mxfp4"), 70)]
+    for acc, K in cases:
+        a = torch.randn(2, K, generator=gen)
+        b = torch.randn(K, 3, generator=gen)
+        want = cpd.matmul(a, b, acc=acc)
+        monkeypatch.setenv("CPD_NO_EXTENSION", "1")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got = cpd.matmul(a, b, acc=acc)
+        monkeypatch.delenv("CPD_NO_EXTENSION")
+        assert same(got, want), str(acc)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch,ka", [("cdna3", "fp8"), ("cdna3", "bf16"), ("cdna2", "fp16"), ("cdna1", "bf16"),
+                                     ("blackwell", "mxfp8_e4m3"), ("blackwell", "nvfp4")])
+def test_gpu_matches_cpu(arch, ka):
+    acc = tensor_core(arch, a=ka)
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(64, 100, generator=gen) * 4
+    b = torch.randn(100, 48, generator=gen)
+    if not acc.block_scaled:
+        a, b = values_of(acc.a, 64 * 100, gen).reshape(64, 100), values_of(acc.b, 100 * 48, gen).reshape(100, 48)
+    assert same(cpd.matmul(a.cuda(), b.cuda(), acc=acc).cpu(), cpd.matmul(a, b, acc=acc))
