@@ -11,8 +11,10 @@ accumulator ``c`` included) and truncated to ``F`` fractional bits below it, the
 summed exactly and the sum rounded once (round-toward-zero into FP32 or into E8M13 -- 13 fraction
 bits -- or round-to-nearest-even into FP16). A GEMM of depth K is the chain of such steps over
 k-groups of L, in k order, each step's result the next one's ``c``. The five steps are written
-out in ``cuda/include/cpd/fused_dot.h``, the one place they are implemented for the CPU and CUDA;
-:mod:`cpd._fused_dot_ref` holds the pure-torch fallback and a readable reference.
+out in ``cuda/include/cpd/fused_dot.h``, the one place they are implemented for the CPU and CUDA,
+with the other documented algorithms: AMD's CDNA1-3 matrix cores and Blackwell's block-scaled
+MX/NVFP4 instructions (:func:`tensor_core`); :mod:`cpd._fused_dot_ref` holds the pure-torch
+fallback and a readable reference, :mod:`cpd._tensor_core_op` the custom op.
 
 Sources of the model and of every preset's parameters:
 
@@ -42,9 +44,9 @@ import math
 
 import torch
 
-from . import _fused_dot_ref, _tensor_core_op
+from . import _fused_dot_ref, _tensor_core_op, mx
 from .formats import BF16, E2M1, E2M3, E3M2, E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ, E8M0, FP16, FP32, TF32, FloatFormat
-from .ops import _check_matmul_operands, cast
+from .ops import _check_matmul_operands, _sum_to, cast, decode
 
 __all__ = ["FusedDot", "tensor_core", "tensor_core_matmul", "ARCHITECTURES", "AMD_ARCHITECTURES", "INPUT_KINDS",
            "BLOCK_KINDS"]
@@ -72,7 +74,9 @@ class FusedDot:
     Args:
         group: L, the products summed in one step (the instruction's depth, or its half where the
             instruction splits, as Ampere's ``m16n8k16``). 1..4096.
-        frac_bits: F, the fractional bits kept below the group's largest exponent. 0..40.
+        frac_bits: F, the fractional bits kept below the group's largest exponent. 0..40: the
+            widest documented configuration is 35 (Blackwell mxf4nvf4); the integer and float64
+            forms hold every sum exactly up to 40 (see docs/tensor_cores.md, "The limit on F").
         out: how a step's sum is rounded: ``"f32"`` (toward zero to FP32), ``"e8m13"`` (toward
             zero to 13 fraction bits, FP32's exponent range: Hopper/Ada FP8 into FP32) or
             ``"f16"`` (to nearest even FP16). The GEMM's result holds values of this format.
@@ -165,8 +169,6 @@ class FusedDot:
 
 def _check_blocks(acc: FusedDot) -> None:
     """Validate a block-scaled FusedDot's BlockFormats and set ``a``/``b`` to their elements."""
-    from .mx import BlockFormat
-
     blocks = (acc.a_block, acc.b_block)
     if acc.algorithm == "nvidia_chunk16" and None in blocks:
         raise ValueError("FusedDot algorithm='nvidia_chunk16' (mxf4nvf4) needs a_block and b_block")
@@ -175,7 +177,7 @@ def _check_blocks(acc: FusedDot) -> None:
     if None in blocks:
         raise ValueError("FusedDot a_block and b_block go together (both operands are block-scaled)")
     for name, f in zip(("a_block", "b_block"), blocks):
-        if not isinstance(f, BlockFormat):
+        if not isinstance(f, mx.BlockFormat):
             raise TypeError(f"FusedDot {name} must be a cpd.mx.BlockFormat, got {type(f).__name__}")
     fa, fb = blocks
     if acc.algorithm not in ("nvidia", "nvidia_chunk16"):
@@ -369,14 +371,10 @@ def _amd_preset(arch: str, a, b, out: str) -> FusedDot:
 
 
 def _is_block_kind(kind) -> bool:
-    from .mx import BlockFormat
-
-    return isinstance(kind, BlockFormat) or (isinstance(kind, str) and kind in BLOCK_KINDS)
+    return isinstance(kind, mx.BlockFormat) or (isinstance(kind, str) and kind in BLOCK_KINDS)
 
 
 def _block_preset(arch: str, a, b, out: str) -> FusedDot:
-    from . import mx
-
     if arch != "blackwell":
         raise ValueError(f"tensor_core: block-scaled kinds ({a!r}, {b!r}) are Blackwell's; {arch} has none")
     fmts = []
@@ -424,9 +422,6 @@ def _block_operand(x: torch.Tensor, fmt, k_axis: int, dequantized: bool = False)
 
     The elements keep x's layout with K zero-padded to whole blocks; the scales are (..., M, nb)
     for a (k_axis=-1) and (..., nb, N) for b (k_axis=-2). A NaN scale makes its block's elements NaN."""
-    from . import mx
-    from .ops import decode
-
     f = dataclasses.replace(fmt, axis=k_axis)
     enc = mx.encode(x, f, pack=False)  # block axis moved last
     p = decode(enc.codes, f.element)
@@ -461,8 +456,6 @@ class _BlockScaledMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from .ops import _sum_to
-
         aq, bq = ctx.saved_tensors
         ga = _sum_to(torch.matmul(grad, bq.transpose(-1, -2)), aq.shape) if ctx.needs_input_grad[0] else None
         gb = _sum_to(torch.matmul(aq.transpose(-1, -2), grad), bq.shape) if ctx.needs_input_grad[1] else None

@@ -208,7 +208,8 @@ def test_lanes_chosen():
     mx = tensor_core("blackwell", a="mxfp8_e4m3").params
     assert ext(*mx, 3, 8, 3, 8, 1, 32) == 2  # block-scaled, groups inside blocks: float64 carriers
     assert ext(*mx, 3, 8, 3, 8, 1, 16) == 1  # a group straddling blocks: the generic loop
-    assert ext(*tensor_core("cdna3", a="fp16").params, 10, 15, 10, 15, 0, 1) == 1  # AMD: generic
+    assert ext(*tensor_core("cdna3", a="fp16").params, 10, 15, 10, 15, 0, 1) == 2  # CDNA3: float64 carriers
+    assert ext(*tensor_core("cdna2", a="fp16").params, 10, 15, 10, 15, 0, 1) == 1  # pairwise: generic
     # float64 carriers hold sums below 2^53 only: F = 40 with L = 4096 (2^(40 + 2 + 13)) goes generic
     wide = FusedDot(group=4096, frac_bits=40).params
     assert ext(*wide, 23, 127, 23, 127, 0, 1) == 1

@@ -10,7 +10,8 @@ Invariants defended:
   subnormals (AMD MIOpen's MI200 MFMA note) versus CDNA1, the pairwise float32 order of CDNA1/2,
   product overflow on CDNA3; Blackwell's block scales enter the alignment (mxf8f6f4) and the
   mxf4nvf4 chunk sums are exact;
-* every E4M3FNUZ pair (CDNA3 fp8) as a product of a 16-wide step agrees across paths;
+* every E4M3FNUZ pair (CDNA3 fp8) as a product of a 16-wide step agrees across paths (the
+  float64 lanes against the generic loop on all pairs, the oracle on a sample);
 * bad arguments raise clear errors; gradients of block-scaled GEMMs are straight-through.
 
 The oracle follows MMA-Sim's formulation (arXiv 2511.10909): operands as (significand in
@@ -295,6 +296,7 @@ def test_cdna3_fp8_pairs_exhaustive():
     a = torch.cat([vals[:, None], rest_a.expand(n, 15)], dim=1)
     b = torch.cat([vals[None, :], rest_b[:, None].expand(15, n)], dim=0)
     got = _paths(a, b, acc)
+    assert same(got["auto"], got["generic"])  # the float64 lanes (fd_tile_amd) on every pair
     assert same(got["fallback"][:8], got["generic"][:8])
     for i, j in torch.randint(0, n, (200, 2), generator=gen).tolist():
         assert same(got["generic"][i:i + 1, j:j + 1], oracle_matmul(a[i:i + 1], b[:, j:j + 1], acc))

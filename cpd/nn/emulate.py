@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .. import mx
 from ..formats import FloatFormat
 from .attention import multi_head_attention
 from .layers import _SAME, GemmConfig, quant_matmul, quantizer
@@ -41,8 +42,6 @@ def _gemm(a, b, fwd: GemmConfig, bwd: GemmConfig, recipe=None):
         y = quant_matmul(a2, b2, fwd, bwd)
     elif recipe.kind == "block":  # block formats along k (a block-scaled GEMM quantizes by itself)
         if not (fwd.fused and fwd.acc.block_scaled):
-            from .. import mx
-
             a2 = mx.cast(a2, dataclasses.replace(recipe.fmt, axis=-1))
             b2 = mx.cast(b2, dataclasses.replace(recipe.fmt, axis=-2))
         y = quant_matmul(a2, b2, fwd, bwd)

@@ -36,6 +36,7 @@ import dataclasses
 
 import torch
 
+from .. import mx
 from ..formats import E4M3FN, E5M2, FloatFormat
 from ..ops import cast
 
@@ -104,8 +105,6 @@ class ScalingRecipe:
 
 
 def _block_format(fmt):
-    from .. import mx
-
     if isinstance(fmt, mx.BlockFormat):
         return fmt
     if isinstance(fmt, str) and fmt.lower() in mx.PRESETS:
@@ -154,8 +153,6 @@ class Scaler(torch.nn.Module):
 
     def _block(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The "block" recipe: statistics from cpd.mx; x fake-quantized (or unchanged)."""
-        from .. import mx
-
         f = dataclasses.replace(self.recipe.fmt, axis=-1)
         el = f.element
         with torch.no_grad():
@@ -181,8 +178,6 @@ class Scaler(torch.nn.Module):
     def column(self, x: torch.Tensor) -> torch.Tensor:
         """``"block"``: x fake-quantized in blocks along its second-to-last dim (the column-wise
         copy a weight-gradient GEMM reduces over); statistics are kept by :meth:`forward`."""
-        from .. import mx
-
         if not self.quantize:
             return x
         return mx.cast(x, dataclasses.replace(self.recipe.fmt, axis=-2))

@@ -9,8 +9,9 @@
 //     precomputed exponents, a second adds trunc(a*b * 2^(F - emax)) per lane (straight-line, so
 //     GCC vectorizes both), then round_out; block scales (mxf8f6f4, every group inside one
 //     block) add their exponents per lane and fold into the per-lane power of two;
+//   * AMD CDNA3 on float64 carriers (fd_tile_amd), the same tiles;
 //   * generic: one output at a time, fd_step on float32 bits (the specification); the only loop
-//     for the AMD algorithms and Blackwell's mxf4nvf4 chunks.
+//     for CDNA1/2's pairwise sums and Blackwell's mxf4nvf4 chunks.
 // Registered as torch.ops.cpd_fused_dot.matmul (a TORCH_LIBRARY of its own: the extension's
 // pybind module lives in cast.cpp) and called by cpd/tensor_core.py.
 #include <torch/extension.h>
@@ -90,6 +91,76 @@ void fd_tile(const float* __restrict arow, const int32_t* __restrict earow, cons
   for (int64_t jj = 0; jj < jt; ++jj) out[j0 + jj] = (float)c[jj];
 }
 
+// AMD CDNA3 (FD_AMD_RD, FD_AMD_RD_FP8) on float64 carriers, the lanes of fd_tile: per group,
+// the products' largest exponent per half (FP8: even / odd k; else one), the cut sums
+// trunc(p 2^(24 - e_h)) (< 2^30, exact), the halves' round-down alignment (floor), then with
+// m = max(e, e(c)): floor(S 2^(7 + e - m)) + 128 floor(c 2^(24 - m)) (FP8: c dropped when
+// e(c) < m - 25), times 2^(m - 31), exact, rounded to nearest float32 (fd_amd_round_d).
+// Products of magnitude >= 2^128 and non-finite operands take fused_dot.h's rules per lane.
+template <bool FP8>
+void fd_tile_amd(const float* __restrict arow, const int32_t* __restrict earow, const float* __restrict b,
+                 const int32_t* __restrict eb, float* __restrict out, int64_t j0, int64_t jt, const FdDims& d,
+                 const cpd::FusedDotSpec& s) {
+  typedef cpd::FdCarrier<double> C;
+  double c[kTile], S0[kTile], S1[kTile], raw[kTile], hi[kTile], lo[kTile], sc0[kTile], sc1[kTile];
+  int32_t e0[kTile], e1[kTile];
+  for (int64_t jj = 0; jj < kTile; ++jj) c[jj] = 0.0;
+  const int L = s.group;
+  const double big = 3.402823669209385e38;  // 2^128
+  for (int64_t k0 = 0; k0 < d.K; k0 += L) {
+    const int64_t k1 = std::min<int64_t>(d.K, k0 + L);
+    for (int64_t jj = 0; jj < jt; ++jj) e0[jj] = e1[jj] = 2 * s.zero_exp;  // zero-padded halves
+    for (int64_t k = k0; k < k1; ++k) {
+      const int32_t ea = earow[k];
+      const int32_t* __restrict ebr = eb + k * d.N + j0;
+      int32_t* __restrict e = (FP8 && ((k - k0) & 1)) ? e1 : e0;
+      for (int64_t jj = 0; jj < jt; ++jj) e[jj] = std::max(e[jj], ea + ebr[jj]);
+    }
+    for (int64_t jj = 0; jj < jt; ++jj) {
+      sc0[jj] = C::pow2(24 - e0[jj]);
+      sc1[jj] = C::pow2(24 - e1[jj]);
+      S0[jj] = S1[jj] = 0.0;
+      raw[jj] = c[jj];
+      hi[jj] = lo[jj] = 0.0;
+    }
+    for (int64_t k = k0; k < k1; ++k) {
+      const double av = (double)arow[k];
+      const float* __restrict br = b + k * d.N + j0;
+      const bool odd = FP8 && ((k - k0) & 1);
+      double* __restrict S = odd ? S1 : S0;
+      const double* __restrict sc = odd ? sc1 : sc0;
+      for (int64_t jj = 0; jj < jt; ++jj) {
+        const double p = av * (double)br[jj];  // exact
+        S[jj] += C::trunc(p * sc[jj]);
+        raw[jj] += p;
+        hi[jj] = p > hi[jj] ? p : hi[jj];
+        lo[jj] = p < lo[jj] ? p : lo[jj];
+      }
+    }
+    for (int64_t jj = 0; jj < jt; ++jj) {
+      int e = e0[jj];
+      double S = S0[jj];
+      if (FP8) {
+        e = std::max(e0[jj], e1[jj]);
+        S = C::floor(S0[jj] * C::pow2(e0[jj] - e)) + C::floor(S1[jj] * C::pow2(e1[jj] - e));
+      }
+      const int ec = C::exp_of(c[jj], -126, s.zero_exp), m = std::max(e, ec);
+      const double sp = C::floor(S * C::pow2(7 + e - m));
+      double cp = C::floor(c[jj] * C::pow2(24 - m));
+      if (FP8 && ec < m - 25) cp = 0.0;
+      uint32_t r = cpd::fd_amd_round_d((sp + cp * 128.0) * C::pow2(m - 31));
+      const uint32_t pinf = (uint32_t)(hi[jj] >= big), ninf = (uint32_t)(lo[jj] <= -big);
+      r = cpd::sel(pinf | ninf, (pinf & ninf) ? cpd::FD_AMD_NAN : ((ninf ? cpd::SIGN : 0u) | cpd::INF_BITS), r);
+      const uint32_t rb = cpd::bits_of((float)raw[jj]);
+      const uint32_t special = cpd::sel((uint32_t)((rb & ~cpd::SIGN) > cpd::INF_BITS), cpd::FD_AMD_NAN,
+                                        (rb & cpd::SIGN) | cpd::INF_BITS);
+      r = cpd::sel((uint32_t)C::finite(raw[jj]), r, special);
+      c[jj] = (double)cpd::float_of(r);
+    }
+  }
+  for (int64_t jj = 0; jj < jt; ++jj) out[j0 + jj] = (float)c[jj];
+}
+
 std::vector<int32_t> exponents(const float* x, int64_t n, int emin, int zero_exp) {
   std::vector<int32_t> e((size_t)n);
   int32_t* ep = e.data();
@@ -123,10 +194,16 @@ void fd_lanes(const float* a, const float* b, float* y, const FdDims& d, const c
     const cpd::FusedDotSpec sl = s;
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t row = t / tiles, j0 = (t % tiles) * kTile, bi = row / d.M;
-      fd_tile<T>(a + row * d.K, ea.data() + row * d.K, b + bi * d.K * d.N, eb.data() + bi * d.K * d.N,
-                 y + row * d.N, j0, std::min(kTile, d.N - j0), d, sl, g16,
-                 bs.sa ? xa.data() + row * bs.nb : nullptr, bs.sa ? xb.data() + bi * bs.nb * d.N : nullptr,
-                 bs.block);
+      const float* ar = a + row * d.K;
+      const int32_t* ear = ea.data() + row * d.K;
+      const float* bb = b + bi * d.K * d.N;
+      const int32_t* ebb = eb.data() + bi * d.K * d.N;
+      const int64_t jt = std::min(kTile, d.N - j0);
+      if (sl.algo == cpd::FD_AMD_RD) fd_tile_amd<false>(ar, ear, bb, ebb, y + row * d.N, j0, jt, d, sl);
+      else if (sl.algo == cpd::FD_AMD_RD_FP8) fd_tile_amd<true>(ar, ear, bb, ebb, y + row * d.N, j0, jt, d, sl);
+      else
+        fd_tile<T>(ar, ear, bb, ebb, y + row * d.N, j0, jt, d, sl, g16, bs.sa ? xa.data() + row * bs.nb : nullptr,
+                   bs.sa ? xb.data() + bi * bs.nb * d.N : nullptr, bs.block);
     }
   });
 }
@@ -161,11 +238,13 @@ void fd_generic(const float* a, const float* b, float* y, const FdDims& d, const
 enum { FD_AUTO = 0, FD_GENERIC = 1, FD_DOUBLE = 2 };
 
 // Which loop runs: 1 generic, 2 float64 carriers, 3 float32 carriers. The carriers model FD_NV
-// only (block scales too when every group lies in one block), and need their sums exact: in
-// float64, (L + 1) terms below 2^(F + 2) stay below 2^53 (F + 2 + ceil(log2(L + 1)) <= 53).
+// (block scales too when every group lies in one block) and AMD CDNA3 (fd_tile_amd), and need
+// their sums exact: in float64, (L + 1) terms below 2^(F + 2) stay below 2^53
+// (F + 2 + ceil(log2(L + 1)) <= 53); CDNA3's terms are below 2^26.
 int64_t fd_lanes_for(const cpd::FusedDotSpec& s, int64_t a_man, int64_t a_emax, int64_t b_man, int64_t b_emax,
                      int64_t path, int64_t scaled, int64_t block) {
-  if (path == FD_GENERIC || s.algo != cpd::FD_NV) return 1;
+  if (path == FD_GENERIC || s.algo == cpd::FD_AMD_PAIRWISE || s.algo == cpd::FD_NV_CHUNK16) return 1;
+  if (s.algo == cpd::FD_AMD_RD || s.algo == cpd::FD_AMD_RD_FP8) return s.group <= 64 ? 2 : 1;  // sums < 2^31
   if (scaled && block % s.group != 0) return 1;
   int bits = 0;
   while ((1 << bits) < s.group + 1) ++bits;

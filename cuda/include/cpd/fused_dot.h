@@ -381,6 +381,11 @@ struct FdCarrier<double> {
     return fd_exp(bits_of((float)c), emin, zero_exp);
   }
   CPD_FD_MEMBER int finite(double x) { return (int)((dbits_of(x) & ~SIGN64) < INF64); }
+  // floor for |x| < 2^52 (the AMD steps' round-down alignments): trunc, one lower where that went up
+  CPD_FD_MEMBER double floor(double x) {
+    double t = trunc(x);
+    return double_of(sel64((u64)(t > x), dbits_of(t - 1.0), dbits_of(t)));
+  }
 };
 
 template <>
@@ -421,6 +426,15 @@ CPD_FN u32 fd_round_out_d(double v, const FusedDotSpec& s, const FormatD& g16) {
   mag = sel64((u64)(a >= 0x47f0000000000000ull), INF64, mag);  // 2^128
   u32 r = bits_of((float)double_of(sign | mag));
   return sel((u32)((r & ~SIGN) == 0u), 0u, r);  // zero: +0
+}
+
+// Step 4 of FD_AMD_RD on the exact float64 value v of a step (a value below 2^300 with at most
+// 40 significant bits): round to nearest even float32 -- the float64 -> float32 conversion,
+// subnormals kept, overflow to +-inf (IEEE default rounding; the host build has no FTZ) -- and a
+// zero is +0.
+CPD_FN u32 fd_amd_round_d(double v) {
+  u32 r = bits_of((float)v);
+  return sel((u32)((r & ~SIGN) == 0u), 0u, r);
 }
 
 CPD_FN u32 fd_round_out_f(float v, const FusedDotSpec& s) {
