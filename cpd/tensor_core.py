@@ -336,8 +336,9 @@ def tensor_core(arch: str, a="e4m3", b=None, out: str = "f32") -> FusedDot:
     if _is_block_kind(a) or _is_block_kind(b):
         return _block_preset(arch, a, b, out)
     for name, kind in (("a", a), ("b", b)):
-        if kind not in INPUT_KINDS:
-            raise ValueError(f"tensor_core {name}={kind!r}; allowed {list(INPUT_KINDS)}")
+        if kind not in _FAMILY:
+            raise ValueError(f"tensor_core {name}={kind!r}; allowed for NVIDIA {list(_FAMILY)} or the block-scaled "
+                             f"{list(BLOCK_KINDS)} (AMD's xf32/fp8/bf8 go with arch='cdna3')")
     fam_a, fam_b = _FAMILY[a], _FAMILY[b]
     if fam_a != fam_b or (fam_a != "f8" and a != b):
         raise ValueError(f"tensor_core: a={a!r} and b={b!r} are not one instruction's inputs (FP8 kinds mix; "

@@ -392,6 +392,7 @@ def test_block_formats_from_cpd_mx():
     ({"arch": "blackwell", "a": "nvfp4", "b": "mxfp8_e4m3"}, "no block-scaled"),
     ({"arch": "blackwell", "a": "mxfp4", "b": "e4m3"}, "pair"),
     ({"arch": "blackwell", "a": "mxint8"}, "allowed"), ({"arch": "mi300"}, "cdna3"),
+    ({"arch": "hopper", "a": "fp8"}, "cdna3"),
 ])
 def test_amd_and_block_errors(kwargs, err):
     with pytest.raises(ValueError, match=err):
