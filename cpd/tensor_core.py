@@ -11,8 +11,10 @@ accumulator ``c`` included) and truncated to ``F`` fractional bits below it, the
 summed exactly and the sum rounded once (round-toward-zero into FP32 or into E8M13 -- 13 fraction
 bits -- or round-to-nearest-even into FP16). A GEMM of depth K is the chain of such steps over
 k-groups of L, in k order, each step's result the next one's ``c``. The five steps are written
-out in ``cuda/include/cpd/fused_dot.h``, the one place they are implemented for the CPU and CUDA;
-:mod:`cpd._fused_dot_ref` holds the pure-torch fallback and a readable reference.
+out in ``cuda/include/cpd/fused_dot.h``, the one place they are implemented for the CPU and CUDA,
+with the other documented algorithms: AMD's CDNA1-3 matrix cores and Blackwell's block-scaled
+MX/NVFP4 instructions (:func:`tensor_core`); :mod:`cpd._fused_dot_ref` holds the pure-torch
+fallback and a readable reference, :mod:`cpd._tensor_core_op` the custom op.
 
 Sources of the model and of every preset's parameters:
 
@@ -42,11 +44,12 @@ import math
 
 import torch
 
-from . import _cpu, _fused_dot_ref
-from .formats import BF16, E2M1, E4M3FN, E5M2, FP16, FP32, TF32, FloatFormat
-from .ops import _batch_shape, _check_matmul_operands, _sum_to, cast
+from . import _fused_dot_ref, _tensor_core_op, mx
+from .formats import BF16, E2M1, E2M3, E3M2, E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ, E8M0, FP16, FP32, TF32, FloatFormat
+from .ops import _check_matmul_operands, _sum_to, cast, decode
 
-__all__ = ["FusedDot", "tensor_core", "tensor_core_matmul", "ARCHITECTURES", "INPUT_KINDS"]
+__all__ = ["FusedDot", "tensor_core", "tensor_core_matmul", "ARCHITECTURES", "AMD_ARCHITECTURES", "INPUT_KINDS",
+           "BLOCK_KINDS"]
 
 #: Input kinds of the presets: name -> (format, how a float32 input is brought to it). NVIDIA's
 #: "e4m3" is the OCP E4M3FN; TF32 inputs are float32 with the low 13 bits cut (MMA-Sim truncates).
@@ -57,6 +60,9 @@ INPUT_KINDS = {
     "fp16": (FP16, "nearest"),
     "bf16": (BF16, "nearest"),
     "tf32": (TF32, "toward_zero"),
+    "xf32": (TF32, "toward_zero"),  # AMD CDNA3's name for the same truncation
+    "fp8": (E4M3FNUZ, "nearest"),  # AMD CDNA3 (MI300): the FNUZ variants
+    "bf8": (E5M2FNUZ, "nearest"),
 }
 _OUTS = tuple(_fused_dot_ref.OUT_CODES)
 
@@ -68,7 +74,9 @@ class FusedDot:
     Args:
         group: L, the products summed in one step (the instruction's depth, or its half where the
             instruction splits, as Ampere's ``m16n8k16``). 1..4096.
-        frac_bits: F, the fractional bits kept below the group's largest exponent. 0..40.
+        frac_bits: F, the fractional bits kept below the group's largest exponent. 0..40: the
+            widest documented configuration is 35 (Blackwell mxf4nvf4); the integer and float64
+            forms hold every sum exactly up to 40 (see docs/tensor_cores.md, "The limit on F").
         out: how a step's sum is rounded: ``"f32"`` (toward zero to FP32), ``"e8m13"`` (toward
             zero to 13 fraction bits, FP32's exponent range: Hopper/Ada FP8 into FP32) or
             ``"f16"`` (to nearest even FP16). The GEMM's result holds values of this format.
@@ -79,6 +87,18 @@ class FusedDot:
         a_rounding, b_rounding: how inputs are brought to a/b: ``"nearest"`` or
             ``"toward_zero"`` (TF32 inputs on NVIDIA).
         name: a label (the presets name themselves ``"hopper e4m3 x e4m3 -> f32"``).
+        algorithm: the step (``cuda/include/cpd/fused_dot.h``): ``"nvidia"`` (the five steps
+            above), ``"amd_pairwise"`` (CDNA1/2: float32 products summed pairwise in float32;
+            ``group`` a power of two <= 16, F unused), ``"amd_cdna3"`` / ``"amd_cdna3_fp8"``
+            (CDNA3: the products' fused sum cut to F = 24 bits, then rounded down against c and
+            rounded to nearest FP32), ``"nvidia_chunk16"`` (Blackwell mxf4nvf4: exact sums of 16
+            e2m1 products aligned by their block scales). AMD algorithms have ``out="f32"``.
+        ftz: ``"amd_pairwise"`` only: flush subnormal inputs, products and sums (CDNA2).
+        a_block, b_block: block-scaled operands (Blackwell MX/NVFP4): :class:`cpd.mx.BlockFormat`
+            whose blocks run along K (the axis is set by the GEMM); ``a``/``b`` are then their
+            elements. ``"nvidia"`` takes E8M0 scales with every group inside one block
+            (kind::mxf8f6f4); ``"nvidia_chunk16"`` e2m1 elements with E8M0 or E4M3 scales
+            (kind::mxf4 / mxf4nvf4, NVFP4's float32 tensor scales applied to the result).
     """
 
     group: int
@@ -90,6 +110,10 @@ class FusedDot:
     a_rounding: str = "nearest"
     b_rounding: str = "nearest"
     name: str = ""
+    algorithm: str = "nvidia"
+    ftz: bool = False
+    a_block: object = None
+    b_block: object = None
 
     def __post_init__(self):
         for field, lo, hi in (("group", 1, 4096), ("frac_bits", 0, 40), ("zero_exp", -1000, -126)):
@@ -110,16 +134,69 @@ class FusedDot:
                 raise ValueError(f"FusedDot {field}={getattr(self, field)!r}; allowed 'nearest', 'toward_zero'")
         if not isinstance(self.name, str):
             raise TypeError(f"FusedDot name must be a str, got {type(self.name).__name__}")
+        if self.algorithm not in _fused_dot_ref.ALGORITHMS:
+            raise ValueError(f"FusedDot algorithm={self.algorithm!r}; allowed {list(_fused_dot_ref.ALGORITHMS)}")
+        if not isinstance(self.ftz, bool):
+            raise TypeError(f"FusedDot ftz must be a bool, got {type(self.ftz).__name__}")
+        if self.ftz and self.algorithm != "amd_pairwise":
+            raise ValueError("FusedDot ftz=True applies to algorithm='amd_pairwise' (CDNA2) only")
+        if self.algorithm.startswith("amd") and self.out != "f32":
+            raise ValueError(f"FusedDot algorithm={self.algorithm!r} accumulates in FP32: out must be 'f32'")
+        if self.algorithm == "amd_pairwise" and (self.group > 16 or self.group & (self.group - 1)):
+            raise ValueError(f"FusedDot algorithm='amd_pairwise' sums a group pairwise: group must be a power of two "
+                             f"<= 16, got {self.group}")
+        _check_blocks(self)
+
+    @property
+    def block_scaled(self) -> bool:
+        """Whether the operands are block-scaled (``a_block``/``b_block``)."""
+        return self.a_block is not None
 
     @property
     def params(self) -> _fused_dot_ref.Params:
         """The integers the numerics core takes (``FusedDotSpec``)."""
         return _fused_dot_ref.Params(self.group, self.frac_bits, _fused_dot_ref.OUT_CODES[self.out], self.a.emin,
-                                     self.b.emin, self.zero_exp)
+                                     self.b.emin, self.zero_exp, _fused_dot_ref.ALGORITHMS[self.algorithm],
+                                     int(self.ftz))
 
     def __str__(self) -> str:
         label = f"{self.name}: " if self.name else ""
-        return f"{label}FusedDot(L={self.group}, F={self.frac_bits}, out={self.out}, a={self.a.name}, b={self.b.name})"
+        alg = "" if self.algorithm == "nvidia" else f", {self.algorithm}{' ftz' if self.ftz else ''}"
+        blocks = f", blocks {self.a_block.name} x {self.b_block.name}" if self.block_scaled else ""
+        return (f"{label}FusedDot(L={self.group}, F={self.frac_bits}, out={self.out}, a={self.a.name}, "
+                f"b={self.b.name}{alg}{blocks})")
+
+
+def _check_blocks(acc: FusedDot) -> None:
+    """Validate a block-scaled FusedDot's BlockFormats and set ``a``/``b`` to their elements."""
+    blocks = (acc.a_block, acc.b_block)
+    if acc.algorithm == "nvidia_chunk16" and None in blocks:
+        raise ValueError("FusedDot algorithm='nvidia_chunk16' (mxf4nvf4) needs a_block and b_block")
+    if blocks == (None, None):
+        return
+    if None in blocks:
+        raise ValueError("FusedDot a_block and b_block go together (both operands are block-scaled)")
+    for name, f in zip(("a_block", "b_block"), blocks):
+        if not isinstance(f, mx.BlockFormat):
+            raise TypeError(f"FusedDot {name} must be a cpd.mx.BlockFormat, got {type(f).__name__}")
+    fa, fb = blocks
+    if acc.algorithm not in ("nvidia", "nvidia_chunk16"):
+        raise ValueError(f"FusedDot block scales apply to the NVIDIA algorithms, not {acc.algorithm!r}")
+    if (fa.block_size, fa.scale) != (fb.block_size, fb.scale):
+        raise ValueError(f"FusedDot a_block and b_block must share block_size and scale format, got {fa} and {fb}")
+    if acc.algorithm == "nvidia":
+        if fa.scale != E8M0 or fa.tensor_scale or fb.tensor_scale or fa.block_size % acc.group:
+            raise ValueError("FusedDot block-scaled 'nvidia' (mxf8f6f4) takes E8M0 scales without a tensor scale, "
+                             f"every group of {acc.group} inside one block; got {fa} and {fb}")
+    else:
+        if fa.element != E2M1 or fb.element != E2M1 or acc.group % 16 or fa.block_size not in (16, 32) \
+                or fa.scale not in (E8M0, E4M3FN):
+            raise ValueError("FusedDot 'nvidia_chunk16' (mxf4nvf4) takes e2m1 elements in blocks of 16 or 32 with "
+                             f"E8M0 or E4M3 scales, group a multiple of 16; got {fa} and {fb}")
+    if acc.out != "f32":
+        raise ValueError("FusedDot block-scaled instructions accumulate in FP32: out must be 'f32'")
+    object.__setattr__(acc, "a", fa.element)
+    object.__setattr__(acc, "b", fb.element)
 
 
 # ----------------------------------------------------------------------------------- presets
@@ -157,15 +234,37 @@ ARCHITECTURES = {
 }
 _FAMILY = {"fp16": "f16", "bf16": "bf16", "tf32": "tf32", "e4m3": "f8", "e5m2": "f8", "e2m1": "f8"}
 
+# AMD matrix cores: arch -> input kind -> (instruction, group L, F, algorithm, ftz). MMA-Sim's
+# simulator (mmasim/simulator/amd.py, mmasim/isa/amd.py); see tensor_core's docstring.
+AMD_ARCHITECTURES = {
+    "cdna1": {"fp16": ("v_mfma_f32_32x32x8f16", 4, 0, "amd_pairwise", False),
+              "bf16": ("v_mfma_f32_32x32x4bf16", 2, 0, "amd_pairwise", False)},
+    "cdna2": {"fp16": ("v_mfma_f32_32x32x8f16", 4, 0, "amd_pairwise", True),
+              "bf16": ("v_mfma_f32_32x32x8bf16_1k", 4, 0, "amd_pairwise", True)},
+    "cdna3": {"fp16": ("v_mfma_f32_32x32x8_f16", 8, 24, "amd_cdna3", False),
+              "bf16": ("v_mfma_f32_32x32x8_bf16", 8, 24, "amd_cdna3", False),
+              "xf32": ("v_mfma_f32_16x16x8_xf32", 4, 24, "amd_cdna3", False),
+              "fp8": ("v_mfma_f32_32x32x16_fp8_fp8 (bf8 mixes)", 16, 24, "amd_cdna3_fp8", False),
+              "bf8": ("v_mfma_f32_32x32x16_bf8_bf8 (fp8 mixes)", 16, 24, "amd_cdna3_fp8", False)},
+}
 
-def tensor_core(arch: str, a: str = "e4m3", b: str | None = None, out: str = "f32") -> FusedDot:
+#: Blackwell block-scaled operand kinds: name -> cpd.mx preset name.
+BLOCK_KINDS = {"mxfp8_e4m3": "mxfp8_e4m3", "mxfp8_e5m2": "mxfp8_e5m2", "mxfp6_e3m2": "mxfp6_e3m2",
+               "mxfp6_e2m3": "mxfp6_e2m3", "mxfp4": "mxfp4", "nvfp4": "nvfp4"}
+
+
+def tensor_core(arch: str, a="e4m3", b=None, out: str = "f32") -> FusedDot:
     """The fused-dot model of one architecture's matrix instruction for these input kinds.
 
     Args:
-        arch: ``"volta"``, ``"turing"``, ``"ampere"``, ``"ada"``, ``"hopper"`` or ``"blackwell"``.
+        arch: ``"volta"``, ``"turing"``, ``"ampere"``, ``"ada"``, ``"hopper"``, ``"blackwell"``
+            (NVIDIA) or ``"cdna1"`` (MI100), ``"cdna2"`` (MI200), ``"cdna3"`` (MI300) (AMD).
         a, b: input kinds: ``"e4m3"``, ``"e5m2"``, ``"e2m1"`` (Blackwell), ``"fp16"``, ``"bf16"``,
-            ``"tf32"`` (b defaults to a; FP8 kinds mix freely).
-        out: the accumulator/output type, ``"f32"`` or ``"f16"``.
+            ``"tf32"``; AMD CDNA3 also ``"xf32"``, ``"fp8"`` (E4M3FNUZ), ``"bf8"`` (E5M2FNUZ);
+            Blackwell's block-scaled kinds ``"mxfp8_e4m3"``, ``"mxfp8_e5m2"``, ``"mxfp6_e3m2"``,
+            ``"mxfp6_e2m3"``, ``"mxfp4"``, ``"nvfp4"`` or a :class:`cpd.mx.BlockFormat` (b defaults
+            to a; FP8 kinds mix freely, and so do the MX kinds).
+        out: the accumulator/output type, ``"f32"`` or ``"f16"`` (NVIDIA, where offered).
 
     Parameters (MMA-Sim, arXiv 2511.10909, simulator ``mmasim/simulator/nv_ptx.py`` and the ISA
     tables; corroborated by Khattak & Mikaitis, arXiv 2512.07004, and Fasi et al. 2021):
@@ -184,16 +283,62 @@ def tensor_core(arch: str, a: str = "e4m3", b: str | None = None, out: str = "f3
     ==========  ====================  ==============================  =====  ==  ============
 
     ``out="f16"`` (FP16 accumulators, where the instruction has them) rounds each step to nearest
-    even FP16. AMD CDNA matrix cores follow other algorithms (pairwise FP32 FMAs on CDNA1/2,
-    round-down alignment on CDNA3; MMA-Sim ``simulator/amd.py``) and are not modelled yet.
+    even FP16.
+
+    **Blackwell block-scaled MMA** (``tcgen05.mma`` / sm_120 ``mma`` with ``.block_scale``;
+    MMA-Sim ``nv_fused_dot_add`` with scales and ``nv_fused_dot_add_with_block_scale``): the
+    operands are quantized with :mod:`cpd.mx` along K (``a``'s rows, ``b``'s columns), then
+
+    ===================  =========================  ===  ==  ==========================================
+    kinds                instruction                L    F   step
+    ===================  =========================  ===  ==  ==========================================
+    MX fp8/fp6/fp4 mix   kind::mxf8f6f4 k32         32   25  products' exponents + both E8M0 scales'
+    mxfp4 x mxfp4        kind::mxf4 k64 (block32)   64   35  exact 16-product chunk sums x scales,
+    nvfp4 x nvfp4        kind::mxf4nvf4 k64         64   35  aligned by the scales' exponents alone
+    ===================  =========================  ===  ==  ==========================================
+
+    all with RZ FP32 output. NVFP4's float32 tensor scales are not part of the instruction: they
+    multiply the result in float32 (the GEMM epilogue's alpha, as cuBLAS/CUTLASS apply them), an
+    assumption of this model. The FP6 kinds (e3m2, e2m3) are assumed to follow the FP8 path:
+    MMA-Sim's simulator lists them as unsupported (not measured).
+
+    **AMD matrix cores** (MMA-Sim, arXiv 2511.10909, ``mmasim/simulator/amd.py``; the paper
+    validates two AMD architectures against hardware; MI200's flushing is also AMD's MIOpen
+    documentation, "MI200 matrix fused multiply-add (MFMA) behavior specifics": "MFMA_F16,
+    MFMA_BF16 and MFMA_BF16_1K flush subnormal input/output data to zero"):
+
+    =====  ========  =====================================  ==  ==  ==================================
+    arch   inputs    instruction                            L   F   step
+    =====  ========  =====================================  ==  ==  ==================================
+    cdna1  fp16      v_mfma_f32_32x32x8f16                  4   -   FP32 products, pairwise FP32 sums
+    cdna1  bf16      v_mfma_f32_32x32x4bf16                 2   -   (RNE), then c + sum (RNE)
+    cdna2  fp16      v_mfma_f32_32x32x8f16                  4   -   as cdna1, subnormals flushed
+    cdna2  bf16      v_mfma_f32_32x32x8bf16_1k              4   -   (inputs, products, sums)
+    cdna3  fp16/bf16 v_mfma_f32_32x32x8_{f16,bf16}          8   24  fused sum cut to 24 bits, rounded
+    cdna3  xf32      v_mfma_f32_16x16x8_xf32                4   24  down against c (31 / 24 bits),
+    cdna3  fp8/bf8   v_mfma_f32_32x32x16_{fp8,bf8}_*        16  24  then RNE FP32; FP8: even/odd halves
+    =====  ========  =====================================  ==  ==  ==================================
+
+    Undocumented, hence not modelled: the sign and payload of AMD's NaN results (cpd returns
+    0x7fc00000; MMA-Sim leaves it as a TODO), the sign of an all-zero CDNA2 result where one
+    instruction spans several groups (the model re-flushes the accumulator every group), CDNA1
+    on hardware (the paper's abstract counts two AMD architectures; CDNA1 is its simulator's
+    model), and AMD's FP32 ``v_mfma_f32_*f32`` (an FMA chain: ``cpd.matmul(a, b, acc=cpd.FP32,
+    fma=True)``). CDNA3's FP8 inputs are the FNUZ formats (MI300); CDNA4 (MI350, OCP FP8/MX) is
+    not in the literature used here.
     """
-    if not isinstance(arch, str) or arch.lower() not in ARCHITECTURES:
-        raise ValueError(f"tensor_core arch={arch!r}; allowed {list(ARCHITECTURES)}")
+    if not isinstance(arch, str) or arch.lower() not in {**ARCHITECTURES, **AMD_ARCHITECTURES}:
+        raise ValueError(f"tensor_core arch={arch!r}; allowed {list(ARCHITECTURES) + list(AMD_ARCHITECTURES)}")
     arch = arch.lower()
     b = a if b is None else b
+    if arch in AMD_ARCHITECTURES:
+        return _amd_preset(arch, a, b, out)
+    if _is_block_kind(a) or _is_block_kind(b):
+        return _block_preset(arch, a, b, out)
     for name, kind in (("a", a), ("b", b)):
-        if kind not in INPUT_KINDS:
-            raise ValueError(f"tensor_core {name}={kind!r}; allowed {list(INPUT_KINDS)}")
+        if kind not in _FAMILY:
+            raise ValueError(f"tensor_core {name}={kind!r}; allowed for NVIDIA {list(_FAMILY)} or the block-scaled "
+                             f"{list(BLOCK_KINDS)} (AMD's xf32/fp8/bf8 go with arch='cdna3')")
     fam_a, fam_b = _FAMILY[a], _FAMILY[b]
     if fam_a != fam_b or (fam_a != "f8" and a != b):
         raise ValueError(f"tensor_core: a={a!r} and b={b!r} are not one instruction's inputs (FP8 kinds mix; "
@@ -210,99 +355,59 @@ def tensor_core(arch: str, a: str = "e4m3", b: str | None = None, out: str = "f3
                     name=f"{arch} {a} x {b} -> {out} ({instr})")
 
 
-# ----------------------------------------------------------------------------------- the op
-def _run(a, b, group, frac, out, a_emin, b_emin, zero_exp, a_man, a_emax, b_man, b_emax, body):
-    """Broadcast the batch dims, make both operands contiguous (B, M, K) / (B, K, N), run ``body``."""
-    batch = _batch_shape(a.shape, b.shape)
-    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
-    B = math.prod(batch)
-    a3 = a.expand(*batch, M, K).reshape(B, M, K).contiguous()
-    b3 = b.expand(*batch, K, N).reshape(B, K, N).contiguous()
-    p = _fused_dot_ref.Params(group, frac, out, a_emin, b_emin, zero_exp)
-    return body(a3, b3, p, (a_man, a_emax, b_man, b_emax)).reshape(*batch, M, N)
+def _amd_preset(arch: str, a, b, out: str) -> FusedDot:
+    kinds = AMD_ARCHITECTURES[arch]
+    for name, kind in (("a", a), ("b", b)):
+        if kind not in kinds:
+            raise ValueError(f"tensor_core: {arch} has no {kind!r} input; its input kinds: {list(kinds)} ({name})")
+    if a != b and {a, b} != {"fp8", "bf8"}:
+        raise ValueError(f"tensor_core: a={a!r} and b={b!r} are not one {arch} instruction's inputs (fp8/bf8 mix; "
+                         "the others must match)")
+    if out != "f32":
+        raise ValueError(f"tensor_core: {arch} MFMA accumulates in FP32; offers out=['f32'], got out={out!r}")
+    instr, group, frac, algorithm, ftz = kinds[a]
+    (fa, ra), (fb, rb) = INPUT_KINDS[a], INPUT_KINDS[b]
+    return FusedDot(group=group, frac_bits=frac, out="f32", a=fa, b=fb, a_rounding=ra, b_rounding=rb,
+                    algorithm=algorithm, ftz=ftz, name=f"{arch} {a} x {b} -> f32 ({instr})")
 
 
-@torch.library.custom_op("cpd::fused_dot_matmul", mutates_args=())
-def _fused_dot_op(a: torch.Tensor, b: torch.Tensor, group: int, frac: int, out: int, a_emin: int, b_emin: int,
-                  zero_exp: int, a_man: int, a_emax: int, b_man: int, b_emax: int) -> torch.Tensor:
-    """a (..., M, K) @ b (..., K, N) under the fused-dot model; see :func:`tensor_core_matmul`.
-
-    Devices other than CPU and CUDA run the pure-torch path (the CPU and CUDA kernels are
-    registered per dispatch key below, as :mod:`cpd.ops` does for its ops)."""
-    return _run(a, b, group, frac, out, a_emin, b_emin, zero_exp, a_man, a_emax, b_man, b_emax,
-                lambda a3, b3, p, _: _fused_dot_ref.matmul_torch(a3, b3, p))
+def _is_block_kind(kind) -> bool:
+    return isinstance(kind, mx.BlockFormat) or (isinstance(kind, str) and kind in BLOCK_KINDS)
 
 
-def _cpu_body(a3, b3, p, fields):
-    if _cpu.extension() is None:  # loading the extension registers torch.ops.cpd_fused_dot
-        return _fused_dot_ref.matmul_torch(a3, b3, p)
-    return torch.ops.cpd_fused_dot.matmul(a3, b3, p.group, p.frac, p.out, p.a_emin, p.b_emin, p.zero_exp, *fields, 0)
+def _block_preset(arch: str, a, b, out: str) -> FusedDot:
+    if arch != "blackwell":
+        raise ValueError(f"tensor_core: block-scaled kinds ({a!r}, {b!r}) are Blackwell's; {arch} has none")
+    fmts = []
+    for name, kind in (("a", a), ("b", b)):
+        if isinstance(kind, str):
+            if kind not in BLOCK_KINDS:
+                raise ValueError(f"tensor_core {name}={kind!r}: block-scaled operands pair with block-scaled "
+                                 f"operands; allowed {list(BLOCK_KINDS)}")
+            kind = mx.PRESETS[BLOCK_KINDS[kind]]
+        elif not isinstance(kind, mx.BlockFormat):
+            raise TypeError(f"tensor_core {name} must be a kind name or a cpd.mx.BlockFormat, got {type(kind).__name__}")
+        fmts.append(kind)
+    fa, fb = fmts
+    if out != "f32":
+        raise ValueError(f"tensor_core: Blackwell's block-scaled MMA offers out=['f32'], got out={out!r}")
+    label = f"blackwell {fa.name} x {fb.name} -> f32"
+    e2m1 = fa.element == E2M1 and fb.element == E2M1
+    f8f6f4 = {E4M3FN, E5M2, E3M2, E2M3, E2M1}
+    if fa.scale == E8M0 and fb.scale == E8M0 and fa.block_size == fb.block_size == 32 and not (
+            fa.tensor_scale or fb.tensor_scale) and fa.element in f8f6f4 and fb.element in f8f6f4 and not e2m1:
+        return FusedDot(group=32, frac_bits=25, a_block=fa, b_block=fb, name=f"{label} (kind::mxf8f6f4 k32)")
+    if e2m1 and (fa.block_size, fa.scale) == (fb.block_size, fb.scale) and (
+            (fa.scale == E8M0 and fa.block_size in (16, 32)) or (fa.scale == E4M3FN and fa.block_size == 16)):
+        kind = "mxf4nvf4" if fa.scale == E4M3FN else "mxf4"
+        return FusedDot(group=64, frac_bits=35, algorithm="nvidia_chunk16", a_block=fa, b_block=fb,
+                        name=f"{label} (kind::{kind} k64)")
+    raise ValueError(f"tensor_core: Blackwell has no block-scaled instruction for {fa} x {fb}: kind::mxf8f6f4 takes "
+                     "MX fp8/fp6/fp4 elements with E8M0 scales per 32; kind::mxf4nvf4 e2m1 with E8M0 per 32/16 or "
+                     "E4M3 per 16 on both operands")
 
 
-def _cuda_body(a3, b3, p, fields):
-    from . import _cuda, _impl
-
-    if isinstance(_cuda.engine(a3.device), _impl.Fallback):  # no NVRTC / driver for this device
-        return _fused_dot_ref.matmul_torch(a3, b3, p)
-    return _cuda_matmul(a3, b3, p)
-
-
-@_fused_dot_op.register_kernel("cpu")
-def _(a, b, *args):
-    return _run(a, b, *args, _cpu_body)
-
-
-@_fused_dot_op.register_kernel("cuda")
-def _(a, b, *args):
-    return _run(a, b, *args, _cuda_body)
-
-
-@_fused_dot_op.register_fake
-def _(a, b, group, frac, out, a_emin, b_emin, zero_exp, a_man, a_emax, b_man, b_emax):
-    return a.new_empty((*_batch_shape(a.shape, b.shape), a.shape[-2], b.shape[-1]))
-
-
-def _setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], inputs[1])
-
-
-def _backward(ctx, grad):
-    """Straight-through: the gradients of the exact float32 product (as :func:`cpd.matmul`)."""
-    a, b = ctx.saved_tensors
-    ga = _sum_to(torch.matmul(grad, b.transpose(-1, -2)), a.shape) if ctx.needs_input_grad[0] else None
-    gb = _sum_to(torch.matmul(a.transpose(-1, -2), grad), b.shape) if ctx.needs_input_grad[1] else None
-    return (ga, gb) + (None,) * 10
-
-
-_fused_dot_op.register_autograd(_backward, setup_context=_setup)
-
-
-def _cuda_matmul(a3: torch.Tensor, b3: torch.Tensor, p: _fused_dot_ref.Params) -> torch.Tensor:
-    """Launch cuda/kernels/fused_dot.cu through cpd._cuda's NVRTC loader (one thread per output).
-
-    The launch is built as a :class:`cpd._kernels.Launch`, like every kernel of :mod:`cpd.ops`.
-    """
-    import ctypes
-
-    from . import _cuda
-
-    B, M, K = a3.shape
-    N = b3.shape[2]
-    y = torch.empty((B, M, N), dtype=torch.float32, device=a3.device)
-    if y.numel() == 0:
-        return y
-    i, ll, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
-    args = [(ptr, a3.data_ptr()), (ptr, b3.data_ptr()), (ptr, y.data_ptr()), (ll, B), (ll, M), (ll, K), (ll, N),
-            (i, p.group), (i, p.frac), (i, p.out), (i, p.a_emin), (i, p.b_emin), (i, p.zero_exp)]
-    from . import _kernels
-
-    sms = torch.cuda.get_device_properties(a3.device).multi_processor_count
-    blocks = max(1, min((y.numel() + 255) // 256, sms * 32))
-    _cuda.launch(_kernels.Launch("fused_dot.cu", "cpd_fused_dot_matmul", (blocks, 1, 1), (256, 1, 1), tuple(args)),
-                 a3.device)
-    return y
-
-
+# ----------------------------------------------------------------------------------- the GEMM
 def _to_input(x: torch.Tensor, fmt: FloatFormat, rounding: str) -> torch.Tensor:
     """x rounded to an input format: finite overflows saturate (FP8 recipes convert with
     satfinite); infinities stay infinite where the format has them; NaN stays NaN."""
@@ -312,8 +417,50 @@ def _to_input(x: torch.Tensor, fmt: FloatFormat, rounding: str) -> torch.Tensor:
     return torch.where(torch.isinf(x), x.to(torch.float32), y) if fmt.has_inf else y
 
 
-def _ensure_extension() -> None:
-    _cpu.extension()  # loading the library registers torch.ops.cpd_fused_dot
+def _block_operand(x: torch.Tensor, fmt, k_axis: int, dequantized: bool = False):
+    """x quantized along K with cpd.mx: (elements (..., K', ...), scales, tensor scale or None),
+    plus, with ``dequantized``, x's block-format values (``cpd.mx.cast(x)``: P fl(S T)).
+
+    The elements keep x's layout with K zero-padded to whole blocks; the scales are (..., M, nb)
+    for a (k_axis=-1) and (..., nb, N) for b (k_axis=-2). A NaN scale makes its block's elements NaN."""
+    f = dataclasses.replace(fmt, axis=k_axis)
+    enc = mx.encode(x, f, pack=False)  # block axis moved last
+    p = decode(enc.codes, f.element)
+    s = decode(enc.scales, f.scale)
+    p = torch.where(torch.isnan(s).repeat_interleave(f.block_size, dim=-1), math.nan, p)
+    q = None
+    if dequantized:  # cpd.mx's decode rule: P * fl(S * T), the padding cut off
+        d = s if enc.tensor_scale is None else s * enc.tensor_scale
+        q = (p * d.repeat_interleave(f.block_size, dim=-1))[..., :x.shape[k_axis]]
+    if k_axis == -2:
+        p, s = p.transpose(-1, -2), s.transpose(-1, -2)
+        q = None if q is None else q.transpose(-1, -2)
+    out = (p.contiguous(), s.contiguous(), enc.tensor_scale)
+    return out + (q,) if dequantized else out
+
+
+class _BlockScaledMatmul(torch.autograd.Function):
+    """Block-scaled GEMM; straight-through gradients w.r.t. the dequantized operands."""
+
+    @staticmethod
+    def forward(ctx, a, b, acc):
+        pa, sa, ta, aq = _block_operand(a, acc.a_block, -1, dequantized=True)
+        pb, sb, tb, bq = _block_operand(b, acc.b_block, -2, dequantized=True)
+        s_emin = acc.a_block.scale.emin
+        fields = (acc.a.man, acc.a.emax, acc.b.man, acc.b.emax)
+        y = _tensor_core_op.fused_dot_matmul(pa, pb, acc.params, fields, sa, sb, acc.a_block.block_size, s_emin)
+        if ta is not None or tb is not None:  # NVFP4's tensor scales: the epilogue's alpha, in float32
+            one = torch.ones((), dtype=torch.float32, device=y.device)
+            y = y * ((one if ta is None else ta) * (one if tb is None else tb))
+        ctx.save_for_backward(aq, bq)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        aq, bq = ctx.saved_tensors
+        ga = _sum_to(torch.matmul(grad, bq.transpose(-1, -2)), aq.shape) if ctx.needs_input_grad[0] else None
+        gb = _sum_to(torch.matmul(aq.transpose(-1, -2), grad), bq.shape) if ctx.needs_input_grad[1] else None
+        return ga, gb, None
 
 
 def tensor_core_matmul(a: torch.Tensor, b: torch.Tensor, acc: FusedDot, **unused) -> torch.Tensor:
@@ -322,10 +469,12 @@ def tensor_core_matmul(a: torch.Tensor, b: torch.Tensor, acc: FusedDot, **unused
     ``a`` (..., M, K) and ``b`` (..., K, N), float32 (float16/bfloat16 upcast exactly), batch dims
     broadcast. Inputs are first rounded to ``acc.a`` / ``acc.b``, saturating (a finite overflow
     gives ±max, as FP8 recipes convert with ``satfinite``; infinities stay infinite in formats
-    that have them, NaN stays NaN; values already in the formats are unchanged). For each output, ``c = +0``, then for each k-group of ``acc.group`` in k
-    order ``c = round_out(c + sum a_k b_k)`` by the model's five steps (``fused_dot.h``). The
-    result is float32 holding values of ``acc.out``. Autograd is straight-through (the
-    gradients of the exact product, computed by ``torch.matmul``).
+    that have them, NaN stays NaN; values already in the formats are unchanged); block-scaled
+    operands are quantized with :func:`cpd.mx.encode` along K instead (K zero-padded to whole
+    blocks). For each output, ``c = +0``, then for each k-group of ``acc.group`` in k order
+    ``c = step(c, group)`` by ``acc.algorithm`` (``fused_dot.h``; a short last group is
+    zero-padded). The result is float32 holding values of ``acc.out``. Autograd is
+    straight-through (the gradients of the exact product of the rounded operands).
 
     ``unused``: the other arguments of :func:`cpd.matmul`, which must keep their defaults
     (a fused dot has no separate product format, Kahan, block or rounding mode).
@@ -341,10 +490,8 @@ def tensor_core_matmul(a: torch.Tensor, b: torch.Tensor, acc: FusedDot, **unused
             raise ValueError(f"{key}={value!r} does not apply to a FusedDot accumulator (its rounding is the "
                              f"model's); leave {key} at {defaults[key]!r}")
     _check_matmul_operands(a, b)
+    if acc.block_scaled:
+        return _BlockScaledMatmul.apply(a.to(torch.float32), b.to(torch.float32), acc)
     a = _to_input(a, acc.a, acc.a_rounding)
     b = _to_input(b, acc.b, acc.b_rounding)
-    if a.device.type == "cpu":
-        _ensure_extension()
-    p = acc.params
-    return torch.ops.cpd.fused_dot_matmul(a, b, p.group, p.frac, p.out, p.a_emin, p.b_emin, p.zero_exp, acc.a.man,
-                                          acc.a.emax, acc.b.man, acc.b.emax)
+    return _tensor_core_op.fused_dot_matmul(a, b, acc.params, (acc.a.man, acc.a.emax, acc.b.man, acc.b.emax))

@@ -126,7 +126,8 @@ def _paths(a, b, acc):
     p = acc.params
     a3, b3 = a[None].contiguous(), b[None].contiguous()
     ext = torch.ops.cpd_fused_dot.matmul
-    args = (p.group, p.frac, p.out, p.a_emin, p.b_emin, p.zero_exp, acc.a.man, acc.a.emax, acc.b.man, acc.b.emax)
+    none = torch.empty(0)
+    args = (none, none, 1, -127, *p, acc.a.man, acc.a.emax, acc.b.man, acc.b.emax)
     return {
         "auto": ext(a3, b3, *args, 0)[0],
         "generic": ext(a3, b3, *args, 1)[0],
@@ -199,11 +200,20 @@ def test_fp8_pairs_exhaustive():
 def test_lanes_chosen():
     ext = torch.ops.cpd_fused_dot.lanes
     hop = tensor_core("hopper", a="e4m3").params
-    assert ext(*hop, 3, 8, 3, 8) == 3  # FP8 with F = 13: float32 carriers
+    assert ext(*hop, 3, 8, 3, 8, 0, 1) == 3  # FP8 with F = 13: float32 carriers
     bw = tensor_core("blackwell", a="e4m3").params
-    assert ext(*bw, 3, 8, 3, 8) == 2  # F = 25: float64 carriers
+    assert ext(*bw, 3, 8, 3, 8, 0, 1) == 2  # F = 25: float64 carriers
     bf = tensor_core("hopper", a="bf16").params
-    assert ext(*bf, 7, 127, 7, 127) == 2
+    assert ext(*bf, 7, 127, 7, 127, 0, 1) == 2
+    mx = tensor_core("blackwell", a="mxfp8_e4m3").params
+    assert ext(*mx, 3, 8, 3, 8, 1, 32) == 2  # block-scaled, groups inside blocks: float64 carriers
+    assert ext(*mx, 3, 8, 3, 8, 1, 16) == 1  # a group straddling blocks: the generic loop
+    assert ext(*tensor_core("cdna3", a="fp16").params, 10, 15, 10, 15, 0, 1) == 2  # CDNA3: float64 carriers
+    assert ext(*tensor_core("cdna2", a="fp16").params, 10, 15, 10, 15, 0, 1) == 1  # pairwise: generic
+    # float64 carriers hold sums below 2^53 only: F = 40 with L = 4096 (2^(40 + 2 + 13)) goes generic
+    wide = FusedDot(group=4096, frac_bits=40).params
+    assert ext(*wide, 23, 127, 23, 127, 0, 1) == 1
+    assert ext(*FusedDot(group=16, frac_bits=40).params, 23, 127, 23, 127, 0, 1) == 2
 
 
 # ----------------------------------------------------------------------------------- documented behaviours
@@ -317,8 +327,8 @@ def test_opcheck():
     p = acc.params
     a = cpd.cast(torch.randn(3, 20), cpd.FP16).requires_grad_()
     b = cpd.cast(torch.randn(20, 4), cpd.FP16).requires_grad_()
-    torch.library.opcheck(torch.ops.cpd.fused_dot_matmul.default,
-                          (a, b, p.group, p.frac, p.out, p.a_emin, p.b_emin, p.zero_exp, 10, 15, 10, 15))
+    none = torch.empty(0)
+    torch.library.opcheck(torch.ops.cpd.fused_dot_matmul.default, (a, b, none, none, 1, -127, *p, 10, 15, 10, 15))
 
 
 def test_inputs_rounded_first_and_not_mutated():

@@ -26,6 +26,11 @@
 # 3. Three trainings of one small transformer (2 layers, d = 64) on a synthetic sequence task:
 #    float32, "Hopper FP8 with delayed scaling", and "exact E4M3 products with FP32
 #    accumulation" — loss curves side by side, and the scales each layer ended with.
+# 4. Other matrix units: AMD's CDNA1–3 (`cpd.tensor_core("cdna3", a="fp16")`) and Blackwell's
+#    block-scaled MXFP8 / NVFP4 instructions, on the vectors that tell them apart.
+# 5. Block scales end to end: the transformer on Blackwell MXFP8 with the `"block"` recipe and
+#    MXFP8-E5M2 gradients for the backward GEMMs (`grad_scaling="block"`), and the report of
+#    the scales and the saturations/flushes they caused.
 #
 # `CPD_TUTORIAL_SMALL=1` shrinks every size so the script runs in seconds; figures go to
 # `$CPD_TUTORIAL_OUT` (default: a new temporary folder).
@@ -169,11 +174,12 @@ steps = 4 if SMALL else 300
 bs = 8 if SMALL else 64
 
 
-def train(model, acc=None):
+def train(model, acc=None, n_steps=None):
+    n_steps = steps if n_steps is None else n_steps
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(1)
     losses, t0 = [], time.perf_counter()
-    for step in range(steps):
+    for step in range(n_steps):
         x, y = batch(bs, gen)
         if acc is None:
             logits = model(x)
@@ -185,7 +191,7 @@ def train(model, acc=None):
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return losses, (time.perf_counter() - t0) / steps
+    return losses, (time.perf_counter() - t0) / n_steps
 
 
 runs = {}
@@ -226,3 +232,80 @@ print(cpd.nn.scaling_report(hopper_model))
 # inputs already cost. Section 1 shows the regime where it does not: long reductions (large
 # hidden sizes, the weight gradients' K = batch x tokens) lose accuracy steadily with K on the
 # Hopper FP8 model, unless partial sums are promoted to FP32 every few steps.
+
+
+# %% [markdown]
+# ## 4. Other matrix units: AMD CDNA and Blackwell's block-scaled MMA
+#
+# The same call models other hardware (MMA-Sim, arXiv 2511.10909): AMD's CDNA1/2 round each
+# product to FP32 and add them pairwise in FP32 (CDNA2 also flushes subnormals, as AMD documents
+# for MI200); CDNA3 fuses 8 products with 24 fractional bits but aligns the accumulator by
+# rounding *down*, so a tiny negative accumulator costs a unit where a positive one costs
+# nothing. Blackwell's `kind::mxf8f6f4` adds each block's E8M0 scale exponent to its products'
+# alignment, and `kind::mxf4nvf4` sums 16 FP4 products exactly before aligning by the scales.
+# Below, rows spanning 2^-28..1: one E4M3 scale per tensor flushes the small rows; MXFP8's E8M0
+# block scales (2^-127..2^127) keep every row; NVFP4's E4M3 block scales cover only about 2^17
+# below its tensor scale, so its smallest rows are flushed too.
+
+# %%
+def one(acc, av, bv):
+    return cpd.matmul(torch.tensor([av]), torch.tensor([[v] for v in bv]), acc=acc).item()
+
+
+u, tiny = 2.0**-12, 2.0**-15
+vectors = {
+    "pairwise order: 1, u^2, u^2, 0": ([1.0, u, u, 0.0], [1.0, u, u, 0.0]),
+    "pairwise order: 1, 0, u^2, u^2": ([1.0, 0.0, u, u], [1.0, 0.0, u, u]),
+    "fp16 subnormal 2^-15 x 1": ([tiny], [1.0]),
+    "c = -2^-30, then 1 x 1": ([-tiny] + [0.0] * 7 + [1.0] + [0.0] * 7, [tiny] + [0.0] * 7 + [1.0] + [0.0] * 7),
+}
+archs = ["cdna1", "cdna2", "cdna3", "hopper"]
+print(f"{'fp16 vector':34s}" + "".join(f"{a:>22s}" for a in archs))
+for name, (av, bv) in vectors.items():
+    print(f"{name:34s}" + "".join(f"{one(cpd.tensor_core(a, a='fp16'), av, bv):22.17g}" for a in archs))
+
+# block-scaled: rows of a whose magnitudes span 2^-28..1 -- one E4M3 scale per tensor flushes
+# the small rows to zero, one E8M0 scale per 32 elements of a row keeps each of them
+K = 256
+a = torch.randn(8, K) * torch.exp2(-4.0 * torch.arange(8.0))[:, None]
+b = torch.randn(K, 8)
+ref = a.double() @ b.double()
+sa_t, sb_t = 448 / a.abs().max(), 448 / b.abs().max()  # per-tensor scales (tensorwise recipe)
+for label, acc, x, y, unscale in (
+        ("hopper e4m3, per-tensor scale", HOPPER, a * sa_t, b * sb_t, sa_t * sb_t),
+        ("blackwell mxfp8_e4m3 (block 32)", cpd.tensor_core("blackwell", a="mxfp8_e4m3"), a, b, 1.0),
+        ("blackwell nvfp4 (block 16)", cpd.tensor_core("blackwell", a="nvfp4"), a, b, 1.0)):
+    yv = cpd.matmul(x, y, acc=acc).double() / float(unscale)
+    err = ((yv - ref).norm(dim=1) / ref.norm(dim=1)).max().item()  # the worst row
+    print(f"{label:34s} worst row's relative error {err:.2e}")
+
+# %% [markdown]
+# ## 5. Block scales end to end: MXFP8 forward, MXFP8-E5M2 gradients
+#
+# `convert(..., acc=cpd.tensor_core("blackwell", a="mxfp8_e4m3"), scaling="block",
+# grad_scaling="block")`: the forward GEMMs are Blackwell's `kind::mxf8f6f4` on MXFP8 operands
+# (the block-scaled instruction quantizes them; the recipe keeps the statistics), and the output
+# gradient of both backward GEMMs is quantized to MXFP8 E5M2 — along its last dim for the input
+# gradient, along tokens for the weight gradient — as TransformerEngine's MXFP8 recipe does.
+
+# %%
+MXFP8 = cpd.tensor_core("blackwell", a="mxfp8_e4m3")
+mx_model = cpd.nn.convert(base, acc=MXFP8, backward_mul=None, backward_acc=None, scaling="block",
+                          grad_scaling="block", skip=("head",))
+mx_steps = steps if SMALL else 40  # the block-scaled GEMMs are the slowest to emulate: the first 40 steps
+mx_losses, mx_per_step = train(mx_model, MXFP8, mx_steps)
+n_tail = min(5, mx_steps)
+f32_tail = sum(runs["float32"][0][mx_steps - n_tail:mx_steps]) / n_tail
+print(f"after {mx_steps} steps: float32 loss {f32_tail:.4f}, blackwell mxfp8 + e5m2 block grads "
+      f"{sum(mx_losses[-n_tail:]) / n_tail:.4f} ({mx_per_step * 1e3:.0f} ms/step; float32 "
+      f"{runs['float32'][1] * 1e3:.0f} ms/step)")
+print(cpd.nn.scaling_report(mx_model))
+
+# %% [markdown]
+# The report's `scale_grad` rows are the gradient recipe: the range of its block scales (2^-127
+# is the smallest E8M0 scale, which an all-zero block gets), and the fractions of gradient
+# elements saturated at E5M2's 57344 or flushed to zero by their block's scale. The "overflow"
+# of the weights is OCP MX's floor rule at work: a block whose amax lies in (448, 512) x its
+# power-of-two scale saturates its largest elements to 448 (`cpd.mx.BlockFormat(...,
+# scale_rule="ceil")` never does). Per-block scales adapt to every 32 elements, so a block of
+# small values next to a block of large ones keeps its precision.

@@ -9,7 +9,7 @@ import torch
 from .conv import QuantConv1d, QuantConv3d, QuantConvTranspose2d
 from .emulate import QuantMultiheadAttention
 from .layers import _SAME, GemmConfig, QuantConv2d, QuantLinear
-from .recipes import ScalingRecipe
+from .recipes import ScalingRecipe, grad_recipe
 
 __all__ = ["convert"]
 
@@ -18,7 +18,7 @@ _KINDS = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, to
 _CONV_ARGS = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups")
 
 
-def _replacement(child: torch.nn.Module, kw: dict, emulate_kw: dict, scaling):
+def _replacement(child: torch.nn.Module, kw: dict, emulate_kw: dict, scaling, grad_scaling=None):
     """The emulated twin of ``child`` (same hyper-parameters, no weights yet), or None."""
     t = type(child)
     if t not in _KINDS:
@@ -26,7 +26,8 @@ def _replacement(child: torch.nn.Module, kw: dict, emulate_kw: dict, scaling):
     w = next(child.parameters())
     dev = {"device": w.device, "dtype": w.dtype}
     if t is torch.nn.Linear:
-        return QuantLinear(child.in_features, child.out_features, child.bias is not None, **dev, **kw, scaling=scaling)
+        return QuantLinear(child.in_features, child.out_features, child.bias is not None, **dev, **kw, scaling=scaling,
+                           grad_scaling=grad_scaling)
     if t in (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d) and child.padding_mode == "zeros":
         cls = {torch.nn.Conv1d: QuantConv1d, torch.nn.Conv2d: QuantConv2d, torch.nn.Conv3d: QuantConv3d}[t]
         args = [getattr(child, a) for a in _CONV_ARGS]
@@ -45,7 +46,8 @@ def _replacement(child: torch.nn.Module, kw: dict, emulate_kw: dict, scaling):
 
 def convert(model: torch.nn.Module, *, mul=None, acc=None, weight=None, activation=None, grad=None,
             backward_mul=_SAME, backward_acc=_SAME, kahan: bool = False, fma: bool = False,
-            block: int | None = None, rounding="nearest", softmax=None, scaling=None, skip=()) -> torch.nn.Module:
+            block: int | None = None, rounding="nearest", softmax=None, scaling=None, grad_scaling=None,
+            skip=()) -> torch.nn.Module:
     """A copy of ``model`` whose GEMM layers are emulated (same weights; the original is untouched).
 
     Replaced: ``nn.Linear`` -> :class:`QuantLinear`, ``nn.Conv1d/2d/3d`` ->
@@ -56,7 +58,9 @@ def convert(model: torch.nn.Module, *, mul=None, acc=None, weight=None, activati
     (``cpd.tensor_core(...)``). Attention written with ``@``/``F.scaled_dot_product_attention``
     inside your own modules is reached with :class:`cpd.nn.emulate` instead. ``scaling`` (a
     :class:`cpd.nn.recipes.ScalingRecipe` or its kind) applies to the ``Linear`` layers (each
-    keeps its own state: delayed scaling's amax history). Modules whose
+    keeps its own state: delayed scaling's amax history), and ``grad_scaling`` (a recipe or
+    ``"tensorwise"``/``"delayed"``/``"block"``: E5M2 gradients) to their backward GEMMs' output
+    gradient (see :class:`QuantLinear`). Modules whose
     qualified name equals or starts with ``prefix + "."`` for a prefix in ``skip`` are kept.
     """
     if not isinstance(model, torch.nn.Module):
@@ -67,6 +71,7 @@ def convert(model: torch.nn.Module, *, mul=None, acc=None, weight=None, activati
                       backward_mul=backward_mul, backward_acc=backward_acc, softmax=softmax)
     GemmConfig(mul, acc, fma, kahan, block, rounding)  # validate once, before copying anything
     ScalingRecipe.parse(scaling)
+    grad_recipe(grad_scaling)
     new = copy.deepcopy(model)
 
     def swap(parent: torch.nn.Module, prefix: str):
@@ -74,7 +79,7 @@ def convert(model: torch.nn.Module, *, mul=None, acc=None, weight=None, activati
             full = f"{prefix}{name}"
             if any(full == s or full.startswith(s + ".") for s in skip):
                 continue
-            q = _replacement(child, kw, emulate_kw, scaling)
+            q = _replacement(child, kw, emulate_kw, scaling, grad_scaling)
             if q is None:
                 swap(child, full + ".")
                 continue

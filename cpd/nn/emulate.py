@@ -13,12 +13,15 @@ two backward GEMMs with ``(backward_mul, backward_acc)``. ``acc`` may be a
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .. import mx
 from ..formats import FloatFormat
 from .attention import multi_head_attention
 from .layers import _SAME, GemmConfig, quant_matmul, quantizer
@@ -30,12 +33,17 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 def _gemm(a, b, fwd: GemmConfig, bwd: GemmConfig, recipe=None):
     """a @ b through quant_matmul, 1-D operands promoted as torch.matmul does; the result in the
-    operands' dtype. ``recipe``: a stateless scaling recipe (tensorwise or rowwise along k)."""
+    operands' dtype. ``recipe``: a stateless scaling recipe (tensorwise, rowwise along k, or block)."""
     dtype = torch.result_type(a, b)
     a1, b1 = a.dim() == 1, b.dim() == 1
     a2 = (a.unsqueeze(0) if a1 else a).float()
     b2 = (b.unsqueeze(-1) if b1 else b).float()
     if recipe is None:
+        y = quant_matmul(a2, b2, fwd, bwd)
+    elif recipe.kind == "block":  # block formats along k (a block-scaled GEMM quantizes by itself)
+        if not (fwd.fused and fwd.acc.block_scaled):
+            a2 = mx.cast(a2, dataclasses.replace(recipe.fmt, axis=-1))
+            b2 = mx.cast(b2, dataclasses.replace(recipe.fmt, axis=-2))
         y = quant_matmul(a2, b2, fwd, bwd)
     else:
         with torch.no_grad():
@@ -90,8 +98,10 @@ class emulate(TorchFunctionMode):
             ``acc`` may be a :class:`cpd.FusedDot`.
         backward_mul, backward_acc: the backward GEMMs (default: the forward's).
         softmax: format the attention probabilities are rounded to (None: float32).
-        scaling: ``"tensorwise"``/``"rowwise"`` (or a stateless :class:`cpd.nn.recipes.ScalingRecipe`):
-            both operands of every routed GEMM are scaled before it and the result unscaled.
+        scaling: ``"tensorwise"``/``"rowwise"``/``"block"`` (or a stateless
+            :class:`cpd.nn.recipes.ScalingRecipe`): both operands of every routed GEMM are scaled
+            before it and the result unscaled (``"block"``: fake-quantized to the recipe's
+            :class:`cpd.mx.BlockFormat` along k, unless ``acc`` is block-scaled).
 
     Example::
 

@@ -161,12 +161,13 @@ class GemmConfig:
 
 
 class _QuantMatmul(torch.autograd.Function):
-    """a @ b with the forward GEMM emulated by ``fwd`` and both backward GEMMs by ``bwd``."""
+    """a @ b with the forward GEMM emulated by ``fwd`` and both backward GEMMs by ``bwd``; the
+    output gradient first goes through ``grad_scaler`` (a :class:`cpd.nn.recipes.Scaler`) if any."""
 
     @staticmethod
-    def forward(ctx, a, b, fwd: GemmConfig, bwd: GemmConfig):
+    def forward(ctx, a, b, fwd: GemmConfig, bwd: GemmConfig, grad_scaler=None):
         ctx.save_for_backward(a, b)
-        ctx.bwd = bwd
+        ctx.bwd, ctx.grad_scaler = bwd, grad_scaler
         with torch.no_grad():
             return fwd(a, b)
 
@@ -174,11 +175,18 @@ class _QuantMatmul(torch.autograd.Function):
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
         ga = gb = None
+        g_a = g_b = grad
+        s = None
+        if ctx.grad_scaler is not None:  # g s rounded to the gradient format; results / s
+            g_a, s = ctx.grad_scaler(grad)
+            g_b = ctx.grad_scaler.column(grad) if ctx.grad_scaler.recipe.kind == "block" else g_a
         if ctx.needs_input_grad[0]:
-            ga = ctx.bwd(grad, b.transpose(-1, -2))
+            ga = ctx.bwd(g_a, b.transpose(-1, -2))
+            ga = ga if s is None else ga / s
         if ctx.needs_input_grad[1]:
-            gb = ctx.bwd(a.transpose(-1, -2), grad)
-        return _reduce_to(ga, a.shape), _reduce_to(gb, b.shape), None, None
+            gb = ctx.bwd(a.transpose(-1, -2), g_b)
+            gb = gb if s is None else gb / s
+        return _reduce_to(ga, a.shape), _reduce_to(gb, b.shape), None, None, None
 
 
 def _reduce_to(g, shape):
@@ -194,14 +202,20 @@ def _reduce_to(g, shape):
 
 
 def quant_matmul(a: torch.Tensor, b: torch.Tensor, forward: GemmConfig = GemmConfig(),
-                 backward: GemmConfig | None = None) -> torch.Tensor:
+                 backward: GemmConfig | None = None, grad_scaler=None) -> torch.Tensor:
     """``a @ b`` whose forward GEMM is emulated per ``forward`` and whose two backward GEMMs
     (``grad @ b^T`` and ``a^T @ grad``) per ``backward`` (default: the same as forward).
+
+    ``grad_scaler`` (a :class:`cpd.nn.recipes.Scaler` with ``round_output=True``): the output
+    gradient ``g`` is scaled and rounded to its recipe's format, both backward GEMMs run on
+    it and are divided by the scale (``"block"``: ``g`` fake-quantized in blocks along its last
+    dim for ``g @ b^T`` and along its first-to-last dim for ``a^T @ g``, as TransformerEngine's
+    MXFP8 recipe keeps row-wise and column-wise copies).
 
     With exact configs and float64 inputs it is plain ``torch.matmul``: that is the reference
     path ``torch.autograd.gradcheck`` runs on.
     """
-    return _QuantMatmul.apply(a, b, forward, forward if backward is None else backward)
+    return _QuantMatmul.apply(a, b, forward, forward if backward is None else backward, grad_scaler)
 
 
 class _QuantMixin:
@@ -250,32 +264,47 @@ class QuantLinear(torch.nn.Linear, _QuantMixin):
     ``backward_mul``/``backward_acc`` (default: the forward's). Any format may be None (exact).
 
     ``scaling`` (a :class:`cpd.nn.recipes.ScalingRecipe` or ``"tensorwise"``/``"delayed"``/
-    ``"rowwise"``): the input and the weight are multiplied by their scales before they are
-    rounded and multiplied, and the result divided by both afterwards (float32); the scales and
-    the overflow/underflow they cause are in :func:`cpd.nn.scaling_report`.
+    ``"rowwise"``/``"block"``): the input and the weight are multiplied by their scales before
+    they are rounded and multiplied, and the result divided by both afterwards (float32);
+    ``"block"`` fake-quantizes both to a :class:`cpd.mx.BlockFormat` along the reduction dim
+    (unless ``acc`` is a block-scaled tensor core, which quantizes them itself).
+    ``grad_scaling`` (a recipe, or ``"tensorwise"``/``"delayed"``/``"block"`` with E5M2 /
+    MXFP8-E5M2 gradients): the output gradient of both backward GEMMs is scaled and rounded by
+    its own recipe (see :func:`quant_matmul`). The scales and the overflow/underflow they cause
+    are in :func:`cpd.nn.scaling_report` (operands ``scale_activation``, ``scale_weight``,
+    ``scale_grad``).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, mul=None, acc=None, weight=None,
                  activation=None, grad=None, backward_mul=_SAME, backward_acc=_SAME, kahan: bool = False,
-                 fma: bool = False, block: int | None = None, rounding="nearest", scaling=None, device=None,
-                 dtype=None):
+                 fma: bool = False, block: int | None = None, rounding="nearest", scaling=None, grad_scaling=None,
+                 device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self._setup_quant(mul, acc, weight, activation, grad, backward_mul, backward_acc, kahan, fma, block, rounding)
-        from .recipes import ScalingRecipe, Scaler
+        from .recipes import ScalingRecipe, Scaler, grad_recipe
 
         recipe = ScalingRecipe.parse(scaling)
         self.scaling = recipe
         if recipe is not None:  # one state per operand (cpd.nn.recipes); see scaling_report
-            self.scale_activation = Scaler(recipe)
-            self.scale_weight = Scaler(recipe)
+            own = not (self.gemm.fused and self.gemm.acc.block_scaled)  # a block-scaled GEMM quantizes itself
+            self.scale_activation = Scaler(recipe, quantize=own)
+            self.scale_weight = Scaler(recipe, quantize=own)
+        grecipe = grad_recipe(grad_scaling)
+        if grecipe is not None and grecipe.kind == "rowwise":
+            raise ValueError("grad_scaling='rowwise' cannot be divided out of the weight gradient g^T x (its rows "
+                             "are that GEMM's reduction dim); use 'tensorwise', 'delayed' or 'block'")
+        self.grad_scaling = grecipe
+        self.scale_grad = None if grecipe is None else Scaler(grecipe, round_output=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.scaling is None:
-            y = quant_matmul(self.act(x), self._quant_weight(self.weight).t(), self.gemm, self.backward_gemm)
+            y = quant_matmul(self.act(x), self._quant_weight(self.weight).t(), self.gemm, self.backward_gemm,
+                             self.scale_grad)
         else:  # scale, round, GEMM, unscale: y = (x sx)(W sw)^T / (sx sw)
             xs, sx = self.scale_activation(x)
             ws, sw = self.scale_weight(self.weight)
-            y = quant_matmul(self.act(xs), self._quant_weight(ws).t(), self.gemm, self.backward_gemm)
+            y = quant_matmul(self.act(xs), self._quant_weight(ws).t(), self.gemm, self.backward_gemm,
+                             self.scale_grad)
             y = y / sx / sw.reshape(-1)
         if self.bias is None:
             return y

@@ -7,8 +7,11 @@
 //   * float64 carriers (any input format): a tile of up to kTile outputs of one row keeps its
 //     accumulators in arrays; per group, one pass takes emax per lane from the operands'
 //     precomputed exponents, a second adds trunc(a*b * 2^(F - emax)) per lane (straight-line, so
-//     GCC vectorizes both), then round_out;
-//   * generic: one output at a time, fused_dot_step on float32 bits (the specification).
+//     GCC vectorizes both), then round_out; block scales (mxf8f6f4, every group inside one
+//     block) add their exponents per lane and fold into the per-lane power of two;
+//   * AMD CDNA3 on float64 carriers (fd_tile_amd), the same tiles;
+//   * generic: one output at a time, fd_step on float32 bits (the specification); the only loop
+//     for CDNA1/2's pairwise sums and Blackwell's mxf4nvf4 chunks.
 // Registered as torch.ops.cpd_fused_dot.matmul (a TORCH_LIBRARY of its own: the extension's
 // pybind module lives in cast.cpp) and called by cpd/tensor_core.py.
 #include <torch/extension.h>
@@ -16,6 +19,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <vector>
 
@@ -33,22 +37,33 @@ struct FdDims {
 template <class T>
 void fd_tile(const float* __restrict arow, const int32_t* __restrict earow, const float* __restrict b,
              const int32_t* __restrict eb, float* __restrict out, int64_t j0, int64_t jt, const FdDims& d,
-             const cpd::FusedDotSpec& s, const cpd::FormatD& g16) {
+             const cpd::FusedDotSpec& s, const cpd::FormatD& g16, const int32_t* __restrict xarow,
+             const int32_t* __restrict xb, int64_t block) {
   typedef cpd::FdCarrier<T> C;
-  T c[kTile], acc[kTile], raw[kTile], sc[kTile];
-  int32_t em[kTile];
-  for (int64_t jj = 0; jj < kTile; ++jj) c[jj] = (T)0;
+  T c[kTile], acc[kTile], raw[kTile], sc[kTile], scp[kTile];
+  int32_t em[kTile], ep[kTile], xs[kTile];
+  for (int64_t jj = 0; jj < kTile; ++jj) {
+    c[jj] = (T)0;
+    xs[jj] = 0;
+  }
   const int L = s.group, F = s.frac;
   for (int64_t k0 = 0; k0 < d.K; k0 += L) {
     const int64_t k1 = std::min<int64_t>(d.K, k0 + L);
-    for (int64_t jj = 0; jj < jt; ++jj) em[jj] = C::exp_of(c[jj], s.c_emin, s.zero_exp);
+    if (xarow) {  // the group's block: a's scale exponent plus each column's
+      const int64_t g = k0 / block;
+      const int32_t* __restrict xbr = xb + g * d.N + j0;
+      for (int64_t jj = 0; jj < jt; ++jj) xs[jj] = xarow[g] + xbr[jj];
+    }
+    for (int64_t jj = 0; jj < jt; ++jj) ep[jj] = INT32_MIN / 2;
     for (int64_t k = k0; k < k1; ++k) {
       const int32_t ea = earow[k];
       const int32_t* __restrict ebr = eb + k * d.N + j0;
-      for (int64_t jj = 0; jj < jt; ++jj) em[jj] = std::max(em[jj], ea + ebr[jj]);
+      for (int64_t jj = 0; jj < jt; ++jj) ep[jj] = std::max(ep[jj], ea + ebr[jj]);
     }
+    for (int64_t jj = 0; jj < jt; ++jj) em[jj] = std::max(C::exp_of(c[jj], s.c_emin, s.zero_exp), ep[jj] + xs[jj]);
     for (int64_t jj = 0; jj < jt; ++jj) {
       sc[jj] = C::pow2(F - em[jj]);
+      scp[jj] = C::pow2(F - em[jj] + xs[jj]);  // a product's scaling, its block scales folded in
       acc[jj] = C::trunc(c[jj] * sc[jj]);
       raw[jj] = c[jj];
     }
@@ -57,7 +72,7 @@ void fd_tile(const float* __restrict arow, const int32_t* __restrict earow, cons
       const float* __restrict br = b + k * d.N + j0;
       for (int64_t jj = 0; jj < jt; ++jj) {
         const T p = av * (T)br[jj];  // exact in the carrier
-        acc[jj] += C::trunc(p * sc[jj]);
+        acc[jj] += C::trunc(p * scp[jj]);
         raw[jj] += p;
       }
     }
@@ -76,6 +91,76 @@ void fd_tile(const float* __restrict arow, const int32_t* __restrict earow, cons
   for (int64_t jj = 0; jj < jt; ++jj) out[j0 + jj] = (float)c[jj];
 }
 
+// AMD CDNA3 (FD_AMD_RD, FD_AMD_RD_FP8) on float64 carriers, the lanes of fd_tile: per group,
+// the products' largest exponent per half (FP8: even / odd k; else one), the cut sums
+// trunc(p 2^(24 - e_h)) (< 2^30, exact), the halves' round-down alignment (floor), then with
+// m = max(e, e(c)): floor(S 2^(7 + e - m)) + 128 floor(c 2^(24 - m)) (FP8: c dropped when
+// e(c) < m - 25), times 2^(m - 31), exact, rounded to nearest float32 (fd_amd_round_d).
+// Products of magnitude >= 2^128 and non-finite operands take fused_dot.h's rules per lane.
+template <bool FP8>
+void fd_tile_amd(const float* __restrict arow, const int32_t* __restrict earow, const float* __restrict b,
+                 const int32_t* __restrict eb, float* __restrict out, int64_t j0, int64_t jt, const FdDims& d,
+                 const cpd::FusedDotSpec& s) {
+  typedef cpd::FdCarrier<double> C;
+  double c[kTile], S0[kTile], S1[kTile], raw[kTile], hi[kTile], lo[kTile], sc0[kTile], sc1[kTile];
+  int32_t e0[kTile], e1[kTile];
+  for (int64_t jj = 0; jj < kTile; ++jj) c[jj] = 0.0;
+  const int L = s.group;
+  const double big = 3.402823669209385e38;  // 2^128
+  for (int64_t k0 = 0; k0 < d.K; k0 += L) {
+    const int64_t k1 = std::min<int64_t>(d.K, k0 + L);
+    for (int64_t jj = 0; jj < jt; ++jj) e0[jj] = e1[jj] = 2 * s.zero_exp;  // zero-padded halves
+    for (int64_t k = k0; k < k1; ++k) {
+      const int32_t ea = earow[k];
+      const int32_t* __restrict ebr = eb + k * d.N + j0;
+      int32_t* __restrict e = (FP8 && ((k - k0) & 1)) ? e1 : e0;
+      for (int64_t jj = 0; jj < jt; ++jj) e[jj] = std::max(e[jj], ea + ebr[jj]);
+    }
+    for (int64_t jj = 0; jj < jt; ++jj) {
+      sc0[jj] = C::pow2(24 - e0[jj]);
+      sc1[jj] = C::pow2(24 - e1[jj]);
+      S0[jj] = S1[jj] = 0.0;
+      raw[jj] = c[jj];
+      hi[jj] = lo[jj] = 0.0;
+    }
+    for (int64_t k = k0; k < k1; ++k) {
+      const double av = (double)arow[k];
+      const float* __restrict br = b + k * d.N + j0;
+      const bool odd = FP8 && ((k - k0) & 1);
+      double* __restrict S = odd ? S1 : S0;
+      const double* __restrict sc = odd ? sc1 : sc0;
+      for (int64_t jj = 0; jj < jt; ++jj) {
+        const double p = av * (double)br[jj];  // exact
+        S[jj] += C::trunc(p * sc[jj]);
+        raw[jj] += p;
+        hi[jj] = p > hi[jj] ? p : hi[jj];
+        lo[jj] = p < lo[jj] ? p : lo[jj];
+      }
+    }
+    for (int64_t jj = 0; jj < jt; ++jj) {
+      int e = e0[jj];
+      double S = S0[jj];
+      if (FP8) {
+        e = std::max(e0[jj], e1[jj]);
+        S = C::floor(S0[jj] * C::pow2(e0[jj] - e)) + C::floor(S1[jj] * C::pow2(e1[jj] - e));
+      }
+      const int ec = C::exp_of(c[jj], -126, s.zero_exp), m = std::max(e, ec);
+      const double sp = C::floor(S * C::pow2(7 + e - m));
+      double cp = C::floor(c[jj] * C::pow2(24 - m));
+      if (FP8 && ec < m - 25) cp = 0.0;
+      uint32_t r = cpd::fd_amd_round_d((sp + cp * 128.0) * C::pow2(m - 31));
+      const uint32_t pinf = (uint32_t)(hi[jj] >= big), ninf = (uint32_t)(lo[jj] <= -big);
+      r = cpd::sel(pinf | ninf, (pinf & ninf) ? cpd::FD_AMD_NAN : ((ninf ? cpd::SIGN : 0u) | cpd::INF_BITS), r);
+      const uint32_t rb = cpd::bits_of((float)raw[jj]);
+      const uint32_t special = cpd::sel((uint32_t)((rb & ~cpd::SIGN) > cpd::INF_BITS), cpd::FD_AMD_NAN,
+                                        (rb & cpd::SIGN) | cpd::INF_BITS);
+      r = cpd::sel((uint32_t)C::finite(raw[jj]), r, special);
+      c[jj] = (double)cpd::float_of(r);
+    }
+  }
+  for (int64_t jj = 0; jj < jt; ++jj) out[j0 + jj] = (float)c[jj];
+}
+
 std::vector<int32_t> exponents(const float* x, int64_t n, int emin, int zero_exp) {
   std::vector<int32_t> e((size_t)n);
   int32_t* ep = e.data();
@@ -85,33 +170,65 @@ std::vector<int32_t> exponents(const float* x, int64_t n, int emin, int zero_exp
   return e;
 }
 
+// Block scales as given to the op: sa (B, M, nb), sb (B, nb, N) float32 values (numel 0: none).
+struct FdBlockScales {
+  const float* sa;
+  const float* sb;
+  int64_t nb, block;
+  int emin;
+};
+
 template <class T>
-void fd_lanes(const float* a, const float* b, float* y, const FdDims& d, const cpd::FusedDotSpec& s) {
+void fd_lanes(const float* a, const float* b, float* y, const FdDims& d, const cpd::FusedDotSpec& s,
+              const FdBlockScales& bs) {
   const std::vector<int32_t> ea = exponents(a, d.B * d.M * d.K, s.a_emin, s.zero_exp);
   const std::vector<int32_t> eb = exponents(b, d.B * d.K * d.N, s.b_emin, s.zero_exp);
+  std::vector<int32_t> xa, xb;  // the scales' exponents e(S)
+  if (bs.sa) {
+    xa = exponents(bs.sa, d.B * d.M * bs.nb, bs.emin, bs.emin);
+    xb = exponents(bs.sb, d.B * bs.nb * d.N, bs.emin, bs.emin);
+  }
   const cpd::FormatD g16 = cpd::make_format_d(cpd::make_format(5, 10, 15, cpd::SPECIALS_IEEE, 1, 0));
   const int64_t tiles = (d.N + kTile - 1) / kTile, tasks = d.B * d.M * tiles;
   cpd_cpu::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
     const cpd::FusedDotSpec sl = s;
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t row = t / tiles, j0 = (t % tiles) * kTile, bi = row / d.M;
-      fd_tile<T>(a + row * d.K, ea.data() + row * d.K, b + bi * d.K * d.N, eb.data() + bi * d.K * d.N,
-                 y + row * d.N, j0, std::min(kTile, d.N - j0), d, sl, g16);
+      const float* ar = a + row * d.K;
+      const int32_t* ear = ea.data() + row * d.K;
+      const float* bb = b + bi * d.K * d.N;
+      const int32_t* ebb = eb.data() + bi * d.K * d.N;
+      const int64_t jt = std::min(kTile, d.N - j0);
+      if (sl.algo == cpd::FD_AMD_RD) fd_tile_amd<false>(ar, ear, bb, ebb, y + row * d.N, j0, jt, d, sl);
+      else if (sl.algo == cpd::FD_AMD_RD_FP8) fd_tile_amd<true>(ar, ear, bb, ebb, y + row * d.N, j0, jt, d, sl);
+      else
+        fd_tile<T>(ar, ear, bb, ebb, y + row * d.N, j0, jt, d, sl, g16, bs.sa ? xa.data() + row * bs.nb : nullptr,
+                   bs.sa ? xb.data() + bi * bs.nb * d.N : nullptr, bs.block);
     }
   });
 }
 
-void fd_generic(const float* a, const float* b, float* y, const FdDims& d, const cpd::FusedDotSpec& s) {
+void fd_generic(const float* a, const float* b, float* y, const FdDims& d, const cpd::FusedDotSpec& s,
+                const FdBlockScales& bs) {
   cpd_cpu::parallel_for(0, d.B * d.M * d.N, 16, [&](int64_t lo, int64_t hi) {
     const cpd::FusedDotSpec sl = s;
     for (int64_t o = lo; o < hi; ++o) {
       const int64_t row = o / d.N, j = o % d.N, bi = row / d.M;
       const float* ar = a + row * d.K;
       const float* bc = b + bi * d.K * d.N + j;
+      cpd::FdScales x = cpd::fd_no_scales();
+      if (bs.sa) {
+        x.a = bs.sa + row * bs.nb;
+        x.as = 1;
+        x.b = bs.sb + bi * bs.nb * d.N + j;
+        x.bs = d.N;
+        x.block = (int)bs.block;
+        x.emin = bs.emin;
+      }
       uint32_t c = 0u;
       for (int64_t k0 = 0; k0 < d.K; k0 += sl.group) {
         const int n = (int)std::min<int64_t>(sl.group, d.K - k0);
-        c = cpd::fused_dot_step(sl, ar + k0, 1, bc + k0 * d.N, d.N, n, c);
+        c = cpd::fd_step(sl, ar + k0, 1, bc + k0 * d.N, d.N, n, c, x, k0);
       }
       y[o] = cpd::float_of(c);
     }
@@ -120,48 +237,80 @@ void fd_generic(const float* a, const float* b, float* y, const FdDims& d, const
 
 enum { FD_AUTO = 0, FD_GENERIC = 1, FD_DOUBLE = 2 };
 
-// Which loop runs: 1 generic, 2 float64 carriers, 3 float32 carriers.
+// Which loop runs: 1 generic, 2 float64 carriers, 3 float32 carriers. The carriers model FD_NV
+// (block scales too when every group lies in one block) and AMD CDNA3 (fd_tile_amd), and need
+// their sums exact: in float64, (L + 1) terms below 2^(F + 2) stay below 2^53
+// (F + 2 + ceil(log2(L + 1)) <= 53); CDNA3's terms are below 2^26.
 int64_t fd_lanes_for(const cpd::FusedDotSpec& s, int64_t a_man, int64_t a_emax, int64_t b_man, int64_t b_emax,
-                     int64_t path) {
-  if (path == FD_GENERIC) return 1;
-  if (path == FD_AUTO && cpd::fd_float_applies(s, (int)a_man, (int)a_emax, (int)b_man, (int)b_emax)) return 3;
+                     int64_t path, int64_t scaled, int64_t block) {
+  if (path == FD_GENERIC || s.algo == cpd::FD_AMD_PAIRWISE || s.algo == cpd::FD_NV_CHUNK16) return 1;
+  if (s.algo == cpd::FD_AMD_RD || s.algo == cpd::FD_AMD_RD_FP8) return s.group <= 64 ? 2 : 1;  // sums < 2^31
+  if (scaled && block % s.group != 0) return 1;
+  int bits = 0;
+  while ((1 << bits) < s.group + 1) ++bits;
+  if (s.frac + 2 + bits > 53) return 1;
+  if (path == FD_AUTO && !scaled && cpd::fd_float_applies(s, (int)a_man, (int)a_emax, (int)b_man, (int)b_emax))
+    return 3;
   return 2;
 }
 
-cpd::FusedDotSpec spec_of(int64_t group, int64_t frac, int64_t out, int64_t a_emin, int64_t b_emin, int64_t zero_exp) {
-  TORCH_CHECK(group >= 1 && frac >= 0 && frac <= 40 && out >= 0 && out <= 2 && a_emin >= -126 && b_emin >= -126,
+cpd::FusedDotSpec spec_of(int64_t group, int64_t frac, int64_t out, int64_t a_emin, int64_t b_emin, int64_t zero_exp,
+                          int64_t algo, int64_t ftz) {
+  TORCH_CHECK(group >= 1 && frac >= 0 && frac <= 40 && out >= 0 && out <= 2 && a_emin >= -126 && b_emin >= -126 &&
+                  algo >= 0 && algo <= 4 && (algo != cpd::FD_AMD_PAIRWISE || group <= 16),
               "cpd: fused_dot parameters out of range");
-  return cpd::make_fused_dot_spec((int)group, (int)frac, (int)out, (int)a_emin, (int)b_emin, (int)zero_exp);
+  return cpd::make_fused_dot_spec((int)group, (int)frac, (int)out, (int)a_emin, (int)b_emin, (int)zero_exp,
+                                  (int)algo, (int)ftz);
 }
 
-// a: (B, M, K), b: (B, K, N) contiguous float32; returns (B, M, N). a_man/a_emax, b_man/b_emax:
-// the input formats' mantissa bits and largest exponent (for the float32-carrier test).
-torch::Tensor fused_dot_matmul(const torch::Tensor& a, const torch::Tensor& b, int64_t group, int64_t frac,
-                               int64_t out, int64_t a_emin, int64_t b_emin, int64_t zero_exp, int64_t a_man,
-                               int64_t a_emax, int64_t b_man, int64_t b_emax, int64_t path) {
+// a: (B, M, K), b: (B, K, N) contiguous float32; returns (B, M, N). sa (B, M, nb), sb (B, nb, N):
+// block scales (float32 values; both empty: none), one per `block` elements along K, whose
+// format's exponent floor is s_emin. a_man/a_emax, b_man/b_emax: the input formats' mantissa bits
+// and largest exponent (for the float32-carrier test). path: 0 auto, 1 generic, 2 float64.
+torch::Tensor fused_dot_matmul(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& sa,
+                               const torch::Tensor& sb, int64_t block, int64_t s_emin, int64_t group, int64_t frac,
+                               int64_t out, int64_t a_emin, int64_t b_emin, int64_t zero_exp, int64_t algo,
+                               int64_t ftz, int64_t a_man, int64_t a_emax, int64_t b_man, int64_t b_emax,
+                               int64_t path) {
   TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
               "cpd: fused_dot matmul wants a (B, M, K) and b (B, K, N)");
   TORCH_CHECK(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.is_contiguous() &&
               b.is_contiguous(), "cpd: fused_dot matmul wants contiguous float32 tensors");
-  const cpd::FusedDotSpec s = spec_of(group, frac, out, a_emin, b_emin, zero_exp);
+  const cpd::FusedDotSpec s = spec_of(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz);
   const FdDims d{a.size(0), a.size(1), a.size(2), b.size(2)};
+  FdBlockScales bs{nullptr, nullptr, 0, block < 1 ? 1 : block, (int)s_emin};
+  const bool scaled = sa.numel() > 0;
+  if (scaled) {
+    TORCH_CHECK(block >= 1 && s_emin >= -127 && s_emin <= 0, "cpd: fused_dot block scales: bad block or s_emin");
+    const int64_t nb = (d.K + block - 1) / block;
+    TORCH_CHECK(sa.scalar_type() == at::kFloat && sb.scalar_type() == at::kFloat && sa.is_contiguous() &&
+                    sb.is_contiguous() && sa.dim() == 3 && sb.dim() == 3 && sa.size(0) == d.B && sa.size(1) == d.M &&
+                    sa.size(2) == nb && sb.size(0) == d.B && sb.size(1) == nb && sb.size(2) == d.N,
+                "cpd: fused_dot block scales want contiguous float32 sa (B, M, ceil(K/block)) and sb (B, ceil(K/block), N)");
+    bs.sa = sa.data_ptr<float>();
+    bs.sb = sb.data_ptr<float>();
+    bs.nb = nb;
+  }
+  TORCH_CHECK(s.algo != cpd::FD_NV_CHUNK16 || scaled, "cpd: fused_dot chunk16 (mxf4nvf4) needs block scales");
   torch::Tensor y = torch::empty({d.B, d.M, d.N}, a.options());
   if (y.numel() == 0) return y;
   const float* ap = a.data_ptr<float>();
   const float* bp = b.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  switch (fd_lanes_for(s, a_man, a_emax, b_man, b_emax, path)) {
-    case 1: fd_generic(ap, bp, yp, d, s); break;
-    case 3: fd_lanes<float>(ap, bp, yp, d, s); break;
-    default: fd_lanes<double>(ap, bp, yp, d, s); break;
+  switch (fd_lanes_for(s, a_man, a_emax, b_man, b_emax, path, scaled, bs.block)) {
+    case 1: fd_generic(ap, bp, yp, d, s, bs); break;
+    case 3: fd_lanes<float>(ap, bp, yp, d, s, bs); break;
+    default: fd_lanes<double>(ap, bp, yp, d, s, bs); break;
   }
   return y;
 }
 
 // The loop fused_dot_matmul(..., path = 0) takes (for the tests).
 int64_t fused_dot_lanes(int64_t group, int64_t frac, int64_t out, int64_t a_emin, int64_t b_emin, int64_t zero_exp,
-                        int64_t a_man, int64_t a_emax, int64_t b_man, int64_t b_emax) {
-  return fd_lanes_for(spec_of(group, frac, out, a_emin, b_emin, zero_exp), a_man, a_emax, b_man, b_emax, FD_AUTO);
+                        int64_t algo, int64_t ftz, int64_t a_man, int64_t a_emax, int64_t b_man, int64_t b_emax,
+                        int64_t scaled, int64_t block) {
+  return fd_lanes_for(spec_of(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz), a_man, a_emax, b_man, b_emax,
+                      FD_AUTO, scaled, block);
 }
 
 }  // namespace

@@ -41,6 +41,15 @@ namespace cpd {
 
 enum { FD_OUT_F32 = 0, FD_OUT_E8M13 = 1, FD_OUT_F16 = 2 };
 
+// The step algorithms (FusedDotSpec::algo); the first is the model above, the others are written
+// out before their step functions below.
+//   FD_NV           NVIDIA tensor cores (Volta..Blackwell), with optional block scales (mxf8f6f4)
+//   FD_AMD_PAIRWISE AMD CDNA1/CDNA2 fp16/bf16 MFMA: float32 products, pairwise float32 sums
+//   FD_AMD_RD       AMD CDNA3 fp16/bf16/xf32 MFMA: fused sum, then round-down alignment with c
+//   FD_AMD_RD_FP8   AMD CDNA3 fp8/bf8 MFMA: the same with even/odd halves and a cut-off c
+//   FD_NV_CHUNK16   NVIDIA Blackwell mxf4nvf4: exact 16-element chunk sums aligned by their scales
+enum { FD_NV = 0, FD_AMD_PAIRWISE = 1, FD_AMD_RD = 2, FD_AMD_RD_FP8 = 3, FD_NV_CHUNK16 = 4 };
+
 struct FusedDotSpec {
   int group;     // L >= 1: products per step
   int frac;      // F, 0..40: fractional bits kept below 2^emax
@@ -49,10 +58,37 @@ struct FusedDotSpec {
   int b_emin;
   int c_emin;    // exponent floor of the accumulator: -126 (float32, E8M13) or -14 (binary16)
   int zero_exp;  // e of a zero operand
+  int algo;      // FD_NV, FD_AMD_*, FD_NV_CHUNK16
+  int ftz;       // FD_AMD_PAIRWISE: flush subnormal inputs, products and sums (CDNA2)
   Format of;     // the output format (float32, E8M13 or binary16 on float32 bits)
 };
 
-CPD_FN FusedDotSpec make_fused_dot_spec(int group, int frac, int out, int a_emin, int b_emin, int zero_exp) {
+// Block scales of one output's operands (block-scaled MMA): a's scale of element k is
+// a[((k0 + k) / block) * as], b's likewise; a == 0: no scales. A scale S (a positive float32:
+// E8M0's 2^-127 is a float32 subnormal) contributes e(S) = max(floor(log2 S), emin) to a term's
+// exponent, with emin the scale format's (-127 for E8M0, -6 for UE4M3), and its significand
+// S 2^-e(S) to the term's value (1 for E8M0).
+struct FdScales {
+  const float* a;
+  long long as;
+  const float* b;
+  long long bs;
+  int block;
+  int emin;
+};
+
+CPD_FN FdScales fd_no_scales() {
+  FdScales x;
+  x.a = 0;
+  x.b = 0;
+  x.as = x.bs = 0;
+  x.block = 1;
+  x.emin = -127;
+  return x;
+}
+
+CPD_FN FusedDotSpec make_fused_dot_spec(int group, int frac, int out, int a_emin, int b_emin, int zero_exp, int algo,
+                                        int ftz) {
   FusedDotSpec s;
   s.group = group;
   s.frac = frac;
@@ -61,6 +97,8 @@ CPD_FN FusedDotSpec make_fused_dot_spec(int group, int frac, int out, int a_emin
   s.b_emin = b_emin;
   s.c_emin = out == FD_OUT_F16 ? -14 : -126;
   s.zero_exp = zero_exp;
+  s.algo = algo;
+  s.ftz = ftz;
   s.of = out == FD_OUT_F16 ? make_format(5, 10, 15, SPECIALS_IEEE, 1, 0)
        : out == FD_OUT_E8M13 ? make_format(8, 13, 127, SPECIALS_IEEE, 1, 0)
                              : make_format(8, 23, 127, SPECIALS_IEEE, 1, 0);
@@ -97,20 +135,38 @@ CPD_FN u32 fd_round_out(long long S, int e, const FusedDotSpec& s) {
   return (r & ~SIGN) == 0u ? 0u : r;  // a result that rounds to zero is +0
 }
 
-// One step: c (float32 bits, a value of the output) + sum of a[k * as] * b[k * bs], k < n <= L.
-CPD_FN u32 fused_dot_step(const FusedDotSpec& s, const float* a, long long as, const float* b, long long bs, int n,
-                          u32 c) {
+// The scales of element k of a step starting at k0 (FdScales); 1 where there are none.
+CPD_FN float fd_scale_a(const FdScales& x, long long k0, int k) { return x.a ? x.a[((k0 + k) / x.block) * x.as] : 1.0f; }
+CPD_FN float fd_scale_b(const FdScales& x, long long k0, int k) { return x.b ? x.b[((k0 + k) / x.block) * x.bs] : 1.0f; }
+CPD_FN int fd_scale_exp(float S, const FdScales& x) { return fd_exp(bits_of(S), x.emin, x.emin); }
+
+// Non-finite operands (elements, scales or c): float64 tells NaN from +-inf (every product of
+// float32 values, times two scales, is exact there). Returns 1 and sets *r when they occur.
+CPD_FN int fd_special(const float* a, long long as, const float* b, long long bs, int n, u32 c, const FdScales& x,
+                      long long k0, u32 nan_bits, u32* r) {
   u32 finite = is_finite_bits(c);
-  for (int k = 0; k < n; ++k) finite &= is_finite_bits(bits_of(a[k * as])) & is_finite_bits(bits_of(b[k * bs]));
-  if (!finite) {  // float64 tells NaN from +-inf (every product of float32 values is exact there)
-    double raw = (double)float_of(c);
-    for (int k = 0; k < n; ++k) raw = raw + (double)a[k * as] * (double)b[k * bs];
-    if (raw != raw) return fd_canonical_nan(s.out);
-    return (raw < 0.0 ? SIGN : 0u) | INF_BITS;
-  }
+  for (int k = 0; k < n; ++k)
+    finite &= is_finite_bits(bits_of(a[k * as])) & is_finite_bits(bits_of(b[k * bs])) &
+              is_finite_bits(bits_of(fd_scale_a(x, k0, k))) & is_finite_bits(bits_of(fd_scale_b(x, k0, k)));
+  if (finite) return 0;
+  double raw = (double)float_of(c);
+  for (int k = 0; k < n; ++k)
+    raw = raw + (double)a[k * as] * (double)b[k * bs] * (double)fd_scale_a(x, k0, k) * (double)fd_scale_b(x, k0, k);
+  *r = raw != raw ? nan_bits : ((raw < 0.0 ? SIGN : 0u) | INF_BITS);
+  return 1;
+}
+
+// One step: c (float32 bits, a value of the output) + sum of a[k * as] * b[k * bs], k < n <= L.
+// With block scales (mxf8f6f4, MMA-Sim's nv_fused_dot_add with scale_a/scale_b): each product's
+// exponent gains e(S_a) + e(S_b) and its value the factor 2^(e(S_a) + e(S_b)) (E8M0 scales).
+CPD_FN u32 fused_dot_step_scaled(const FusedDotSpec& s, const float* a, long long as, const float* b, long long bs,
+                                 int n, u32 c, const FdScales& x, long long k0) {
+  u32 special;
+  if (fd_special(a, as, b, bs, n, c, x, k0, fd_canonical_nan(s.out), &special)) return special;
   int emax = fd_exp(c, s.c_emin, s.zero_exp);  // 1-2.
   for (int k = 0; k < n; ++k) {
     int e = fd_exp(bits_of(a[k * as]), s.a_emin, s.zero_exp) + fd_exp(bits_of(b[k * bs]), s.b_emin, s.zero_exp);
+    if (x.a) e += fd_scale_exp(fd_scale_a(x, k0, k), x) + fd_scale_exp(fd_scale_b(x, k0, k), x);
     emax = imax(emax, e);
   }
   Wide wc = wide_of(c);  // 3-4.
@@ -118,10 +174,161 @@ CPD_FN u32 fused_dot_step(const FusedDotSpec& s, const float* a, long long as, c
   if (wc.sign) S = -S;
   for (int k = 0; k < n; ++k) {
     Wide p = wide_mul(bits_of(a[k * as]), bits_of(b[k * bs]));
+    if (x.a) p.e += fd_scale_exp(fd_scale_a(x, k0, k), x) + fd_scale_exp(fd_scale_b(x, k0, k), x);
     long long T = (long long)fd_cut(p.S, p.e, s.frac, emax);
     S += p.sign ? -T : T;
   }
   return fd_round_out(S, emax - s.frac, s);  // 5.
+}
+
+CPD_FN u32 fused_dot_step(const FusedDotSpec& s, const float* a, long long as, const float* b, long long bs, int n,
+                          u32 c) {
+  return fused_dot_step_scaled(s, a, as, b, bs, n, c, fd_no_scales(), 0);
+}
+
+// ------------------------------------------------------------------------------------------
+// FD_NV_CHUNK16: Blackwell's kind::mxf4nvf4 (k = 64, e2m1 elements, UE8M0 scales per 32 or 16
+// or UE4M3 scales per 16), after MMA-Sim's nv_fused_dot_add_with_block_scale: the products of
+// each chunk of 16 consecutive elements are summed exactly; the chunk's term is that sum times
+// both scales' significands, with exponent e(S_a) + e(S_b) (the scales' alone: the chunk sum
+// is not normalized); c and the chunk terms are then cut to F (35) fractional bits below their
+// largest exponent, summed, and the sum cut toward zero to float32 (step 5, FD_OUT_F32).
+// Elements must be e2m1 values (2x is an integer of at most 12), so a chunk sum times 4 is an
+// integer below 2^12 and every term's integer below 2^(F + 12).
+CPD_FN u32 fd_chunk16_step(const FusedDotSpec& s, const float* a, long long as, const float* b, long long bs, int n,
+                           u32 c, const FdScales& x, long long k0) {
+  u32 special;
+  if (fd_special(a, as, b, bs, n, c, x, k0, fd_canonical_nan(s.out), &special)) return special;
+  int emax = fd_exp(c, s.c_emin, s.zero_exp);
+  for (int k = 0; k < n; k += 16)
+    emax = imax(emax, fd_scale_exp(fd_scale_a(x, k0, k), x) + fd_scale_exp(fd_scale_b(x, k0, k), x));
+  Wide wc = wide_of(c);
+  long long S = (long long)fd_cut(wc.S, wc.e, s.frac, emax);
+  if (wc.sign) S = -S;
+  for (int k = 0; k < n; k += 16) {
+    long long q = 0;  // 4 x the chunk's sum, exact
+    for (int j = k; j < imin(n, k + 16); ++j)
+      q += (long long)fmul(a[j * as], 2.0f) * (long long)fmul(b[j * bs], 2.0f);
+    Wide wa = wide_of(bits_of(fd_scale_a(x, k0, k))), wb = wide_of(bits_of(fd_scale_b(x, k0, k)));
+    u64 P = (u64)(q < 0 ? -q : q) * wa.S * wb.S;  // < 2^12 * 2^24 * 2^24
+    long long T = (long long)fd_cut(P, wa.e + wb.e - 2, s.frac, emax);
+    S += q < 0 ? -T : T;
+  }
+  return fd_round_out(S, emax - s.frac, s);
+}
+
+// ------------------------------------------------------------------------------------------
+// AMD matrix cores (MMA-Sim, arXiv 2511.10909, simulator mmasim/simulator/amd.py).
+// Their NaN is float32's default quiet NaN 0x7fc00000 (sign and payload are not modelled).
+const u32 FD_AMD_NAN = 0x7fc00000u;
+
+// floor(v * 2^sh) for a signed v (|v| < 2^40, sh <= 20 when positive).
+CPD_FN long long fd_floor_shift(long long v, int sh) {
+  if (sh >= 0) return v * (1ll << sh);
+  if (sh <= -62) return v < 0 ? -1ll : 0ll;
+  long long q = v / (1ll << -sh), r = v - q * (1ll << -sh);  // q toward zero; floor one lower when v < 0 is inexact
+  return (r < 0) ? q - 1 : q;
+}
+
+// FD_AMD_PAIRWISE (CDNA1/CDNA2 fp16 and bf16 MFMA): each product rounded to float32 (an fma with
+// +0: an exact zero product is +0), the L = 2 or 4 products of a group summed pairwise in float32
+// ((p0 + p1) + (p2 + p3)), round to nearest even, then c + that sum, rounded once more. A short
+// last group is zero-padded (as a kernel pads K). ftz (CDNA2; AMD's MIOpen documentation: "MI200
+// MFMA_F16, MFMA_BF16 and MFMA_BF16_1K flush subnormal input/output data to zero"): inputs below
+// the input format's smallest normal become +0, products and sums below 2^-126 become zero of
+// their sign, and c at the start of a step becomes +0 if it is subnormal or zero.
+CPD_FN float fd_flush_keep(float v, int ftz) {
+  return (ftz && (bits_of(v) & ~SIGN) < 0x00800000u) ? float_of(bits_of(v) & SIGN) : v;
+}
+
+CPD_FN u32 fd_amd_pairwise_step(const FusedDotSpec& s, const float* a, long long as, const float* b, long long bs,
+                                int n, u32 c) {
+  float p[16];
+  const int L = imin(s.group, 16);
+  const u32 amin = (u32)(s.a_emin + 127) << 23, bmin = (u32)(s.b_emin + 127) << 23;
+  for (int k = 0; k < L; ++k) {
+    float x = k < n ? a[k * as] : 0.0f, y = k < n ? b[k * bs] : 0.0f;
+    if (s.ftz && (bits_of(x) & ~SIGN) < amin) x = 0.0f;
+    if (s.ftz && (bits_of(y) & ~SIGN) < bmin) y = 0.0f;
+    p[k] = fd_flush_keep(ffma(x, y, 0.0f), s.ftz);
+  }
+  for (int w = 1; w < L; w *= 2)
+    for (int k = 0; k + w < L; k += 2 * w) p[k] = fd_flush_keep(fadd(p[k], p[k + w]), s.ftz);
+  float cf = float_of(c);
+  if (s.ftz && (c & ~SIGN) < 0x00800000u) cf = 0.0f;
+  u32 r = bits_of(fd_flush_keep(fadd(cf, p[0]), s.ftz));
+  return (r & ~SIGN) > INF_BITS ? FD_AMD_NAN : r;
+}
+
+// FD_AMD_RD / FD_AMD_RD_FP8 (CDNA3 fp16, bf16, xf32 and fp8/bf8 MFMA; MMA-Sim's
+// amd_fused_dot_rd_add):
+//   1. a product of magnitude >= 2^128 makes the step +-inf (NaN if both signs occur);
+//   2. the products (not c) are aligned to their largest exponent e and cut toward zero to 24
+//      fractional bits, and summed exactly: S (FP8: the even- and odd-indexed products
+//      separately, each half's sum then aligned to the larger of the two exponents rounding
+//      DOWN -- toward -inf -- to 24 fractional bits, and added);
+//   3. with m = max(e, e(c)): S rounded down to 31 fractional bits below 2^m, c rounded down to
+//      24 fractional bits below 2^m (FP8: c is dropped when e(c) < m - 25), added exactly;
+//   4. the sum rounded to nearest even float32 (subnormals kept, overflow to +-inf); zero is +0.
+// Rounding down (not toward zero) makes a small negative c cost one unit 2^(m - 24): the
+// "asymmetric rounding" MMA-Sim reports for CDNA3.
+CPD_FN u32 fd_amd_round(long long T, int e, const FusedDotSpec& s) {
+  if (T == 0) return 0u;
+  Wide w;
+  w.sign = T < 0 ? SIGN : 0u;
+  w.S = (u64)(T < 0 ? -T : T);
+  w.e = e;
+  w.sticky = 0u;
+  return round_wide(w, s.of, NEAREST, 0u, 32);
+}
+
+CPD_FN u32 fd_amd_rd_step(const FusedDotSpec& s, const float* a, long long as, const float* b, long long bs, int n,
+                          u32 c) {
+  u32 special;
+  FdScales none = fd_no_scales();
+  if (fd_special(a, as, b, bs, n, c, none, 0, FD_AMD_NAN, &special)) return special;
+  const int fp8 = s.algo == FD_AMD_RD_FP8;
+  u32 pinf = 0u, ninf = 0u;
+  int eh[2] = {2 * s.zero_exp, 2 * s.zero_exp};  // a zero-padded half: 0 * 0
+  for (int k = 0; k < n; ++k) {
+    Wide p = wide_mul(bits_of(a[k * as]), bits_of(b[k * bs]));
+    if (p.S != 0ull && top_bit64(p.S) + p.e >= 128) {  // 1.
+      if (p.sign) ninf = 1u;
+      else pinf = 1u;
+    }
+    int e = fd_exp(bits_of(a[k * as]), s.a_emin, s.zero_exp) + fd_exp(bits_of(b[k * bs]), s.b_emin, s.zero_exp);
+    int h = fp8 ? (k & 1) : 0;
+    eh[h] = imax(eh[h], e);
+  }
+  if (pinf | ninf) return (pinf & ninf) ? FD_AMD_NAN : ((ninf ? SIGN : 0u) | INF_BITS);
+  long long Sh[2] = {0, 0};
+  for (int k = 0; k < n; ++k) {  // 2.
+    Wide p = wide_mul(bits_of(a[k * as]), bits_of(b[k * bs]));
+    int h = fp8 ? (k & 1) : 0;
+    long long T = (long long)fd_cut(p.S, p.e, 24, eh[h]);
+    Sh[h] += p.sign ? -T : T;
+  }
+  int e = eh[0];
+  long long S = Sh[0];
+  if (fp8) {
+    e = imax(eh[0], eh[1]);
+    S = fd_floor_shift(Sh[0], eh[0] - e) + fd_floor_shift(Sh[1], eh[1] - e);
+  }
+  const int ec = fd_exp(c, -126, s.zero_exp), m = imax(e, ec);  // 3.
+  long long sp = fd_floor_shift(S, 7 + e - m);                  // units 2^(m - 31)
+  Wide wc = wide_of(c);
+  long long C = wc.sign ? -(long long)wc.S : (long long)wc.S;
+  long long cp = (fp8 && ec < m - 25) ? 0ll : fd_floor_shift(C, wc.e + 24 - m);  // units 2^(m - 24)
+  return fd_amd_round(sp + cp * 128, m - 31, s);  // 4.
+}
+
+// One step of any algorithm (the CPU's generic loop and the CUDA kernel call this).
+CPD_FN u32 fd_step(const FusedDotSpec& s, const float* a, long long as, const float* b, long long bs, int n, u32 c,
+                   const FdScales& x, long long k0) {
+  if (s.algo == FD_AMD_PAIRWISE) return fd_amd_pairwise_step(s, a, as, b, bs, n, c);
+  if (s.algo == FD_AMD_RD || s.algo == FD_AMD_RD_FP8) return fd_amd_rd_step(s, a, as, b, bs, n, c);
+  if (s.algo == FD_NV_CHUNK16) return fd_chunk16_step(s, a, as, b, bs, n, c, x, k0);
+  return fused_dot_step_scaled(s, a, as, b, bs, n, c, x, k0);
 }
 
 #if !CPD_DEVICE
@@ -174,6 +381,11 @@ struct FdCarrier<double> {
     return fd_exp(bits_of((float)c), emin, zero_exp);
   }
   CPD_FD_MEMBER int finite(double x) { return (int)((dbits_of(x) & ~SIGN64) < INF64); }
+  // floor for |x| < 2^52 (the AMD steps' round-down alignments): trunc, one lower where that went up
+  CPD_FD_MEMBER double floor(double x) {
+    double t = trunc(x);
+    return double_of(sel64((u64)(t > x), dbits_of(t - 1.0), dbits_of(t)));
+  }
 };
 
 template <>
@@ -214,6 +426,15 @@ CPD_FN u32 fd_round_out_d(double v, const FusedDotSpec& s, const FormatD& g16) {
   mag = sel64((u64)(a >= 0x47f0000000000000ull), INF64, mag);  // 2^128
   u32 r = bits_of((float)double_of(sign | mag));
   return sel((u32)((r & ~SIGN) == 0u), 0u, r);  // zero: +0
+}
+
+// Step 4 of FD_AMD_RD on the exact float64 value v of a step (a value below 2^300 with at most
+// 40 significant bits): round to nearest even float32 -- the float64 -> float32 conversion,
+// subnormals kept, overflow to +-inf (IEEE default rounding; the host build has no FTZ) -- and a
+// zero is +0.
+CPD_FN u32 fd_amd_round_d(double v) {
+  u32 r = bits_of((float)v);
+  return sel((u32)((r & ~SIGN) == 0u), 0u, r);
 }
 
 CPD_FN u32 fd_round_out_f(float v, const FusedDotSpec& s) {

@@ -1,0 +1,139 @@
+"""The custom op behind :func:`cpd.tensor_core_matmul`: ``torch.ops.cpd.fused_dot_matmul``.
+
+One op for every algorithm of ``cuda/include/cpd/fused_dot.h`` (NVIDIA tensor cores, AMD matrix
+cores, Blackwell's block-scaled kinds), registered per dispatch key as :mod:`cpd.ops` does: the
+CPU extension's loops (``torch.ops.cpd_fused_dot.matmul``), the CUDA kernel
+(``cuda/kernels/fused_dot.cu``) through cpd._cuda's NVRTC loader, and the pure-torch fallback
+(:mod:`cpd._fused_dot_ref`) on other devices or without the extension.
+
+Operands are ``a`` (..., M, K) and ``b`` (..., K, N) float32 values of the input formats;
+block-scaled operands add ``sa`` (..., M, ceil(K/block)) and ``sb`` (..., ceil(K/block), N)
+(float32 scale values; empty tensors when there are none). Autograd is straight-through for
+``a`` and ``b`` (the gradients of the exact float32 product); scales get none.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _cpu, _fused_dot_ref
+from .ops import _batch_shape, _sum_to
+
+__all__ = ["fused_dot_matmul"]
+
+
+def _run(a, b, sa, sb, block, s_emin, p, fields, body):
+    """Broadcast the batch dims, make every operand contiguous (B, M, K) / (B, K, N), run ``body``."""
+    batch = _batch_shape(a.shape, b.shape)
+    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+    B = math.prod(batch)
+    a3 = a.expand(*batch, M, K).reshape(B, M, K).contiguous()
+    b3 = b.expand(*batch, K, N).reshape(B, K, N).contiguous()
+    if sa.numel():
+        nb = sa.shape[-1]
+        sa = sa.expand(*batch, M, nb).reshape(B, M, nb).contiguous()
+        sb = sb.expand(*batch, nb, N).reshape(B, nb, N).contiguous()
+    return body(a3, b3, sa, sb, block, s_emin, p, fields).reshape(*batch, M, N)
+
+
+def _torch_body(a3, b3, sa, sb, block, s_emin, p, _fields):
+    return _fused_dot_ref.matmul_torch(a3, b3, p, sa, sb, block, s_emin)
+
+
+@torch.library.custom_op("cpd::fused_dot_matmul", mutates_args=())
+def _op(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, block: int, s_emin: int, group: int,
+        frac: int, out: int, a_emin: int, b_emin: int, zero_exp: int, algo: int, ftz: int, a_man: int, a_emax: int,
+        b_man: int, b_emax: int) -> torch.Tensor:
+    """a (..., M, K) @ b (..., K, N) under the fused-dot model (devices other than CPU and CUDA)."""
+    p = _fused_dot_ref.Params(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz)
+    return _run(a, b, sa, sb, block, s_emin, p, (a_man, a_emax, b_man, b_emax), _torch_body)
+
+
+def _cpu_body(a3, b3, sa, sb, block, s_emin, p, fields):
+    if _cpu.extension() is None:  # loading the extension registers torch.ops.cpd_fused_dot
+        return _torch_body(a3, b3, sa, sb, block, s_emin, p, fields)
+    return torch.ops.cpd_fused_dot.matmul(a3, b3, sa, sb, block, s_emin, *p, *fields, 0)
+
+
+def _cuda_body(a3, b3, sa, sb, block, s_emin, p, fields):
+    from . import _cuda, _impl
+
+    if isinstance(_cuda.engine(a3.device), _impl.Fallback):  # no NVRTC / driver for this device
+        return _torch_body(a3, b3, sa, sb, block, s_emin, p, fields)
+    return _cuda_matmul(a3, b3, sa, sb, block, s_emin, p)
+
+
+def _params(args):
+    group, frac, out, a_emin, b_emin, zero_exp, algo, ftz = args[:8]
+    return _fused_dot_ref.Params(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz), tuple(args[8:])
+
+
+@_op.register_kernel("cpu")
+def _(a, b, sa, sb, block, s_emin, *args):
+    p, fields = _params(args)
+    return _run(a, b, sa, sb, block, s_emin, p, fields, _cpu_body)
+
+
+@_op.register_kernel("cuda")
+def _(a, b, sa, sb, block, s_emin, *args):
+    p, fields = _params(args)
+    return _run(a, b, sa, sb, block, s_emin, p, fields, _cuda_body)
+
+
+@_op.register_fake
+def _(a, b, sa, sb, *args):
+    return a.new_empty((*_batch_shape(a.shape, b.shape), a.shape[-2], b.shape[-1]))
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+
+
+def _backward(ctx, grad):
+    """Straight-through: the gradients of the exact float32 product (as :func:`cpd.matmul`)."""
+    a, b = ctx.saved_tensors
+    ga = _sum_to(torch.matmul(grad, b.transpose(-1, -2)), a.shape) if ctx.needs_input_grad[0] else None
+    gb = _sum_to(torch.matmul(a.transpose(-1, -2), grad), b.shape) if ctx.needs_input_grad[1] else None
+    return (ga, gb) + (None,) * 16
+
+
+_op.register_autograd(_backward, setup_context=_setup)
+
+
+def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params) -> torch.Tensor:
+    """Launch cuda/kernels/fused_dot.cu (one thread per output), built as a
+    :class:`cpd._kernels.Launch` like every kernel of :mod:`cpd.ops`."""
+    import ctypes
+
+    from . import _cuda, _kernels
+
+    B, M, K = a3.shape
+    N = b3.shape[2]
+    y = torch.empty((B, M, N), dtype=torch.float32, device=a3.device)
+    if y.numel() == 0:
+        return y
+    i, ll, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
+    scaled = sa.numel() > 0
+    nb = sa.shape[-1] if scaled else 0
+    args = [(ptr, a3.data_ptr()), (ptr, b3.data_ptr()), (ptr, y.data_ptr()), (ptr, sa.data_ptr() if scaled else 0),
+            (ptr, sb.data_ptr() if scaled else 0), (ll, B), (ll, M), (ll, K), (ll, N), (ll, nb), (i, block),
+            (i, s_emin), (i, p.group), (i, p.frac), (i, p.out), (i, p.a_emin), (i, p.b_emin), (i, p.zero_exp),
+            (i, p.algo), (i, p.ftz)]
+    sms = torch.cuda.get_device_properties(a3.device).multi_processor_count
+    blocks = max(1, min((y.numel() + 255) // 256, sms * 32))
+    _cuda.launch(_kernels.Launch("fused_dot.cu", "cpd_fused_dot_matmul", (blocks, 1, 1), (256, 1, 1), tuple(args)),
+                 a3.device)
+    return y
+
+
+def fused_dot_matmul(a, b, p: _fused_dot_ref.Params, fields, sa=None, sb=None, block: int = 1,
+                     s_emin: int = -127) -> torch.Tensor:
+    """Call the op (loading the CPU extension first where ``a`` is on the CPU)."""
+    if a.device.type == "cpu":
+        _cpu.extension()  # loading the library registers torch.ops.cpd_fused_dot
+    empty = a.new_empty((0,))
+    sa = empty if sa is None else sa
+    sb = empty if sb is None else sb
+    return torch.ops.cpd.fused_dot_matmul(a, b, sa, sb, block, s_emin, *p, *fields)
