@@ -18,6 +18,7 @@ All three give the same bits. The kernels see x with the block axis moved last a
 from __future__ import annotations
 
 import ctypes
+import math
 
 import torch
 
@@ -55,7 +56,7 @@ def _rows(x: torch.Tensor, fmt) -> tuple[torch.Tensor, tuple, int]:
     leading dims, and n."""
     xm = x.movedim(fmt.axis % x.dim(), -1)
     lead, n = tuple(xm.shape[:-1]), xm.shape[-1]
-    return xm.reshape(-1, n).contiguous(), lead, n
+    return xm.reshape(math.prod(lead), n).contiguous(), lead, n
 
 
 def _t(x, fmt) -> torch.Tensor:
@@ -136,19 +137,26 @@ def _engine_kind(engine, fmt) -> str:
     return "cpu" if isinstance(engine, _impl.Extension) else "kernels"
 
 
-def cast(engine, x, seed, fmt, mode: Rounding) -> torch.Tensor:
-    """The fake-quantized x; seed: the (seed, offset) pair (stochastic rounding)."""
+def cast(engine, x, seed, fmt, mode: Rounding, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The fake-quantized x; seed: the (seed, offset) pair (stochastic rounding). With ``out`` (a
+    float32 tensor of x's shape) the result is written there (directly by the CPU kernel when
+    the blocks run along out's contiguous last axis) and out is returned."""
     kind = _engine_kind(engine, fmt)
     if kind == "torch":
-        return _mx_torch.cast(x, fmt, mode, seed)
+        y = _mx_torch.cast(x, fmt, mode, seed)
+        return y if out is None else out.copy_(y)
     s, o = _seed_pair(seed, mode)
     x2, lead, n = _rows(x, fmt)
     t = float(_t(x, fmt))
+    direct = out is not None and out.is_contiguous() and fmt.axis % x.dim() == x.dim() - 1
     if kind == "cpu":
-        y2 = torch.ops.cpd_mx_cpu.mx_cast(x2, *_core_args(fmt, t), mode.code, s, o)
+        y2 = torch.ops.cpd_mx_cpu.mx_cast(x2, *_core_args(fmt, t), mode.code, s, o, out if direct else None)
     else:
         y2 = _kernel_quantize(engine, x2, fmt, t, mode, s, o, 0, False)
-    return y2.reshape(*lead, n).movedim(-1, fmt.axis % x.dim()).contiguous()
+    if direct and kind == "cpu":
+        return out
+    y = y2.reshape(*lead, n).movedim(-1, fmt.axis % x.dim())
+    return y.contiguous() if out is None else out.copy_(y)
 
 
 def encode(engine, x, seed, fmt, mode: Rounding, packed: bool):
@@ -177,8 +185,9 @@ def decode(engine, codes, scales, t, fmt, n: int, packed: bool) -> torch.Tensor:
     bits = fmt.element.bits
     pack = bits if packed and bits in (4, 6) else 0
     lead = tuple(scales.shape[:-1])
-    c2 = codes.reshape(-1, codes.shape[-1]).contiguous()
-    s2 = scales.reshape(-1, scales.shape[-1]).contiguous()
+    rows = math.prod(lead)
+    c2 = codes.reshape(rows, codes.shape[-1]).contiguous()
+    s2 = scales.reshape(rows, scales.shape[-1]).contiguous()
     tf = float(t) if fmt.tensor_scale else 1.0
     if kind == "cpu":
         y = torch.ops.cpd_mx_cpu.mx_decode(c2, s2, _mx_torch.spec(fmt.element), _mx_torch.spec(fmt.scale),

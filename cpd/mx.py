@@ -192,6 +192,23 @@ def _cast_backward(ctx, grad):  # straight-through: the quantizer's gradient is 
 _cast_op.register_autograd(_cast_backward)
 
 
+@torch.library.custom_op("cpd_mx::cast_out", mutates_args=("out",))
+def _cast_out_op(x: torch.Tensor, seed: torch.Tensor, fmt: str, rounding: str, out: torch.Tensor) -> None:
+    """cpd_mx::cast written into ``out`` (float32, x's shape)."""
+    _cast_out_body(None, x, seed, fmt, rounding, out)
+
+
+def _cast_out_body(engine, x, seed, fmt, rounding, out):
+    mode = Rounding.parse(rounding)
+    pair = _engine.cast_seed(seed, x.device) if mode is Rounding.STOCHASTIC else _NO_SEED
+    _engine.cast(engine, x, pair, _FORMATS[fmt], mode, out)
+
+
+@_cast_out_op.register_fake
+def _(x, seed, fmt, rounding, out):
+    return None
+
+
 @torch.library.custom_op("cpd_mx::encode", mutates_args=())
 def _encode_op(x: torch.Tensor, seed: torch.Tensor, fmt: str, rounding: str,
                packed: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -232,11 +249,13 @@ def _(codes, scales, t, fmt, n, packed):
 
 
 _NO_SEED = torch.zeros(2, dtype=torch.int64)
-_impl.register(((_cast_op, _cast_body, 0), (_encode_op, _encode_body, 0), (_decode_op, _decode_body, 0)))
+_impl.register(((_cast_op, _cast_body, 0), (_cast_out_op, _cast_out_body, 0), (_encode_op, _encode_body, 0),
+                (_decode_op, _decode_body, 0)))
 
 
 # --------------------------------------------------------------------------------------- public API
-def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator | None = None) -> torch.Tensor:
+def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator | None = None,
+         out: torch.Tensor | None = None) -> torch.Tensor:
     """Fake-quantize ``x`` to a block format: encode then decode, as float32 of ``x``'s shape.
 
     Args:
@@ -244,6 +263,8 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator
         fmt: a :class:`BlockFormat` or a preset name (``"mxfp8_e4m3"``, ``"nvfp4"``, ...).
         rounding: the element rounding (any mode of :func:`cpd.cast`; scales follow their rule).
         generator: stochastic rounding's torch generator.
+        out: a float32 tensor of x's shape (not x's memory) to write the result into; returned.
+            Not differentiable (as ``cpd.cast``'s ``out=``); it saves allocating the result.
 
     A custom op (``torch.ops.cpd_mx.cast``) with a fake implementation, so ``torch.compile``
     traces through it; its gradient is the identity (straight-through).
@@ -261,7 +282,20 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator
     seed = torch.zeros((), dtype=torch.int64)
     if mode is Rounding.STOCHASTIC:
         seed = torch.randint(0, 2**62, (), generator=generator, dtype=torch.int64)
-    return torch.ops.cpd_mx.cast(x, seed, fmt._op_key, mode.value)
+    if out is None:
+        return torch.ops.cpd_mx.cast(x, seed, fmt._op_key, mode.value)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if out.dtype != torch.float32 or out.shape != x.shape or out.device != x.device:
+        raise ValueError(f"out must be a float32 tensor of shape {tuple(x.shape)} on {x.device}; got {out.dtype}, "
+                         f"shape {tuple(out.shape)} on {out.device}")
+    if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
+        raise ValueError("out= is not differentiable: x or out requires grad; call cast without out= "
+                         "(or under torch.no_grad())")
+    if out.data_ptr() == x.data_ptr():
+        raise ValueError("out must not be x's memory (cpd.mx.cast reads whole blocks before writing)")
+    torch.ops.cpd_mx.cast_out(x, seed, fmt._op_key, mode.value, out)
+    return out
 
 
 class Encoded(tuple):

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -81,15 +82,46 @@ inline void put_codes(const uint8_t* __restrict c, int64_t bs, int pack, uint8_t
   }
 }
 
+// The element loop of one block (the hot loop): P of each x against the block's inv (2^-e, or
+// the amax rule's divisor), then y = fl(P * d) or the code. Straight-line core code over a local
+// copy of the element format and restrict pointers, so GCC vectorizes it (8 lanes with AVX2).
+// Returns whether a power-of-two product fell below float32's normals (the caller redoes the
+// block exactly).
+template <int MODE, bool FAST, bool POW2, bool ENC, int BS>
+__attribute__((noinline)) u32 elements(const u32* __restrict xu, int64_t m_, float inv, float d, const cpd::Format el,
+                                       u32 is_int, int mode_, const u32* __restrict words, float* __restrict yb,
+                                       uint8_t* __restrict cbuf) {
+  const int mode = FAST ? MODE : mode_;
+  const int64_t m = BS ? BS : m_;
+  const bool stochastic = mode == cpd::STOCHASTIC;
+  u32 inexact = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const u32 w = stochastic ? words[i] : 0u;
+    u32 p;
+    if (POW2) {
+      p = cpd::elem_pow2_cast<FAST>(xu[i], inv, el, is_int, mode, w, 32);
+      inexact |= cpd::pow2_inexact(xu[i], inv);
+    } else {
+      p = cpd::elem_amax<FAST>(xu[i], inv, el, is_int, mode, w, 32);
+    }
+    if (ENC) cbuf[i] = (uint8_t)cpd::elem_code<FAST>(p, el, is_int);
+    else yb[i] = cpd::fmul(cpd::float_of(p), d);
+  }
+  return inexact;
+}
+
 // One block: m real elements at xb (m <= bs); y (cast) or codes (encode) out.
 //   FAST: the element format takes the fast cast path (else the generic one, any mode at run time).
-template <int MODE, bool FAST, bool POW2, bool ENC>
-inline void one_block(const Job& J, int64_t r, int64_t blk, const float* __restrict x, float* __restrict y,
-                      uint8_t* __restrict codes, uint8_t* __restrict scodes, uint8_t* __restrict cbuf,
-                      u32* __restrict words, uint8_t zero_code) {
-  const cpd::BlockSpec& B = J.b;
+//   BS: the block size as a compile-time constant (full blocks of 16 or 32: loops of known trip
+//       count, vectorized without a remainder), or 0 (any block, the ragged last one).
+//   B: the caller's local copy of J.b (no store of the loop can alias it).
+template <int MODE, bool FAST, bool POW2, bool ENC, int BS>
+__attribute__((always_inline)) inline void one_block(
+    const Job& J, const cpd::BlockSpec& B, int64_t r, int64_t blk, const float* __restrict x, float* __restrict y,
+    uint8_t* __restrict codes, uint8_t* __restrict scodes, uint8_t* __restrict cbuf, u32* __restrict words,
+    uint8_t zero_code) {
   const int mode = FAST ? MODE : J.mode;
-  const int64_t bs = J.block, j0 = blk * bs, m = std::min(bs, J.n - j0);
+  const int64_t bs = BS ? BS : J.block, j0 = blk * bs, m = BS ? BS : std::min(bs, J.n - j0);
   const float* __restrict xb = x + r * J.n + j0;
   float* __restrict yb = ENC ? nullptr : y + r * J.n + j0;
   const u32* __restrict xu = reinterpret_cast<const u32*>(xb);
@@ -106,27 +138,11 @@ inline void one_block(const Job& J, int64_t r, int64_t blk, const float* __restr
     }
   } else {
     const float d = cpd::block_divisor(s, B);  // fl(S * T); S when T = 1
-    if (POW2) {
-      const float inv = cpd::block_inverse(s);
-      u32 inexact = 0;
+    const float inv = POW2 ? cpd::block_inverse(s) : d;
+    const u32 inexact = elements<MODE, FAST, POW2, ENC, BS>(xu, m, inv, d, B.el, B.is_int, mode, words, yb, cbuf);
+    if (POW2 && inexact) {  // rare: redo with the exact product
       for (int64_t i = 0; i < m; ++i) {
-        const u32 w = stochastic ? words[i] : 0u;
-        const u32 p = cpd::block_elem_pow2_cast<FAST>(xu[i], inv, B, mode, w, 32);
-        inexact |= cpd::pow2_inexact(xu[i], inv);
-        if (ENC) cbuf[i] = (uint8_t)cpd::block_elem_code<FAST>(p, B);
-        else yb[i] = cpd::fmul(cpd::float_of(p), d);
-      }
-      if (inexact) {  // rare: redo with the exact product
-        for (int64_t i = 0; i < m; ++i) {
-          const u32 p = cpd::block_elem_pow2(xu[i], inv, B, mode, stochastic ? words[i] : 0u, 32);
-          if (ENC) cbuf[i] = (uint8_t)cpd::block_elem_code<FAST>(p, B);
-          else yb[i] = cpd::fmul(cpd::float_of(p), d);
-        }
-      }
-    } else {
-      for (int64_t i = 0; i < m; ++i) {
-        const u32 w = stochastic ? words[i] : 0u;
-        const u32 p = cpd::block_elem_amax<FAST>(xu[i], d, B, mode, w, 32);
+        const u32 p = cpd::block_elem_pow2(xu[i], inv, B, mode, stochastic ? words[i] : 0u, 32);
         if (ENC) cbuf[i] = (uint8_t)cpd::block_elem_code<FAST>(p, B);
         else yb[i] = cpd::fmul(cpd::float_of(p), d);
       }
@@ -140,16 +156,102 @@ inline void one_block(const Job& J, int64_t r, int64_t blk, const float* __restr
   }
 }
 
-template <int MODE, bool FAST, bool POW2, bool ENC>
+// The span path (deterministic fast modes with a compile-time block BS, rows without a ragged
+// block, so that kn consecutive blocks are kn * BS consecutive elements): pass 1 takes every
+// block's scale (amax, block_scale_bits) into small arrays, pass 2 (this function) rounds the
+// span's elements in one vectorized loop nest, with no per-block call. Returns whether any
+// power-of-two product fell below float32's normals (the caller redoes those blocks exactly).
+template <int MODE, bool POW2, bool ENC, int BS>
+__attribute__((noinline)) u32 span_elements(const u32* __restrict xu, int64_t kn, const float* __restrict invs,
+                                            const float* __restrict ds, const cpd::Format el, u32 is_int,
+                                            float* __restrict y, uint8_t* __restrict cbuf) {
+  u32 inexact = 0;
+  for (int64_t k = 0; k < kn; ++k) {
+    const float inv = invs[k], d = ds[k];
+    const u32* __restrict xb = xu + k * BS;
+    for (int64_t i = 0; i < BS; ++i) {
+      u32 p;
+      if (POW2) {
+        p = cpd::elem_pow2_cast<true>(xb[i], inv, el, is_int, MODE, 0u, 32);
+        inexact |= cpd::pow2_inexact(xb[i], inv);
+      } else {
+        p = cpd::elem_amax<true>(xb[i], inv, el, is_int, MODE, 0u, 32);
+      }
+      if (ENC) cbuf[k * BS + i] = (uint8_t)cpd::elem_code<true>(p, el, is_int);
+      else y[k * BS + i] = cpd::fmul(cpd::float_of(p), d);
+    }
+  }
+  return inexact;
+}
+
+constexpr int64_t kSpanBlocks = 64;  // blocks per span: 2048 float32 (8 KiB) for MX's 32, stays in L1
+
+template <int MODE, bool POW2, bool ENC, int BS>
+void run_spans(const Job& J, const float* x, float* y, uint8_t* codes, uint8_t* scodes, uint8_t zero_code) {
+  const int64_t total = J.rows * J.nb;
+  cpd_cpu::parallel_for(0, total, std::max<int64_t>(kSpanBlocks, 32768 / BS), [&](int64_t lo, int64_t hi) {
+    const cpd::BlockSpec B = J.b;
+    const cpd::Format el = B.el;
+    u32 sb[kSpanBlocks];
+    float invs[kSpanBlocks], ds[kSpanBlocks];
+    uint8_t cbuf[ENC ? kSpanBlocks * BS : 1];
+    const u32* xu = reinterpret_cast<const u32*>(x);
+    for (int64_t k0 = lo; k0 < hi; k0 += kSpanBlocks) {
+      const int64_t kn = std::min(kSpanBlocks, hi - k0);
+      const u32* xs = xu + k0 * BS;
+      u32 bad = 0;
+      for (int64_t k = 0; k < kn; ++k) {  // pass 1: the scales
+        u32 amax = 0;
+        for (int64_t i = 0; i < BS; ++i) amax = std::max(amax, xs[k * BS + i] & ~cpd::SIGN);
+        const u32 s = cpd::block_scale_bits(amax, B);
+        const u32 nan = (u32)(s > cpd::INF_BITS);
+        bad |= nan;
+        sb[k] = s;
+        ds[k] = cpd::block_divisor(s, B);
+        invs[k] = POW2 ? (nan ? 1.0f : cpd::block_inverse(s)) : ds[k];
+        if (ENC) scodes[k0 + k] = (uint8_t)cpd::encode_value_bits(s, B.sc);
+      }
+      float* ys = ENC ? nullptr : y + k0 * BS;
+      const u32 inexact = span_elements<MODE, POW2, ENC, BS>(xs, kn, invs, ds, el, B.is_int, ys, cbuf);
+      if (bad | inexact) {  // rare: NaN/inf blocks, and blocks with products below float32's normals
+        for (int64_t k = 0; k < kn; ++k) {
+          for (int64_t i = 0; i < BS; ++i) {
+            u32 p = 0u;
+            if (sb[k] > cpd::INF_BITS) p = 0u;
+            else if (POW2) p = cpd::block_elem_pow2(xs[k * BS + i], invs[k], B, MODE, 0u, 32);
+            else continue;
+            if (ENC) cbuf[k * BS + i] = sb[k] > cpd::INF_BITS ? zero_code : (uint8_t)cpd::block_elem_code<true>(p, B);
+            else ys[k * BS + i] = sb[k] > cpd::INF_BITS ? cpd::float_of(cpd::QNAN_BITS) : cpd::fmul(cpd::float_of(p), ds[k]);
+          }
+        }
+      }
+      if (ENC) {  // the span's codes are consecutive: whole rows, block-aligned bytes
+        const int64_t e0 = k0 * BS;
+        const int64_t off = J.pack == 4 ? e0 / 2 : J.pack == 6 ? e0 / 4 * 3 : e0;
+        put_codes(cbuf, kn * BS, J.pack, codes + off);
+      }
+    }
+  });
+}
+
+template <int MODE, bool FAST, bool POW2, bool ENC, int BS>
 void run(const Job& J, const float* x, float* y, uint8_t* codes, uint8_t* scodes, uint8_t zero_code) {
+  if constexpr (BS != 0 && FAST && MODE != cpd::STOCHASTIC) {
+    if (J.n % BS == 0) return run_spans<MODE, POW2, ENC, BS>(J, x, y, codes, scodes, zero_code);
+  }
   const int64_t total = J.rows * J.nb;
   const int64_t grain = std::max<int64_t>(1, 32768 / J.block);
   cpd_cpu::parallel_for(0, total, grain, [&](int64_t lo, int64_t hi) {
+    const cpd::BlockSpec B = J.b;
     std::vector<uint8_t> cbuf(ENC ? J.block : 1);
     std::vector<u32> words((MODE == cpd::STOCHASTIC || !FAST) ? J.block : 1);
+    const bool ragged = J.n % J.block != 0;
     int64_t r = lo / J.nb, blk = lo % J.nb;
     for (int64_t k = lo; k < hi; ++k) {
-      one_block<MODE, FAST, POW2, ENC>(J, r, blk, x, y, codes, scodes, cbuf.data(), words.data(), zero_code);
+      if (BS && !(ragged && blk == J.nb - 1))
+        one_block<MODE, FAST, POW2, ENC, BS>(J, B, r, blk, x, y, codes, scodes, cbuf.data(), words.data(), zero_code);
+      else
+        one_block<MODE, FAST, POW2, ENC, 0>(J, B, r, blk, x, y, codes, scodes, cbuf.data(), words.data(), zero_code);
       if (++blk == J.nb) blk = 0, ++r;
     }
   });
@@ -157,15 +259,18 @@ void run(const Job& J, const float* x, float* y, uint8_t* codes, uint8_t* scodes
 
 template <bool FAST, bool POW2, bool ENC>
 void run_mode(const Job& J, const float* x, float* y, uint8_t* codes, uint8_t* scodes, uint8_t zc) {
-  if (!FAST) return run<0, false, POW2, ENC>(J, x, y, codes, scodes, zc);  // run-time mode
+  if (!FAST) return run<0, false, POW2, ENC, 0>(J, x, y, codes, scodes, zc);  // run-time mode
   switch (J.mode) {
-    case cpd::NEAREST: return run<cpd::NEAREST, FAST, POW2, ENC>(J, x, y, codes, scodes, zc);
-    case cpd::STOCHASTIC: return run<cpd::STOCHASTIC, FAST, POW2, ENC>(J, x, y, codes, scodes, zc);
-    case cpd::TOWARD_ZERO: return run<cpd::TOWARD_ZERO, FAST, POW2, ENC>(J, x, y, codes, scodes, zc);
-    case cpd::UP: return run<cpd::UP, FAST, POW2, ENC>(J, x, y, codes, scodes, zc);
-    case cpd::DOWN: return run<cpd::DOWN, FAST, POW2, ENC>(J, x, y, codes, scodes, zc);
-    case cpd::NEAREST_AWAY: return run<cpd::NEAREST_AWAY, FAST, POW2, ENC>(J, x, y, codes, scodes, zc);
-    case cpd::ODD: return run<cpd::ODD, FAST, POW2, ENC>(J, x, y, codes, scodes, zc);
+    case cpd::NEAREST:  // the hot case: MX's 32 and NVFP4's 16 as compile-time block sizes
+      if (J.block == 32) return run<cpd::NEAREST, FAST, POW2, ENC, 32>(J, x, y, codes, scodes, zc);
+      if (J.block == 16) return run<cpd::NEAREST, FAST, POW2, ENC, 16>(J, x, y, codes, scodes, zc);
+      return run<cpd::NEAREST, FAST, POW2, ENC, 0>(J, x, y, codes, scodes, zc);
+    case cpd::STOCHASTIC: return run<cpd::STOCHASTIC, FAST, POW2, ENC, 0>(J, x, y, codes, scodes, zc);
+    case cpd::TOWARD_ZERO: return run<cpd::TOWARD_ZERO, FAST, POW2, ENC, 0>(J, x, y, codes, scodes, zc);
+    case cpd::UP: return run<cpd::UP, FAST, POW2, ENC, 0>(J, x, y, codes, scodes, zc);
+    case cpd::DOWN: return run<cpd::DOWN, FAST, POW2, ENC, 0>(J, x, y, codes, scodes, zc);
+    case cpd::NEAREST_AWAY: return run<cpd::NEAREST_AWAY, FAST, POW2, ENC, 0>(J, x, y, codes, scodes, zc);
+    case cpd::ODD: return run<cpd::ODD, FAST, POW2, ENC, 0>(J, x, y, codes, scodes, zc);
     default: TORCH_CHECK(false, "cpd_mx: unknown rounding mode ", J.mode);
   }
 }
@@ -210,10 +315,19 @@ Job job_of(const torch::Tensor& x, at::IntArrayRef el, at::IntArrayRef sc, int64
 }  // namespace
 
 // The fake-quantized x (rows, n): decode(encode(x)) in one pass.
+// out: a contiguous float32 tensor of x's numel to write into, or an undefined tensor (None).
 torch::Tensor mx_cast(const torch::Tensor& x, at::IntArrayRef el, at::IntArrayRef sc, int64_t rule, bool is_int,
-                      int64_t block, double t, int64_t mode, int64_t seed, int64_t offset) {
+                      int64_t block, double t, int64_t mode, int64_t seed, int64_t offset,
+                      const std::optional<torch::Tensor>& out) {
   const Job J = job_of(x, el, sc, rule, is_int, block, t, mode, seed, offset, 0);
-  auto y = torch::empty_like(x);
+  torch::Tensor y;
+  if (out.has_value() && out->defined()) {
+    TORCH_CHECK(out->scalar_type() == at::kFloat && out->is_contiguous() && out->numel() == x.numel() &&
+                out->device().is_cpu(), "cpd_mx: out must be a contiguous float32 CPU tensor of x's size");
+    y = out->view({J.rows, J.n});
+  } else {
+    y = torch::empty_like(x);
+  }
   if (J.rows * J.n) dispatch<false>(J, x.data_ptr<float>(), y.data_ptr<float>(), nullptr, nullptr);
   return y;
 }
@@ -276,7 +390,12 @@ torch::Tensor mx_decode(const torch::Tensor& codes, const torch::Tensor& scodes,
   return y;
 }
 
-TORCH_LIBRARY(cpd_mx_cpu, m) {
+// The library's name (a development build may load a second copy under another name).
+#ifndef CPD_MX_LIBRARY
+#define CPD_MX_LIBRARY cpd_mx_cpu
+#endif
+#define CPD_MX_TORCH_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+CPD_MX_TORCH_LIBRARY(CPD_MX_LIBRARY, m) {
   m.def("mx_cast", &mx_cast);
   m.def("mx_encode", &mx_encode);
   m.def("mx_decode", &mx_decode);

@@ -44,13 +44,23 @@ __device__ __forceinline__ MxBlock mx_block(const float* __restrict__ x, long lo
   return k;
 }
 
+// Element i's random word: word (i & 3) of Philox block i >> 2 (cpd::random_word's), picked
+// with selects rather than an index into the 4 words (which would put them in local memory).
+__device__ __forceinline__ cpd::u32 mx_word(cpd::u64 i, unsigned long long seed, unsigned long long offset) {
+  const cpd::u64 g = i >> 2;
+  const cpd::U32x4 w = cpd::philox4x32_10((cpd::u32)g, (cpd::u32)(g >> 32), (cpd::u32)offset,
+                                          (cpd::u32)(offset >> 32), (cpd::u32)seed, (cpd::u32)(seed >> 32));
+  const cpd::u32 j = (cpd::u32)(i & 3u);
+  return j == 0u ? w.v[0] : j == 1u ? w.v[1] : j == 2u ? w.v[2] : w.v[3];
+}
+
 // Element i's P (float32 bits); +0 for padding and in a NaN block.
 __device__ __forceinline__ cpd::u32 mx_elem(const float* __restrict__ xb, long long i, const MxBlock& k,
                                             const cpd::BlockSpec& b, int mode, unsigned long long seed,
                                             unsigned long long offset) {
   if (i >= k.m || k.s > cpd::INF_BITS) return 0u;
   const cpd::u32 u = cpd::bits_of(xb[i]);
-  const cpd::u32 w = mode == cpd::STOCHASTIC ? cpd::random_word((cpd::u64)(k.base + i), seed, offset) : 0u;
+  const cpd::u32 w = mode == cpd::STOCHASTIC ? mx_word((cpd::u64)(k.base + i), seed, offset) : 0u;
   if (b.rule != cpd::RULE_AMAX) return cpd::block_elem_pow2(u, k.inv, b, mode, w, 32);
   return b.el.fast ? cpd::block_elem_amax<true>(u, k.d, b, mode, w, 32)
                    : cpd::block_elem_amax<false>(u, k.d, b, mode, w, 32);
@@ -96,12 +106,18 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS)
 #define CPD_MX_CODE(i) cpd::block_elem_code<false>(mx_elem(xb, (i), q, b, mode, seed, offset), b)
     if (pack == 4) {
       unsigned char* dst = codes + r * row_bytes + j0 / 2;
-      for (long long i = 0; i < block / 2; ++i) dst[i] = (unsigned char)(CPD_MX_CODE(2 * i) | (CPD_MX_CODE(2 * i + 1) << 4));
+      for (long long i = 0; i < block / 2; ++i) {
+        cpd::u32 w = 0u;
+#pragma unroll 1
+        for (int j = 0; j < 2; ++j) w |= CPD_MX_CODE(2 * i + j) << (4 * j);
+        dst[i] = (unsigned char)w;
+      }
     } else if (pack == 6) {
       unsigned char* dst = codes + r * row_bytes + j0 / 4 * 3;
       for (long long i = 0; i < block / 4; ++i) {
-        const cpd::u32 w = CPD_MX_CODE(4 * i) | (CPD_MX_CODE(4 * i + 1) << 6) | (CPD_MX_CODE(4 * i + 2) << 12) |
-                           (CPD_MX_CODE(4 * i + 3) << 18);
+        cpd::u32 w = 0u;
+#pragma unroll 1
+        for (int j = 0; j < 4; ++j) w |= CPD_MX_CODE(4 * i + j) << (6 * j);
         dst[3 * i] = (unsigned char)w;
         dst[3 * i + 1] = (unsigned char)(w >> 8);
         dst[3 * i + 2] = (unsigned char)(w >> 16);

@@ -112,16 +112,21 @@ CPD_FN float block_divisor(u32 s, const BlockSpec& b) { return fmul(float_of(s),
 CPD_FN float block_inverse(u32 s) { return float_of(compose(1, -floor_log2_bits(s))); }
 
 // The element P (float32 bits) of x in a block with a power-of-two scale, inv = 2^-e, on the
-// path the caller's loop picked: cast of fl(x * inv), exact when `pow2_exact` holds.
+// path the caller's loop picked: cast of fl(x * inv), exact when pow2_inexact is 0. The forms on
+// (el, is_int) are for vectorized loops holding a local copy of the element format.
+template <bool FAST>
+CPD_FN u32 elem_pow2_cast(u32 x, float inv, const Format& el, u32 is_int, int mode, u32 rand, int sr_bits) {
+  u32 p = bits_of(fmul(float_of(x), inv));
+  u32 r = FAST ? cast_bits_fast(p, el, mode, rand, sr_bits) : cast_bits_generic(p, el, mode, rand, sr_bits);
+  return sel(is_int & (u32)(r == SIGN), 0u, r);
+}
 template <bool FAST>
 CPD_FN u32 block_elem_pow2_cast(u32 x, float inv, const BlockSpec& b, int mode, u32 rand, int sr_bits) {
-  u32 p = bits_of(fmul(float_of(x), inv));
-  u32 r = FAST ? cast_bits_fast(p, b.el, mode, rand, sr_bits) : cast_bits_generic(p, b.el, mode, rand, sr_bits);
-  return sel(b.is_int & (u32)(r == SIGN), 0u, r);
+  return elem_pow2_cast<FAST>(x, inv, b.el, b.is_int, mode, rand, sr_bits);
 }
 
-// Whether fl(x * inv) is the exact product (so that block_elem_pow2_cast rounds it once): it is,
-// unless it lands below float32's normals from a nonzero x.
+// Whether fl(x * inv) may differ from the exact product (so that the cast above would round
+// another value): only when it lands below float32's normals from a nonzero x.
 CPD_FN u32 pow2_inexact(u32 x, float inv) {
   u32 p = bits_of(fmul(float_of(x), inv)) & ~SIGN;
   return (u32)(p < 0x00800000u) & (u32)((x & ~SIGN) != 0u);
@@ -136,17 +141,25 @@ CPD_FN u32 block_elem_pow2(u32 x, float inv, const BlockSpec& b, int mode, u32 r
 
 // The element of x under the amax rule (d = block_divisor).
 template <bool FAST>
-CPD_FN u32 block_elem_amax(u32 x, float d, const BlockSpec& b, int mode, u32 rand, int sr_bits) {
+CPD_FN u32 elem_amax(u32 x, float d, const Format& el, u32 is_int, int mode, u32 rand, int sr_bits) {
   u32 q = bits_of(fdiv(float_of(x), d));
-  u32 r = FAST ? cast_bits_fast(q, b.el, mode, rand, sr_bits) : cast_bits_generic(q, b.el, mode, rand, sr_bits);
-  return sel(b.is_int & (u32)(r == SIGN), 0u, r);
+  u32 r = FAST ? cast_bits_fast(q, el, mode, rand, sr_bits) : cast_bits_generic(q, el, mode, rand, sr_bits);
+  return sel(is_int & (u32)(r == SIGN), 0u, r);
+}
+template <bool FAST>
+CPD_FN u32 block_elem_amax(u32 x, float d, const BlockSpec& b, int mode, u32 rand, int sr_bits) {
+  return elem_amax<FAST>(x, d, b.el, b.is_int, mode, rand, sr_bits);
 }
 
 // An element's code: MXINT8 stores k = 64 P as 8-bit two's complement; the others their codes.
 template <bool FAST>
+CPD_FN u32 elem_code(u32 p, const Format& el, u32 is_int) {
+  u32 k = (u32)(int)fmul(float_of(sel(is_int, p, 0u)), 64.0f) & 0xffu;  // |64 P| <= 127 when is_int
+  return sel(is_int, k, FAST ? encode_value_bits_fast(p, el) : encode_value_bits(p, el));
+}
+template <bool FAST>
 CPD_FN u32 block_elem_code(u32 p, const BlockSpec& b) {
-  if (b.is_int) return (u32)(int)fmul(float_of(p), 64.0f) & 0xffu;
-  return FAST ? encode_value_bits_fast(p, b.el) : encode_value_bits(p, b.el);
+  return elem_code<FAST>(p, b.el, b.is_int);
 }
 
 // The inverse: an element code's value P (float32 bits).
