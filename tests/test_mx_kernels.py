@@ -252,3 +252,20 @@ def test_encode_decode_ops_trace():
 def test_bad_arguments(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+@pytest.mark.parametrize("fmt", [mx.MXFP8_E4M3, mx.NVFP4, mx.BlockFormat(cpd.E2M1, 7, axis=0)], ids=lambda f: f.name)
+def test_cast_out(fmt):
+    x = data((6, 64), seed=31)
+    out = torch.full_like(x, 5.0)
+    assert mx.cast(x, fmt, out=out) is out
+    assert torch.equal(bits(out), bits(mx.cast(x, fmt)))
+    strided = torch.empty(64, 6).t()  # a non-contiguous out
+    mx.cast(x, fmt, "stochastic", generator=torch.Generator().manual_seed(2), out=strided)
+    assert torch.equal(bits(strided), bits(mx.cast(x, fmt, "stochastic", generator=torch.Generator().manual_seed(2))))
+    with pytest.raises(ValueError, match="out must be a float32 tensor"):
+        mx.cast(x, fmt, out=torch.empty(6, 63))
+    with pytest.raises(ValueError, match="out must not be x"):
+        mx.cast(x, fmt, out=x)
+    with pytest.raises(TypeError, match="out must be a torch.Tensor"):
+        mx.cast(x, fmt, out=[1.0])
