@@ -2,39 +2,36 @@
 
 Run from the repository root:
 
-    PYTHONPATH=. python benchmarks/bench_mx.py [--n 67108864] [--reps 5] [--device cpu]
+    PYTHONPATH=. python benchmarks/bench_mx.py [--n 67108864] [--reps 5] [--device cpu] [--threads N]
 
-Method: x = torch.randn(n) (float32), out a preallocated float32 tensor. Each operation is timed
-side by side with out.copy_(x) in the same process, interleaved, `reps` times; the ratio of the
-medians is printed, with the machine (CPU model and ISA flags, or the GPU name). The issue's
-goals: cpd.mx.cast of 2^26 floats to MXFP8 (nearest) <= 2x copy; MXFP4 encode to packed codes
-and scales <= 2x copy.
+Method: x = torch.randn(n) as (n / 1024, 1024) float32 (blocks along the last axis), out a
+preallocated float32 tensor. Each operation is timed side by side with out.copy_(x) in the same
+process, interleaved, ``reps`` times; the ratio of the medians is printed, with the machine (CPU
+model, host ISA level and the extension's build, or the GPU name) and the load average. The
+issue's goals (issue 14): cpd.mx.cast of 2^26 floats to MXFP8 (nearest) <= 2x copy; MXFP4
+encode to packed codes + scales <= 2x copy. A cast returning a new 256 MiB tensor pays the page
+faults of fresh memory (x.clone() alone is several copies on Linux without huge pages), so the
+casts are timed with out= (a preallocated result, as the copy has), and once without. ``--torch`` adds the pure-torch path (the fallback)
+for the first rows, for comparison.
 """
 
 from __future__ import annotations
 
 import argparse
-import platform
+import os
 import statistics
 import time
 
 import torch
 
-from cpd import mx
+from cpd import _cpu, _mx_engine, mx
+from cpd.rounding import Rounding
 
 
 def machine(device: str) -> str:
     if device.startswith("cuda"):
-        return torch.cuda.get_device_name(device)
-    model, flags = platform.processor() or platform.machine(), ""
-    try:
-        text = open("/proc/cpuinfo").read()
-        model = next(ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name"))
-        have = set(next(ln for ln in text.splitlines() if ln.startswith("flags")).split())
-        flags = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_fp16") if f in have)
-    except (OSError, StopIteration):
-        pass
-    return f"{model} [{flags}], {torch.get_num_threads()} threads"
+        return f"GPU: {torch.cuda.get_device_name(device)}"
+    return _cpu.machine_line() + f"; {torch.get_num_threads()} threads"
 
 
 def sync(device: str) -> None:
@@ -61,19 +58,40 @@ def main() -> None:
     p.add_argument("--n", type=int, default=1 << 26)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--torch", action="store_true", help="also time the pure-torch path (slow)")
     args = p.parse_args()
-    x = torch.randn(args.n, device=args.device)
-    out = torch.empty_like(x)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    x = torch.randn(args.n // 1024, 1024, device=args.device)
+    out, out2 = torch.empty_like(x), torch.empty_like(x)
     copy = lambda: out.copy_(x)  # noqa: E731
-    print(f"machine: {machine(args.device)}; n = {args.n}, reps = {args.reps}")
-    cases = [("cast MXFP8_E4M3 nearest", lambda: mx.cast(x, mx.MXFP8_E4M3)),
-             ("cast MXFP4 nearest", lambda: mx.cast(x, mx.MXFP4)),
-             ("cast NVFP4 nearest", lambda: mx.cast(x, mx.NVFP4)),
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    print(f"{machine(args.device)}\nn = {x.numel()}, reps = {args.reps}, load average {load[0]:.2f} {load[1]:.2f} "
+          f"{load[2]:.2f}")
+    enc4, enc8 = mx.encode(x, mx.MXFP4), mx.encode(x, mx.MXFP8_E4M3)
+    cases = [("cast MXFP8_E4M3 nearest, out=", lambda: mx.cast(x, mx.MXFP8_E4M3, out=out2)),
+             ("cast MXFP8_E4M3 nearest (new tensor)", lambda: mx.cast(x, mx.MXFP8_E4M3)),
+             ("x.clone() (a new tensor, for scale)", lambda: x.clone()),
+             ("cast MXFP8_E5M2 nearest, out=", lambda: mx.cast(x, mx.MXFP8_E5M2, out=out2)),
+             ("cast MXFP4 nearest, out=", lambda: mx.cast(x, mx.MXFP4, out=out2)),
+             ("cast NVFP4 nearest, out=", lambda: mx.cast(x, mx.NVFP4, out=out2)),
              ("encode MXFP4 -> packed codes + scales", lambda: mx.encode(x, mx.MXFP4)),
-             ("encode MXFP8_E4M3 -> codes + scales", lambda: mx.encode(x, mx.MXFP8_E4M3))]
+             ("encode NVFP4 -> packed codes + scales", lambda: mx.encode(x, mx.NVFP4)),
+             ("encode MXFP8_E4M3 -> codes + scales", lambda: mx.encode(x, mx.MXFP8_E4M3)),
+             ("decode MXFP4 (packed)", lambda: mx.decode(enc4)),
+             ("decode MXFP8_E4M3", lambda: mx.decode(enc8)),
+             ("cast MXFP8_E4M3 stochastic", lambda: mx.cast(x, mx.MXFP8_E4M3, "stochastic"))]
+    if args.torch:
+        zero = torch.zeros(2, dtype=torch.int64)
+        cases += [("pure torch: cast MXFP8_E4M3 nearest",
+                   lambda: _mx_engine.cast(None, x, zero, mx.MXFP8_E4M3, Rounding.NEAREST)),
+                  ("pure torch: encode MXFP4",
+                   lambda: _mx_engine.encode(None, x, zero, mx.MXFP4, Rounding.NEAREST, True))]
+    print(f"| {'operation':40s} | x copy | Gelem/s |\n|{'-' * 42}|-------:|--------:|")
     for name, fn in cases:
         r, t = ratio(fn, copy, args.reps, args.device)
-        print(f"{name:40s} {r:7.2f}x copy  {args.n / t / 1e9:6.3f} Gelem/s")
+        print(f"| {name:40s} | {r:6.2f} | {x.numel() / t / 1e9:7.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -239,11 +239,22 @@ def register_cpu(impls, kernels_on_host: bool = False) -> None:
         op.register_kernel("cpu")(_bind(body, engine_of))
 
 
+_registered: list = []  # every register() call's impls, for route_cpu_to_kernels
+
+
+def route_cpu_to_kernels(on: bool) -> None:
+    """Re-register the CPU implementations of every registered op (cpd.ops and cpd.mx): the CUDA
+    kernels through the host shim (on), or the extension / fallback (off)."""
+    for impls in _registered:
+        register_cpu(impls, kernels_on_host=on)
+
+
 def register(impls) -> None:
     """Register each op's body per device type: ``((op, body, index of the tensor whose device
     picks the CUDA engine), ...)``."""
     from . import _cuda
 
+    _registered.append(tuple(impls))
     register_cpu(impls)
     for op, body, i in impls:
         op.register_kernel("cuda")(_bind(body, lambda args, i=i: _cuda.engine(args[i].device)))

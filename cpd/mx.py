@@ -39,12 +39,13 @@ See docs/mx.md.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
+from . import _impl, _mx_engine as _engine, _mx_torch
+from ._mx_torch import pack, unpack
 from .formats import E2M1, E2M3, E3M2, E4M3FN, E5M2, E8M0, FloatFormat
-from .ops import cast as _cast, decode as _decode_codes, encode as _encode_codes, mul as _mul
+from .ops import draw_seed
 from .rounding import Rounding
 
 __all__ = ["BlockFormat", "SCALE_RULES", "MXINT8_ELEMENT", "MXFP8_E4M3", "MXFP8_E5M2", "MXFP6_E3M2", "MXFP6_E2M3",
@@ -163,113 +164,20 @@ def _axis(fmt: BlockFormat, x: torch.Tensor) -> int:
     return fmt.axis % x.dim()
 
 
-def _blocks(x: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor, int]:
-    """x with the block axis moved last, zero-padded to whole blocks, as (..., nblocks, block)."""
-    xm = x.movedim(_axis(fmt, x), -1)
-    n = xm.shape[-1]
-    pad = (-n) % fmt.block_size
-    if pad:
-        xm = torch.nn.functional.pad(xm, (0, pad))
-    return xm.reshape(*xm.shape[:-1], -1, fmt.block_size), n
-
-
-def _unblocks(y: torch.Tensor, x_shape, n: int, fmt: BlockFormat) -> torch.Tensor:
-    y = y.reshape(*y.shape[:-2], -1)[..., :n]
-    return y.movedim(-1, fmt.axis % len(x_shape))
-
-
-def _floor_log2(a: torch.Tensor) -> torch.Tensor:
-    """floor(log2 a) of positive finite float32 values, exactly (frexp: a = m 2^e, m in [0.5, 1))."""
-    return torch.frexp(a)[1].to(torch.int32) - 1
-
-
-def _emax_elem(el: FloatFormat) -> int:
-    """The spec's emax_elem: the exponent of the element format's largest value, floor(log2 max)."""
-    return math.frexp(el.max)[1] - 1
-
-
-def _tensor_scale(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
-    """NVFP4's float32 per-tensor scale T = amax / (max_scale * max_elem) (1 for 0 or non-finite)."""
-    amax = x.abs().amax() if x.numel() else torch.zeros((), device=x.device)
-    t = amax / torch.tensor(fmt.scale.max * fmt.element.max, dtype=torch.float32, device=x.device)
-    return torch.where(torch.isfinite(amax) & (amax > 0), t, torch.ones_like(t))
-
-
-def _block_scales(xb: torch.Tensor, fmt: BlockFormat, t: torch.Tensor | None) -> torch.Tensor:
-    """The shared scale S of every block (float32 values of fmt.scale; NaN for NaN/inf blocks)."""
-    amax = xb.abs().amax(dim=-1)
-    bad = ~torch.isfinite(amax)  # NaN (amax propagates it) or an infinity
-    zero = amax == 0
-    a = torch.where(bad | zero, torch.ones_like(amax), amax)
-    sf, el = fmt.scale, fmt.element
-    smallest = torch.tensor(sf.smallest_subnormal, dtype=torch.float32, device=xb.device)
-    if fmt.scale_rule == "amax":
-        q = a / torch.tensor(el.max, dtype=torch.float32, device=xb.device)
-        if t is not None:
-            q = q / t
-        s = _cast(q, sf, saturate=True)
-        s = torch.maximum(torch.where(s > 0, s, smallest), smallest)
-    else:
-        if fmt.scale_rule == "even":  # amax to the element's precision first (unbounded exponent)
-            a = _cast(a, FloatFormat(8, el.man, bias=127), saturate=True)
-        e = _floor_log2(a) - _emax_elem(el)
-        if fmt.scale_rule == "ceil":  # one binade up where max_elem * 2^e < amax
-            below = torch.ldexp(torch.full_like(a, el.max, dtype=torch.float64), e.to(torch.float64)) < a.double()
-            e = e + below.to(torch.int32)
-        e = e.clamp(sf.emin, sf.emax)
-        s = torch.ldexp(torch.ones_like(a), e.to(torch.float32))
-    s = torch.where(zero, smallest, s)
-    return torch.where(bad, torch.full_like(s, float("nan")), s)
-
-
-def _elements(xb, s, fmt: BlockFormat, t, mode: Rounding, generator) -> torch.Tensor:
-    """P_i: the block values divided by their scale, rounded and saturated to the element format."""
-    finite = torch.isfinite(s)
-    all_finite = bool(finite.all())
-    s1 = (s if all_finite else torch.where(finite, s, torch.ones_like(s))).unsqueeze(-1)
-    el = fmt.element
-    if fmt.scale_rule != "amax":  # a power of two: x * 2^-e exactly, rounded once
-        inv = torch.ldexp(torch.ones_like(s1), -_floor_log2(s1).to(torch.float32))
-        if mode in (Rounding.NEAREST, Rounding.NEAREST_AWAY) and el.smallest_subnormal >= 2.0 ** -120:
-            # fl(x * 2^-e) is exact unless it is below 2^-126, where it is so far below half the
-            # element's smallest value that both it and the exact quotient round to the same ±0.
-            p = _cast(xb * inv, el, mode, saturate=True)
-        else:
-            p = _mul(xb, inv.expand_as(xb).contiguous(), el, mode, saturate=True, generator=generator)
-    else:
-        d = s1 * t if t is not None else s1
-        p = _cast((xb / d).contiguous(), el, mode, saturate=True, generator=generator)
-    if fmt.is_int:
-        p = p + 0.0  # integers have no -0 (their codes are two's complement)
-    return p if all_finite else torch.where(finite.unsqueeze(-1), p, torch.zeros_like(p))
-
-
-def _quantize(x, fmt: BlockFormat, rounding, generator):
-    mode = Rounding.parse(rounding)
-    if mode is not Rounding.STOCHASTIC and generator is not None:
-        raise ValueError(f"generator only applies to rounding='stochastic', got rounding={mode.value!r}")
-    xb, n = _blocks(x, fmt)
-    t = _tensor_scale(x, fmt) if fmt.tensor_scale else None
-    s = _block_scales(xb, fmt, t)
-    p = _elements(xb, s, fmt, t, mode, generator)
-    return p, s, t, n
-
-
-def _dequantize(p, s, t):
-    d = s if t is None else s * t
-    return p.mul_(d.unsqueeze(-1))  # in place (p is ours); NaN scales make the whole block NaN
-
-
 # --------------------------------------------------------------------------------------- custom ops
+# Each op's default body is the pure-torch path (any device); cpu and cuda get the bodies of
+# cpd/_mx_engine.py bound to their engine (the fused kernels, or that same pure-torch path).
 @torch.library.custom_op("cpd_mx::cast", mutates_args=())
 def _cast_op(x: torch.Tensor, seed: torch.Tensor, fmt: str, rounding: str) -> torch.Tensor:
-    """One block-format fake quantization; ``fmt`` is the BlockFormat's repr key (see _FORMATS)."""
-    f = _FORMATS[fmt]
-    gen = None
-    if rounding == "stochastic":
-        gen = torch.Generator(device=x.device).manual_seed(int(seed.item()))
-    p, s, t, n = _quantize(x, f, rounding, gen)
-    return _unblocks(_dequantize(p, s, t), x.shape, n, f).contiguous()
+    """One block-format fake quantization; ``fmt`` is the BlockFormat's op key (see _FORMATS),
+    ``seed`` a scalar int64 (stochastic rounding: a generator seeded with it draws the pair)."""
+    return _cast_body(None, x, seed, fmt, rounding)
+
+
+def _cast_body(engine, x, seed, fmt, rounding):
+    mode = Rounding.parse(rounding)
+    pair = _engine.cast_seed(seed, x.device) if mode is Rounding.STOCHASTIC else _NO_SEED
+    return _engine.cast(engine, x, pair, _FORMATS[fmt], mode)
 
 
 @_cast_op.register_fake
@@ -284,9 +192,70 @@ def _cast_backward(ctx, grad):  # straight-through: the quantizer's gradient is 
 _cast_op.register_autograd(_cast_backward)
 
 
+@torch.library.custom_op("cpd_mx::cast_out", mutates_args=("out",))
+def _cast_out_op(x: torch.Tensor, seed: torch.Tensor, fmt: str, rounding: str, out: torch.Tensor) -> None:
+    """cpd_mx::cast written into ``out`` (float32, x's shape)."""
+    _cast_out_body(None, x, seed, fmt, rounding, out)
+
+
+def _cast_out_body(engine, x, seed, fmt, rounding, out):
+    mode = Rounding.parse(rounding)
+    pair = _engine.cast_seed(seed, x.device) if mode is Rounding.STOCHASTIC else _NO_SEED
+    _engine.cast(engine, x, pair, _FORMATS[fmt], mode, out)
+
+
+@_cast_out_op.register_fake
+def _(x, seed, fmt, rounding, out):
+    return None
+
+
+@torch.library.custom_op("cpd_mx::encode", mutates_args=())
+def _encode_op(x: torch.Tensor, seed: torch.Tensor, fmt: str, rounding: str,
+               packed: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes, scale codes, tensor scale T or 1) of x; ``seed`` the (seed, offset) pair."""
+    return _encode_body(None, x, seed, fmt, rounding, packed)
+
+
+def _encode_body(engine, x, seed, fmt, rounding, packed):
+    return _engine.encode(engine, x, seed, _FORMATS[fmt], Rounding.parse(rounding), packed)
+
+
+@_encode_op.register_fake
+def _(x, seed, fmt, rounding, packed):
+    f = _FORMATS[fmt]
+    lead = [s for i, s in enumerate(x.shape) if i != f.axis % x.dim()]
+    n = x.shape[f.axis % x.dim()]
+    nb = -(-n // f.block_size)
+    L, bits = nb * f.block_size, f.element.bits
+    width = (L + 1) // 2 if packed and bits == 4 else (L + 3) // 4 * 3 if packed and bits == 6 else L
+    codes = x.new_empty((*lead, width), dtype=torch.uint8)
+    return codes, x.new_empty((*lead, nb), dtype=torch.uint8), x.new_empty(())
+
+
+@torch.library.custom_op("cpd_mx::decode", mutates_args=())
+def _decode_op(codes: torch.Tensor, scales: torch.Tensor, t: torch.Tensor, fmt: str, n: int,
+               packed: bool) -> torch.Tensor:
+    """The float32 values (..., n), block axis last."""
+    return _decode_body(None, codes, scales, t, fmt, n, packed)
+
+
+def _decode_body(engine, codes, scales, t, fmt, n, packed):
+    return _engine.decode(engine, codes, scales, t, _FORMATS[fmt], n, packed)
+
+
+@_decode_op.register_fake
+def _(codes, scales, t, fmt, n, packed):
+    return scales.new_empty((*scales.shape[:-1], n), dtype=torch.float32)
+
+
+_NO_SEED = torch.zeros(2, dtype=torch.int64)
+_impl.register(((_cast_op, _cast_body, 0), (_cast_out_op, _cast_out_body, 0), (_encode_op, _encode_body, 0),
+                (_decode_op, _decode_body, 0)))
+
 
 # --------------------------------------------------------------------------------------- public API
-def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator | None = None) -> torch.Tensor:
+def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator | None = None,
+         out: torch.Tensor | None = None) -> torch.Tensor:
     """Fake-quantize ``x`` to a block format: encode then decode, as float32 of ``x``'s shape.
 
     Args:
@@ -294,6 +263,8 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator
         fmt: a :class:`BlockFormat` or a preset name (``"mxfp8_e4m3"``, ``"nvfp4"``, ...).
         rounding: the element rounding (any mode of :func:`cpd.cast`; scales follow their rule).
         generator: stochastic rounding's torch generator.
+        out: a float32 tensor of x's shape (not x's memory) to write the result into; returned.
+            Not differentiable (as ``cpd.cast``'s ``out=``); it saves allocating the result.
 
     A custom op (``torch.ops.cpd_mx.cast``) with a fake implementation, so ``torch.compile``
     traces through it; its gradient is the identity (straight-through).
@@ -311,7 +282,20 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator
     seed = torch.zeros((), dtype=torch.int64)
     if mode is Rounding.STOCHASTIC:
         seed = torch.randint(0, 2**62, (), generator=generator, dtype=torch.int64)
-    return _cast_op(x, seed, fmt._op_key, mode.value)
+    if out is None:
+        return torch.ops.cpd_mx.cast(x, seed, fmt._op_key, mode.value)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if out.dtype != torch.float32 or out.shape != x.shape or out.device != x.device:
+        raise ValueError(f"out must be a float32 tensor of shape {tuple(x.shape)} on {x.device}; got {out.dtype}, "
+                         f"shape {tuple(out.shape)} on {out.device}")
+    if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
+        raise ValueError("out= is not differentiable: x or out requires grad; call cast without out= "
+                         "(or under torch.no_grad())")
+    if out.data_ptr() == x.data_ptr():
+        raise ValueError("out must not be x's memory (cpd.mx.cast reads whole blocks before writing)")
+    torch.ops.cpd_mx.cast_out(x, seed, fmt._op_key, mode.value, out)
+    return out
 
 
 class Encoded(tuple):
@@ -343,16 +327,15 @@ def encode(x: torch.Tensor, fmt, rounding="nearest", *, pack: bool = True,
     """Encode ``x`` to element codes and scale codes: ``codes, scales = encode(x, MXFP4)``."""
     x = _check_x(x)
     fmt = _fmt(fmt)
-    p, s, t, n = _quantize(x, fmt, rounding, generator)
-    if fmt.is_int:
-        codes = torch.round(p * 64).to(torch.int8).view(torch.uint8)
-    else:
-        codes = _encode_codes(p, fmt.element)
-    codes = codes.reshape(*codes.shape[:-2], -1)
-    sc = _encode_codes(s, fmt.scale)
-    if pack:
-        codes = globals()["pack"](codes, fmt.element.bits)
-    return Encoded(codes, sc, fmt, x.shape, bool(pack), t)
+    _axis(fmt, x)
+    mode = Rounding.parse(rounding)
+    if mode is not Rounding.STOCHASTIC and generator is not None:
+        raise ValueError(f"generator only applies to rounding='stochastic', got rounding={mode.value!r}")
+    if not isinstance(pack, bool):
+        raise TypeError(f"pack must be a bool, got {type(pack).__name__}")
+    seed = draw_seed(generator, x.device) if mode is Rounding.STOCHASTIC else _NO_SEED
+    codes, sc, t = torch.ops.cpd_mx.encode(x, seed, fmt._op_key, mode.value, pack)
+    return Encoded(codes, sc, fmt, x.shape, pack, t if fmt.tensor_scale else None)
 
 
 def decode(encoded: Encoded) -> torch.Tensor:
@@ -360,61 +343,16 @@ def decode(encoded: Encoded) -> torch.Tensor:
     if not isinstance(encoded, Encoded):
         raise TypeError(f"decode takes what cpd.mx.encode returned, got {type(encoded).__name__}")
     fmt = encoded.fmt
-    codes = encoded.codes
-    moved = list(encoded.shape)
-    n = moved.pop(fmt.axis % len(encoded.shape))
-    nb = -(-n // fmt.block_size)
-    if encoded.packed:
-        codes = unpack(codes, fmt.element.bits, nb * fmt.block_size)
-    if fmt.is_int:
-        p = codes.view(torch.int8).to(torch.float32) / 64
-    else:
-        p = _decode_codes(codes, fmt.element)
-    p = p.reshape(*moved, nb, fmt.block_size)
-    s = _decode_codes(encoded.scales, fmt.scale)
-    y = _dequantize(p, s, encoded.tensor_scale)
-    return _unblocks(y, encoded.shape, n, fmt)
+    n = encoded.shape[fmt.axis % len(encoded.shape)]
+    t = encoded.tensor_scale if encoded.tensor_scale is not None else torch.ones(())
+    y = torch.ops.cpd_mx.decode(encoded.codes, encoded.scales, t, fmt._op_key, n, encoded.packed)
+    return y.movedim(-1, fmt.axis % len(encoded.shape))
 
 
 def scales(x: torch.Tensor, fmt) -> torch.Tensor:
     """The float32 block scales S of ``x`` (``(..., nblocks)``, block axis last; NaN for NaN blocks)."""
     x = _check_x(x)
     fmt = _fmt(fmt)
-    xb, _ = _blocks(x, fmt)
-    return _block_scales(xb, fmt, _tensor_scale(x, fmt) if fmt.tensor_scale else None)
-
-
-# --------------------------------------------------------------------------------------- packing
-def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack the low ``bits`` (4, 6 or 8) of uint8 codes along the last axis, low bits first:
-    4 -> two per byte (first code in the low nibble); 6 -> four per three bytes. The last axis is
-    zero-padded to a whole group (2 codes for 4 bits, 4 for 6)."""
-    if bits == 8 or bits not in (4, 6):
-        if bits in (5, 7, 8):
-            return codes.contiguous()
-        raise ValueError(f"pack: bits={bits} is not supported; allowed 4, 6, 8 (5 and 7 stay one per byte)")
-    group = 2 if bits == 4 else 4
-    pad = (-codes.shape[-1]) % group
-    c = torch.nn.functional.pad(codes, (0, pad)).to(torch.int32)
-    c = c.reshape(*c.shape[:-1], -1, group)
-    if bits == 4:
-        return (c[..., 0] | (c[..., 1] << 4)).to(torch.uint8)
-    w = c[..., 0] | (c[..., 1] << 6) | (c[..., 2] << 12) | (c[..., 3] << 18)  # 24 bits
-    out = torch.stack([w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF], dim=-1)
-    return out.reshape(*out.shape[:-2], -1).to(torch.uint8)
-
-
-def unpack(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """The inverse of :func:`pack`: the first ``n`` codes of each row."""
-    if bits in (5, 7, 8):
-        return packed[..., :n]
-    p = packed.to(torch.int32)
-    if bits == 4:
-        c = torch.stack([p & 0xF, p >> 4], dim=-1)
-    elif bits == 6:
-        p = p.reshape(*p.shape[:-1], -1, 3)
-        w = p[..., 0] | (p[..., 1] << 8) | (p[..., 2] << 16)
-        c = torch.stack([(w >> (6 * i)) & 0x3F for i in range(4)], dim=-1)
-    else:
-        raise ValueError(f"unpack: bits={bits} is not supported; allowed 4, 6, 8")
-    return c.reshape(*c.shape[:-2], -1)[..., :n].to(torch.uint8)
+    _axis(fmt, x)
+    xb, _ = _mx_torch.blocks(x, fmt)
+    return _mx_torch.block_scales(xb, fmt, _mx_torch.tensor_scale(x, fmt) if fmt.tensor_scale else None)

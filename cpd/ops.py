@@ -612,5 +612,6 @@ _impl.register(_IMPLS)
 
 
 def _route_cpu_to_kernels(on: bool) -> None:
-    """Used by cpd._shim.on_host: run the CUDA code path (kernels on the host) for CPU tensors."""
-    _impl.register_cpu(_IMPLS, kernels_on_host=on)
+    """Used by cpd._shim.on_host: run the CUDA code path (kernels on the host) for CPU tensors
+    (for every op registered through cpd._impl.register: these and cpd.mx's)."""
+    _impl.route_cpu_to_kernels(on)

@@ -28,6 +28,7 @@
 //   philox.h      Philox4x32-10 and random_word
 //   accumulate.h  DotSpec / dot_step (matmul, sum), and the float64-lane forms (FormatD)
 //   fused_dot.h   FusedDotSpec / fused_dot_step: the tensor-core fused dot product (cpd.tensor_core)
+//   block.h       BlockSpec: block-scaled formats (cpd.mx): shared scales, elements against them
 // The parts include each other only through "cpd/<part>.h" (NVRTC receives them all as in-memory
 // headers under those names) and never include a system header.
 #ifndef CPD_NUMERICS_H
@@ -41,5 +42,6 @@
 #include "cpd/philox.h"
 #include "cpd/accumulate.h"
 #include "cpd/fused_dot.h"
+#include "cpd/block.h"
 
 #endif  // CPD_NUMERICS_H

@@ -1,0 +1,271 @@
+"""cpd.mx's fused kernels (cuda/cpu/mx.cpp, cuda/kernels/mx.cu over cuda/include/cpd/block.h)
+against the pure-torch path (cpd/_mx_torch.py) and the independent reference tests/mx_oracle.py.
+
+Invariants defended:
+* the compiled CPU kernels give the pure-torch path's bits for cast, encode (packed and not) and
+  decode: every preset and scale rule, every rounding mode (stochastic included: the same Philox
+  words, so the same bits for the same generator), ragged last blocks, several axes,
+  non-contiguous and float16 inputs, NaN/inf/zero/tiny/huge blocks, any thread count;
+* they equal tests/mx_oracle.py (exact Fractions) on every value of every <= 8-bit element
+  format and every midpoint between neighbours, scaled into blocks of several scales, in
+  every deterministic mode;
+* the CUDA kernels, run on the host through the shim (odd launch geometries), give the CPU
+  kernels' bytes; they compile through NVRTC without local memory (when NVRTC is installed);
+* the encode/decode custom ops trace (opcheck, torch.compile) and bad arguments are clear errors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import cpd
+import mx_oracle
+import oracle
+from cpd import _cpu, _mx_engine, _mx_torch, _shim, mx
+from cpd.ops import draw_seed
+from cpd.rounding import Rounding
+
+compiled = pytest.mark.skipif(_cpu.extension() is None, reason="the CPU extension is not built")
+
+PRESETS = list(mx.PRESETS.values())
+VARIANTS = [mx.BlockFormat(cpd.E4M3FN, 8, scale_rule="ceil"), mx.BlockFormat(cpd.E2M1, 5, scale_rule="even"),
+            mx.BlockFormat(cpd.E5M2, 4, scale_rule="amax"), mx.BlockFormat("e3m2fn", 7, axis=0),
+            mx.BlockFormat(cpd.E2M1, 16, scale=cpd.E4M3FN, scale_rule="amax"),
+            mx.BlockFormat("int8", 3, scale_rule="ceil"), mx.BlockFormat(cpd.E2M3, 6, scale_rule="even"),
+            mx.BlockFormat(cpd.E3M2, 12, axis=0, scale_rule="ceil")]
+FORMATS = PRESETS + VARIANTS
+MODES = [m.value for m in Rounding]
+ZERO = torch.zeros(2, dtype=torch.int64)
+
+
+def data(shape, seed=0):
+    """Random values over 24 binades, with blocks of specials and extremes in the first rows."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-12, 12, shape, generator=g).float())
+    flat = x.view(-1)
+    special = [0.0, -0.0, 1e-30, 2e30, -7.0, 0.1, 3e-39, -1e-45]
+    k = min(len(special), flat.numel())
+    flat[:k] = torch.tensor(special)[:k]
+    if x.dim() == 2 and x.shape[0] >= 4 and x.shape[1] > 10:
+        x[1, 10] = math.nan
+        x[2, -1] = -math.inf
+        x[3, :] = 0.0
+    return x
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
+def torch_cast(x, fmt, mode, pair=ZERO):
+    return _mx_engine.cast(None, x, pair, fmt, Rounding.parse(mode))
+
+
+def torch_encode(x, fmt, mode, pair=ZERO, packed=True):
+    return _mx_engine.encode(None, x, pair, fmt, Rounding.parse(mode), packed)
+
+
+# ------------------------------------------------------------------------------------ CPU vs torch
+@compiled
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("mode", MODES)
+def test_cpu_kernel_matches_torch_path(fmt, mode):
+    x = data((5, 45), seed=len(fmt.name) + len(mode))  # 45: a ragged last block for every size
+    seed = torch.tensor(987654321)
+    stochastic = mode == "stochastic"
+    pair = _mx_engine.cast_seed(seed, x.device) if stochastic else ZERO
+    got = torch.ops.cpd_mx.cast(x, seed, fmt._op_key, mode)
+    assert torch.equal(bits(got), bits(torch_cast(x, fmt, mode, pair))), (fmt.name, mode)
+    for packed in (True, False):
+        g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+        enc = mx.encode(x, fmt, mode, pack=packed, generator=g1 if stochastic else None)
+        want = torch_encode(x, fmt, mode, draw_seed(g2) if stochastic else ZERO, packed)
+        assert torch.equal(enc.codes, want[0]) and torch.equal(enc.scales, want[1]), (fmt.name, mode, packed)
+        y = mx.decode(enc)
+        n = x.shape[fmt.axis]
+        ref = _mx_torch.decode(enc.codes.clone(), enc.scales, want[2], fmt, n, packed).movedim(-1, fmt.axis)
+        assert torch.equal(bits(y), bits(ref)), (fmt.name, mode, packed)
+        if not stochastic:
+            assert torch.equal(bits(y), bits(got))
+
+
+@compiled
+@pytest.mark.parametrize("shape,axis", [((5, 33), -1), ((33, 5), 0), ((2, 3, 40), 1), ((70,), 0), ((4, 0), 1),
+                                        ((3, 64), 1)])
+def test_axes_ragged_and_layouts(shape, axis):
+    for fmt in (mx.BlockFormat(cpd.E4M3FN, 32, axis=axis), mx.BlockFormat(cpd.E2M1, 16, scale=cpd.E4M3FN,
+                                                                           scale_rule="amax", tensor_scale=True,
+                                                                           axis=axis)):
+        x = data(shape, seed=3)
+        for inp in (x, x.transpose(0, -1).contiguous().transpose(0, -1), x.half()):  # non-contiguous, float16
+            got = mx.cast(inp, fmt)
+            assert got.shape == x.shape and got.is_contiguous()
+            assert torch.equal(bits(got), bits(torch_cast(inp.float(), fmt, "nearest")))
+        enc = mx.encode(x, fmt)
+        want = torch_encode(x, fmt, "nearest")
+        assert torch.equal(enc.codes, want[0]) and torch.equal(enc.scales, want[1])
+        assert torch.equal(bits(mx.decode(enc)), bits(mx.cast(x, fmt)))
+
+
+@compiled
+@pytest.mark.parametrize("threads", [1, 3])
+def test_any_thread_count(threads):
+    x = data((37, 200), seed=8)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        out = [mx.cast(x, f, m, generator=torch.Generator().manual_seed(1) if m == "stochastic" else None)
+               for f in (mx.MXFP8_E4M3, mx.NVFP4, mx.MXFP6_E2M3) for m in ("nearest", "stochastic")]
+        enc = mx.encode(x, mx.MXFP4)
+    finally:
+        torch.set_num_threads(old)
+    ref = [mx.cast(x, f, m, generator=torch.Generator().manual_seed(1) if m == "stochastic" else None)
+           for f in (mx.MXFP8_E4M3, mx.NVFP4, mx.MXFP6_E2M3) for m in ("nearest", "stochastic")]
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(out, ref))
+    assert torch.equal(enc.codes, mx.encode(x, mx.MXFP4).codes)
+
+
+@compiled
+def test_stochastic_is_reproducible_and_matches_the_old_draws():
+    """Same generator, same bits; and the bits the pure-torch path drew before the kernels."""
+    x = data((8, 64), seed=11)
+    a = mx.cast(x, mx.MXFP4, "stochastic", generator=torch.Generator().manual_seed(1))
+    seed = torch.randint(0, 2**62, (), generator=torch.Generator().manual_seed(1), dtype=torch.int64)
+    want = torch_cast(x, mx.MXFP4, "stochastic", _mx_engine.cast_seed(seed, x.device))
+    assert torch.equal(bits(a), bits(want))
+
+
+# ------------------------------------------------------------------------------------ vs the oracle
+def _grid_values(el) -> list[float]:
+    """Every nonnegative value of the element format and every midpoint between neighbours,
+    plus a little above and below each midpoint (as float32)."""
+    vals = sorted({float(v) for v in oracle.positive_values(el)} | {0.0})
+    out = set(vals)
+    for a, b in zip(vals, vals[1:]):
+        mid = (a + b) / 2
+        out |= {mid, float(np.nextafter(np.float32(mid), np.float32(0))), float(np.nextafter(np.float32(mid),
+                                                                                             np.float32(np.inf)))}
+    return sorted(out)
+
+
+@compiled
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f.scale_rule != "amax"] + [mx.NVFP4], ids=lambda f: f.name)
+@pytest.mark.parametrize("mode", ["nearest", "toward_zero", "up", "down", "nearest_away", "odd"])
+def test_every_element_code_against_the_oracle(fmt, mode):
+    """Every element value and midpoint (both signs), in blocks whose largest value sets the scale
+    to 2^k for several k (and NVFP4's amax scales), equals the exact reference."""
+    el = fmt.element
+    grid = _grid_values(el)
+    vals = np.array(grid + [-v for v in grid], dtype=np.float32)
+    bs = fmt.block_size
+    rows = []
+    for k in (-3, 0, 5):
+        body = vals * np.float32(2.0 ** k)
+        pad = (-len(body)) % (bs - 1)
+        body = np.concatenate([body, np.zeros(pad, np.float32)]).reshape(-1, bs - 1)
+        top = np.full((body.shape[0], 1), np.float32(el.max * 2.0 ** k), np.float32)  # fixes the scale
+        rows.append(np.concatenate([top, body], axis=1).reshape(-1))
+    x = np.concatenate(rows)
+    f = mx.BlockFormat(el, bs, scale=fmt.scale, scale_rule=fmt.scale_rule, tensor_scale=fmt.tensor_scale)
+    got = mx.cast(torch.from_numpy(x.copy()), f, mode)
+    want = mx_oracle.quantize(x, f, mode)
+    assert np.array_equal(got.numpy().view(np.int32), want.astype(np.float32).view(np.int32)), (fmt.name, mode)
+
+
+# ------------------------------------------------------------------------------------ CUDA via the shim
+shim = pytest.mark.skipif(not _shim.available(), reason="no host C++ compiler for the shim")
+
+
+@shim
+@compiled
+@pytest.mark.parametrize("fmt", PRESETS + VARIANTS[:3], ids=lambda f: f.name)
+def test_cuda_kernels_on_the_shim_match_the_cpu_kernels(fmt):
+    x = data((6, 45), seed=21)
+    xs = x[:, ::2]  # a strided view: the wrapper makes it contiguous for both
+    cases = [("nearest", None), ("odd", None), ("down", None), ("stochastic", 3)]
+    cpu = []
+    for inp in (x, xs):
+        for mode, s in cases:
+            g = torch.Generator().manual_seed(s) if s is not None else None
+            g2 = torch.Generator().manual_seed(s) if s is not None else None
+            cpu.append((mx.cast(inp, fmt, mode, generator=g), mx.encode(inp, fmt, mode, generator=g2)))
+    with _shim.on_host(threads=33, max_blocks=3):
+        k = 0
+        for inp in (x, xs):
+            for mode, s in cases:
+                g = torch.Generator().manual_seed(s) if s is not None else None
+                g2 = torch.Generator().manual_seed(s) if s is not None else None
+                y, enc = mx.cast(inp, fmt, mode, generator=g), mx.encode(inp, fmt, mode, generator=g2)
+                cy, cenc = cpu[k]
+                k += 1
+                assert torch.equal(bits(y), bits(cy)), (fmt.name, mode)
+                assert torch.equal(enc.codes, cenc.codes) and torch.equal(enc.scales, cenc.scales), (fmt.name, mode)
+                assert torch.equal(bits(mx.decode(enc)), bits(mx.decode(cenc))), (fmt.name, mode)
+        unpacked = mx.encode(x, fmt, pack=False)
+        assert torch.equal(unpacked.codes, mx.encode(x, fmt, pack=False).codes)
+    assert torch.equal(unpacked.codes, mx.encode(x, fmt, pack=False).codes)
+
+
+def _nvrtc():
+    try:
+        from cpd import _cuda
+        return _cuda if _cuda.available() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+@pytest.mark.skipif(_nvrtc() is None, reason="NVRTC (cuda-bindings) is not installed")
+def test_mx_kernels_compile_without_local_memory(tmp_path, monkeypatch):
+    cuda = _nvrtc()
+    monkeypatch.setenv("CPD_CACHE_DIR", str(tmp_path))
+    archs = [a for a in (70, 80, 90) if a in cuda.supported_archs()] or cuda.supported_archs()[-1:]
+    for a in archs:
+        assert cuda.compile_source("mx.cu", f"sm_{a}", use_cache=False)[:4] == b"\x7fELF"
+    usage = cuda.resource_usage("mx.cu", f"sm_{archs[-1]}")
+    assert usage and all(u["stack"] == 0 and u["spill_stores"] == 0 for u in usage.values()), usage
+
+
+# ------------------------------------------------------------------------------------ ops, errors
+def test_encode_decode_ops_trace():
+    x = data((4, 40), seed=2)
+    key = mx.MXFP4._op_key
+    torch.library.opcheck(torch.ops.cpd_mx.encode.default, (x, ZERO, key, "nearest", True),
+                          test_utils=("test_schema", "test_faketensor"))
+    codes, scales, t = torch.ops.cpd_mx.encode(x, ZERO, key, "nearest", True)
+    torch.library.opcheck(torch.ops.cpd_mx.decode.default, (codes, scales, t, key, 40, True),
+                          test_utils=("test_schema", "test_faketensor"))
+    f = torch.compile(lambda v: mx.decode(mx.encode(v, mx.NVFP4)), fullgraph=False)
+    assert torch.equal(bits(f(x)), bits(mx.cast(x, mx.NVFP4)))
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda: mx.encode(torch.ones(3, 4), mx.MXFP4, pack=1), TypeError, "pack must be a bool"),
+    (lambda: mx.encode(torch.ones(3, 4), mx.BlockFormat(cpd.E2M1, axis=-3)), ValueError, "axis=-3"),
+    (lambda: mx.encode(torch.ones(3, dtype=torch.int64), mx.MXFP4), TypeError, "int64"),
+    (lambda: mx.encode(torch.ones(3), mx.MXFP4, "sideways"), ValueError, "sideways"),
+    (lambda: mx.encode(torch.ones(()), mx.MXFP4), ValueError, "at least one dimension"),
+])
+def test_bad_arguments(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+@pytest.mark.parametrize("fmt", [mx.MXFP8_E4M3, mx.NVFP4, mx.BlockFormat(cpd.E2M1, 7, axis=0)], ids=lambda f: f.name)
+def test_cast_out(fmt):
+    x = data((6, 64), seed=31)
+    out = torch.full_like(x, 5.0)
+    assert mx.cast(x, fmt, out=out) is out
+    assert torch.equal(bits(out), bits(mx.cast(x, fmt)))
+    strided = torch.empty(64, 6).t()  # a non-contiguous out
+    mx.cast(x, fmt, "stochastic", generator=torch.Generator().manual_seed(2), out=strided)
+    assert torch.equal(bits(strided), bits(mx.cast(x, fmt, "stochastic", generator=torch.Generator().manual_seed(2))))
+    with pytest.raises(ValueError, match="out must be a float32 tensor"):
+        mx.cast(x, fmt, out=torch.empty(6, 63))
+    with pytest.raises(ValueError, match="out must not be x"):
+        mx.cast(x, fmt, out=x)
+    with pytest.raises(TypeError, match="out must be a torch.Tensor"):
+        mx.cast(x, fmt, out=[1.0])
