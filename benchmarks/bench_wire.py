@@ -224,8 +224,8 @@ def inner(opts) -> int:
 
 # ------------------------------------------------------------------------------------ kernels
 def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
-    """Single-thread throughput of the fused kernels (G elements/s; best of ``reps``), measured side
-    by side. The e4m3 hop is timed on the codes of a gradient-like bucket (Gaussian values, APS
+    """Single-thread throughput of the fused kernels (G elements/s; best of ``reps``, CPU time of the
+    calling thread, so that other load on a shared machine counts less), measured side by side. The e4m3 hop is timed on the codes of a gradient-like bucket (Gaussian values, APS
     scaled) and on uniformly random codes of finite values (the pair tables' worst case), fused
     (decode, float32 add, one rounding, code) and with the 64 KiB pair tables (``CPD_WIRE_HOP=table``)."""
     import cpd
@@ -238,13 +238,13 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
     x = torch.randn(n, generator=g) * 2.0 ** -10
     rows = ["| kernel | format | codes | ns / element | G elements / s (1 thread) |", "|---|---|---|---|---|"]
 
-    def rate(fn):
+    def rate(fn):  # CPU time of this thread (1 torch thread: the kernels run here), robust to other load
         fn()
         best = float("inf")
         for _ in range(reps):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             fn()
-            best = min(best, time.perf_counter() - t0)
+            best = min(best, time.thread_time() - t0)
         return best / n
 
     def hop_rate(buf, acc0, wf, table):
