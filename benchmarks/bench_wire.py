@@ -15,6 +15,7 @@ Method (rerun it anywhere you are root; traffic stays on a private loopback):
 
     python benchmarks/bench_wire.py                      # RATE in 1gbit 10gbit unthrottled, N in 2 4
     python benchmarks/bench_wire.py --rates 1gbit --nproc 2 --reps 9
+    python benchmarks/bench_wire.py --kernels            # only the single-thread kernel rates
 
 The machine (CPU model, ISA level, cores) is printed first; on a shared machine say so with the
 figures. Without root or ``unshare`` the throttled rates are skipped with a message.
@@ -72,13 +73,18 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
         return torch.nn.Sequential(torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(),
                                    torch.nn.Linear(w, 10))
 
+    prof = _Profile() if opts.profile else None
     runs = {}
+    if prof is not None:  # backward alone (no DDP, no communication): what overlap could hide
+        runs["backward alone"] = (model(), None)
     ddp = DDP(model())
     runs[VARIANTS[0]] = (ddp, None)
     ddp = DDP(model())
     ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     runs[VARIANTS[1]] = (ddp, None)
     for name, fmt in zip(VARIANTS[2:], ("e4m3", cpd.FloatFormat(3, 0))):
+        if opts.variants and name not in opts.variants:
+            continue
         m = model()
         ddp = DDP(m)
         state = cpd.distributed.APSHookState(fmt, "ring", model=m, timeout=600)
@@ -92,9 +98,13 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
             ddp.zero_grad()
             loss = torch.nn.functional.cross_entropy(ddp(x), y)
             dist.barrier()
+            if prof is not None:
+                prof.start(name, rep >= 2)
             t0 = time.perf_counter()
             loss.backward()
             t = time.perf_counter() - t0
+            if prof is not None:
+                prof.stop(t0)
             dist.barrier()
             if rep >= 2:  # two warm-up rounds (bucket rebuild, kernel tables, first messages)
                 times[name].append(t)
@@ -104,12 +114,93 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
         res = {"world": world, "params": n, "reps": opts.reps, "kernels": cpd.distributed.kernels.compiled(),
                "variants": {}}
         for name, (_, state) in runs.items():
+            if name == "backward alone":
+                res["backward_alone_s"] = statistics.median(times[name])
+                continue
             sent = state.report.bytes_sent if state is not None else ring // (2 if "fp16" in name else 1)
             res["variants"][name] = {"median_s": statistics.median(times[name]), "times": times[name], "sent": sent,
                                      "counted": state is not None}
+        if prof is not None:
+            res["profile"] = prof.table(opts.reps)
         Path(out).write_text(json.dumps(res))
     dist.barrier()
     dist.destroy_process_group()
+
+
+class _Profile:
+    """``--profile``: where a cpd step's time goes, per variant (rank 0's view). Wraps the fused
+    kernels, the transport's waits and collectives, and the hook's bucket function, and sums their
+    wall time over the timed reps; "hook -> future done" is the time from the last bucket's hook
+    call to its future's completion, "after backward" how long ``loss.backward()`` went on after
+    the autograd work proper (measured by the step end minus the last hook call)."""
+
+    def __init__(self):
+        import cpd.distributed.hook as hook_mod
+        import cpd.distributed.kernels as kernels
+        from cpd.distributed.transport import Transport
+
+        self.tot: dict = {}
+        self.variant, self.on = None, False
+        self.last_hook = 0.0
+        self.first_hook = None
+        for mod in (kernels,):
+            for fn in ("encode", "hop", "decode", "absmax"):
+                self._wrap(mod, fn, f"kernel {fn}")
+        for fn in ("wait", "all_reduce_max", "batch", "all_gather", "isend", "irecv"):
+            self._wrap(Transport, fn, f"transport {fn}")
+        import cpd.distributed.reduce_format as rf
+        for fn in ("reduce", "exponents", "_stream"):
+            self._wrap(rf.FormatReducer, fn, f"reducer {fn}")
+        for fn in ("ring", "layout"):
+            self._wrap(rf, fn, f"reduce_format.{fn}")
+        self._wrap(hook_mod.APSHookState, "_run_bucket", "bucket (comm thread)")
+        prof = self
+        orig = hook_mod.aps_hook
+
+        def hook(state, bucket):
+            t = time.perf_counter()
+            if prof.first_hook is None:
+                prof.first_hook = t
+            prof.last_hook = t
+            fut = orig(state, bucket)
+            if bucket.is_last():
+                def done(f, t=t):
+                    prof._add("last bucket: hook -> future done", time.perf_counter() - t)
+                    return f.value()
+                return fut.then(done)
+            return fut
+        hook.__annotations__ = orig.__annotations__
+        hook_mod.aps_hook = hook
+        import cpd.distributed
+        cpd.distributed.aps_hook = hook
+
+    def _add(self, key, dt):
+        if self.on:
+            d = self.tot.setdefault(self.variant, {})
+            d[key] = d.get(key, 0.0) + dt
+
+    def _wrap(self, owner, name, key):
+        orig = getattr(owner, name)
+        prof = self
+
+        def wrapped(*a, **k):
+            t = time.perf_counter()
+            try:
+                return orig(*a, **k)
+            finally:
+                prof._add(key, time.perf_counter() - t)
+        setattr(owner, name, wrapped)
+
+    def start(self, variant, on):
+        self.variant, self.on, self.first_hook = variant, on, None
+
+    def stop(self, t0):
+        if self.first_hook is not None:
+            self._add("backward start -> first hook", self.first_hook - t0)
+            self._add("last hook -> backward returns", time.perf_counter() - self.last_hook)
+
+    def table(self, reps):
+        return {v: {k: 1e3 * t / reps for k, t in d.items()} for v, d in self.tot.items()}
 
 
 def _free_port() -> int:
@@ -132,36 +223,64 @@ def inner(opts) -> int:
 
 
 # ------------------------------------------------------------------------------------ kernels
-def kernel_rates(n: int = 1 << 22, reps: int = 5) -> str:
-    """Single-thread throughput of the fused kernels (G elements/s), measured side by side."""
+def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
+    """Single-thread throughput of the fused kernels (G elements/s; best of ``reps``, CPU time of the
+    calling thread, so that other load on a shared machine counts less), measured side by side. The e4m3 hop is timed on the codes of a gradient-like bucket (Gaussian values, APS
+    scaled) and on uniformly random codes of finite values (the pair tables' worst case), fused
+    (decode, float32 add, one rounding, code) and with the 64 KiB pair tables (``CPD_WIRE_HOP=table``)."""
     import cpd
     from cpd.distributed import kernels
     from cpd.distributed.layout import layout
     from cpd.rounding import Rounding
 
     torch.set_num_threads(1)
-    x = torch.randn(n, generator=torch.Generator().manual_seed(0)) * 2.0 ** -10
-    rows = ["| kernel | format | ns / element | G elements / s (1 thread) |", "|---|---|---|---|"]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, generator=g) * 2.0 ** -10
+    rows = ["| kernel | format | codes | ns / element | G elements / s (1 thread) |", "|---|---|---|---|---|"]
 
-    def rate(fn):
+    def rate(fn):  # CPU time of this thread (1 torch thread: the kernels run here), robust to other load
         fn()
-        t0 = time.perf_counter()
+        best = float("inf")
         for _ in range(reps):
+            t0 = time.thread_time()
             fn()
-        return (time.perf_counter() - t0) / reps / n
+            best = min(best, time.thread_time() - t0)
+        return best / n
+
+    def hop_rate(buf, acc0, wf, table):
+        acc = acc0.clone()
+        old = os.environ.pop("CPD_WIRE_HOP", None)
+        if table:
+            os.environ["CPD_WIRE_HOP"] = "table"
+        try:
+            # each call restores the accumulator first (else sums grow to inf); the copy's own
+            # time, measured alone, is taken off
+            both = rate(lambda: (acc.copy_(acc0), kernels.hop(buf, acc, n, wf, Rounding.NEAREST, False)))
+            return max(both - rate(lambda: acc.copy_(acc0)), 1e-12)
+        finally:
+            os.environ.pop("CPD_WIRE_HOP", None)
+            if old is not None:
+                os.environ["CPD_WIRE_HOP"] = old
 
     for fmt in (cpd.FloatFormat.parse("e4m3"), cpd.FloatFormat(3, 0)):
         lay = layout(fmt, (n,), 1)
         segs = lay.segments(0, [0], [fmt.emax + 7])
         buf = kernels.encode(x, segs, lay.wf, Rounding.NEAREST, False)
-        acc, out = buf.clone(), torch.empty(n)
-        for name, fn in (("encode (scale, cast, pack)", lambda: kernels.encode(x, segs, lay.wf, Rounding.NEAREST,
-                                                                               False, out=acc)),
-                         ("hop (decode, add, encode)", lambda: kernels.hop(buf, acc, n, lay.wf, Rounding.NEAREST,
-                                                                           False)),
-                         ("decode (unscale, 1/W)", lambda: kernels.decode(buf, segs, out, lay.wf, 0.5))):
-            t = rate(fn)
-            rows.append(f"| {name} | {fmt.name} | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
+        acc = kernels.encode(torch.roll(x, 1), segs, lay.wf, Rounding.NEAREST, False)
+        out = torch.empty(n)
+        hops = [("hop (decode, add, encode)", "gradient", buf, acc, False)]
+        if fmt.bits == 8:
+            fin = torch.nonzero(torch.isfinite(cpd.decode(torch.arange(256), fmt))).flatten()
+            ra, rb = (fin[torch.randint(0, fin.numel(), (n,), generator=g)].to(torch.uint8) for _ in range(2))
+            hops = [("hop, fused", "gradient", buf, acc, False), ("hop, pair tables", "gradient", buf, acc, True),
+                    ("hop, fused", "uniform", ra, rb, False), ("hop, pair tables", "uniform", ra, rb, True)]
+        t = rate(lambda: kernels.encode(x, segs, lay.wf, Rounding.NEAREST, False, out=acc.clone()))
+        rows.append(f"| encode (scale, cast, pack) | {fmt.name} | gradient | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
+        for name, codes, a, b, table in hops:
+            t = hop_rate(a, b, lay.wf, table)
+            rows.append(f"| {name} | {fmt.name} | {codes} | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
+        t = rate(lambda: kernels.decode(buf, segs, out, lay.wf, 0.5))
+        rows.append(f"| decode (unscale, 1/W) | {fmt.name} | gradient | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
     return "\n".join(rows)
 
 
@@ -169,7 +288,8 @@ def kernel_rates(n: int = 1 << 22, reps: int = 5) -> str:
 def run_one(rate: str, nproc: int, opts) -> dict | None:
     out = Path(tempfile.mkdtemp(prefix="bench_wire_")) / "res.json"
     cmd = [sys.executable, __file__, "--inner", "--rates", rate, "--nproc", str(nproc), "--reps", str(opts.reps),
-           "--width", str(opts.width), "--batch", str(opts.batch), "--out", str(out)]
+           "--width", str(opts.width), "--batch", str(opts.batch), "--out", str(out)] + (
+           ["--profile"] if opts.profile else []) + (["--variants", *opts.variants] if opts.variants else [])
     netns = shutil.which("unshare") is not None and os.geteuid() == 0
     if netns:
         cmd = ["unshare", "--net", "--", *cmd, "--netns"]
@@ -194,6 +314,8 @@ def table(results: list[dict]) -> str:
         v = r["variants"]
         base, fp16 = v[VARIANTS[0]]["median_s"], v[VARIANTS[1]]["median_s"]
         for name in VARIANTS:
+            if name not in v:
+                continue
             t = v[name]["median_s"]
             sent = f"{v[name]['sent'] / 1e6:.2f} MB" + ("" if v[name]["counted"] else " (ring model)")
             lines.append(f"| {r['rate']} | {r['world']} | {name} | {1e3 * t:.1f} | {t / base:.2f} | {t / fp16:.2f} "
@@ -209,6 +331,11 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=int, default=1536, help="MLP width (1536: 4.7M weights)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--no-kernels", action="store_true", help="skip the single-thread kernel rates")
+    p.add_argument("--kernels", action="store_true", help="only the single-thread kernel rates")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS[2:],
+                   help="only these cpd variants (DDP float32 and the fp16 hook always run: the ratios' bases)")
+    p.add_argument("--profile", action="store_true",
+                   help="also time backward alone and break the cpd steps down (kernels, waits, hook)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--netns", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -219,6 +346,8 @@ def main(argv=None) -> int:
     print(f"machine: {machine()}")
     if not opts.no_kernels:
         print(kernel_rates(), flush=True)
+    if opts.kernels:
+        return 0
     print(f"MLP width {opts.width}, batch {opts.batch}, {opts.reps} timed reps per variant (medians of "
           "loss.backward(): backward + communication)")
     results = []
@@ -229,6 +358,12 @@ def main(argv=None) -> int:
                 results.append(r)
                 print(f"  done: {rate} N={n} ({r['wall_s']:.0f} s, compiled kernels: {r['kernels']})", flush=True)
     print(table(results))
+    for r in results:
+        if "profile" in r:
+            print(f"\nprofile, {r['rate']} N={r['world']} (rank 0, ms per step; backward alone "
+                  f"{1e3 * r['backward_alone_s']:.1f} ms):")
+            for variant, d in r["profile"].items():
+                print(f"  {variant}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(d.items())))
     return 0
 
 

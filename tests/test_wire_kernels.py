@@ -6,6 +6,10 @@ Invariants defended:
   the 8-bit formats e4m3, e5m2, e4m3fn, the 6-bit finite e3m2 and the 4-bit (3, 0) (packed,
   both parities of the element count), every deterministic rounding mode, with and without
   saturate; on random pairs of bfloat16 codes (16-bit, the direct path);
+* the fused 8-bit hop (float32 add, one rounding, code read off the rounding) equals it on every
+  pair of codes of ten 8-bit formats (IEEE, FN, finite, man 0..5, no subnormals, FNUZ), the pairs
+  of finite values in whole vector blocks, and so do the pair tables (``CPD_WIRE_HOP=table``);
+  the bucket encode equals ``cpd.cast`` + ``cpd.encode`` on every binade, kept pattern and tie;
 * the Kahan hop (ring role, with and without a received compensation and a carried one, and the
   sequential role of a hierarchical leader) equals ``cpd.primitives.Accumulator.merge`` on random code
   triples, including specials;
@@ -72,6 +76,63 @@ def test_hop_every_code_pair(fmt):
             want = rb.clone()
             kernels.hop_reference(ra, want, n, wf, mode, sat)
             assert _same(got, want, n, wf), (wf.fmt.name, mode, sat, odd)
+
+
+# 8-bit formats of every sign convention the fused hop (decode, float32 add, one rounding, code)
+# takes, and some it leaves to the pair tables (no subnormals, FNUZ).
+FAST8 = ["e4m3", "e5m2", "e4m3fn", cpd.FloatFormat(4, 3, specials="finite"), cpd.FloatFormat(2, 5),
+         cpd.FloatFormat(6, 1), cpd.FloatFormat(7, 0), cpd.FloatFormat(3, 4, bias=1),
+         cpd.FloatFormat(4, 3, subnormals=False), "e4m3fnuz"]
+
+
+def _finite_pairs_first(fmt):
+    """Every pair of 8-bit codes, those of two finite values first: whole blocks of the kernel
+    (2048 elements) then hold no inf or NaN operand and run the vector path."""
+    a, b = _all_pairs(8, False)
+    fin = torch.isfinite(cpd.decode(torch.arange(256), fmt))
+    order = torch.argsort((~(fin[a] & fin[b])).to(torch.int8), stable=True)
+    return a[order], b[order]
+
+
+@compiled
+@pytest.mark.parametrize("fmt", FAST8, ids=str)
+def test_fused_hop_every_pair_equals_cpd_add(fmt, monkeypatch):
+    """The fused 8-bit hop against the exact path (cpd.add + cpd.encode), on every pair of codes,
+    every deterministic mode, with and without saturate; and against the pair tables."""
+    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    a, b = _finite_pairs_first(wf.fmt)
+    n = a.numel()
+    ra, rb = _bytes(a, wf), _bytes(b, wf)
+    for mode, sat in itertools.product(MODES, (False, True)):
+        want = rb.clone()
+        kernels.hop_reference(ra, want, n, wf, mode, sat)
+        got = rb.clone()
+        kernels.hop(ra, got, n, wf, mode, sat)
+        assert _same(got, want, n, wf), (wf.fmt.name, mode, sat)
+        monkeypatch.setenv("CPD_WIRE_HOP", "table")
+        table = rb.clone()
+        kernels.hop(ra, table, n, wf, mode, sat)
+        monkeypatch.delenv("CPD_WIRE_HOP")
+        assert _same(table, want, n, wf), (wf.fmt.name, mode, sat)
+
+
+@compiled
+@pytest.mark.parametrize("fmt", FAST8 + [cpd.FloatFormat(3, 2, specials="finite"), cpd.FloatFormat(3, 0)], ids=str)
+def test_encode_every_binade_and_tie(fmt):
+    """The bucket encode (code read off the rounding) against cpd.cast + cpd.encode on every float32
+    whose low 16 bits are 0, 1 or 0xffff (every binade, every kept pattern, ties and their
+    neighbours for formats of <= 7 mantissa bits), finite values first (whole vector blocks),
+    then infinities and NaN."""
+    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    hi = torch.arange(1 << 16, dtype=torch.int64) << 16
+    u = torch.cat([hi, hi | 1, hi | 0xFFFF]).to(torch.int32)
+    x = u.view(torch.float32)
+    x = torch.cat([x[torch.isfinite(x)], x[~torch.isfinite(x)]])
+    segs = kernels.segments([(0, x.numel(), 0)])
+    for mode, sat in itertools.product(MODES, (False, True)):
+        got = kernels.encode(x, segs, wf, mode, sat)
+        want = kernels.encode_reference(x, segs, wf, mode, sat)
+        assert _same(got, want, x.numel(), wf), (wf.fmt.name, mode, sat)
 
 
 @compiled

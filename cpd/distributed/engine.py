@@ -151,10 +151,12 @@ class _Engine:
         return sums, rep
 
     def reduce_flat(self, flat: torch.Tensor, present: list[bool], names: list[str], sizes: list[int], shapes, *,
-                    step: int, scale_exp: int | None = None, roundoff: bool = False, inv: float = 1.0):
-        """The format path on a flat float32 bucket (layers back to back): ``(sums * inv, report)``."""
+                    step: int, scale_exp: int | None = None, roundoff: bool = False, inv: float = 1.0,
+                    out: torch.Tensor | None = None):
+        """The format path on a flat float32 bucket (layers back to back): ``(sums * inv, report)``,
+        written to ``out`` when given (``flat`` itself allowed, see FormatReducer.reduce)."""
         return self._guard(lambda: self.format.reduce(flat.contiguous(), present, names, sizes, step=step,
-                                                      scale_exp=scale_exp, roundoff=roundoff, inv=inv),
+                                                      scale_exp=scale_exp, roundoff=roundoff, inv=inv, out=out),
                            names, shapes)
 
 

@@ -3,7 +3,7 @@
 Buckets flow through DDP's futures: the hook hands each bucket to the state's communication
 thread (FIFO, so every rank reduces its buckets in DDP's order) and returns a future that thread
 completes; backward goes on meanwhile. With ``fmt=`` the bucket's flat buffer is read in place by
-the fused encode (no copy) and the averaged sums are written by the fused decode.
+the fused encode (no copy) and the averaged sums are written back into it by the fused decode.
 """
 
 from __future__ import annotations
@@ -152,11 +152,15 @@ class APSHookState:
         else:
             fuse = exact and not self.roundoff  # the fused decode multiplies by 1/W
             x = buffer.reshape(-1)
-            if x.dtype != torch.float32 or x.device != eng.tp.device:
-                x = x.to(device=eng.tp.device, dtype=torch.float32)
+            own = x.dtype == torch.float32 and x.device == eng.tp.device and x.is_contiguous()
+            if not own:
+                x = x.to(device=eng.tp.device, dtype=torch.float32).contiguous()
             sizes = [g.numel() for g in grads]
+            # the averages are decoded straight into the bucket's buffer (DDP's own allreduce works
+            # in place too); not with the round-off report, which reads the gradients at the end
             out, rep = eng.reduce_flat(x, [True] * len(grads), names, sizes, shapes, step=self.steps, scale_exp=exp,
-                                       roundoff=self.roundoff, inv=1.0 / w if fuse else 1.0)
+                                       roundoff=self.roundoff, inv=1.0 / w if fuse else 1.0,
+                                       out=x if fuse else None)
             if not fuse:
                 out = out * (1.0 / w) if exact else out / w
             out = out.to(buffer.dtype)

@@ -26,7 +26,7 @@ __all__ = ["Layout", "layout", "SUB_CHUNK"]
 
 #: Default sub-chunk size in elements (the pipelining unit of a ring hop on gloo); the environment
 #: variable ``CPD_WIRE_SUBCHUNK`` overrides it (a positive multiple of 8).
-SUB_CHUNK = int(os.environ.get("CPD_WIRE_SUBCHUNK", 1 << 18))
+SUB_CHUNK = int(os.environ.get("CPD_WIRE_SUBCHUNK", 1 << 20))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,8 +8,9 @@ expanded to float32 except in one_rounding's float32 sums. The orders are the em
 * :func:`ring` — reduce-scatter (chunk c starts at member c; at hop h member p receives the
   partial sum of chunk (p - h) mod P and merges its own values into it with one fused
   :func:`.kernels.hop`) then allgather of the reduced chunks. On gloo every hop is cut into
-  sub-chunks sent with their own tags: while sub-chunk j is merged, j + 1 is on the wire, and a
-  merged sub-chunk leaves for the next hop at once (the pipeline spans hops and the allgather).
+  sub-chunks sent with their own tags, and every receive of the step is posted first: while
+  sub-chunk j is merged, j + 1 is on the wire, and a merged sub-chunk leaves for the next hop at
+  once (the pipeline spans hops and the allgather).
   On NCCL one batched send/receive per hop (the device orders the work).
 * :func:`hierarchical` — the group's buffers gathered at its first rank, summed there in rank
   order (the sequential role of the hop kernel), the ring across the leaders (with the Kahan
@@ -111,19 +112,29 @@ def ring(tp: Transport, lay: Layout, s_buf: torch.Tensor, c_buf: torch.Tensor | 
                         tp.irecv(rc, prv, tag(0, h, j, 1)) if rc is not None else None))
         return out
 
+    # Every receive of the step is posted before any data can arrive for it (gloo then lands each
+    # message in place as it comes, and no sender waits on a receive posted late); the
+    # allgather's land in buffers of their own, copied into s_buf once its sends have left.
+    own = (pos + 1) % p
+    gathers = {}
+    for g in range(1, p):
+        for j, (lo, hi, _) in enumerate(subs[(own - g) % p]):
+            b = _empty(hi - lo, dev)
+            gathers[g, j] = (b, tp.irecv(b, prv, tag(1, g, j)))
+    all_recvs = [post_reduce_recvs(h) for h in range(1, p)]
+
     # Reduce-scatter.
     if prepare is not None:
         prepare(pos)
     for j in range(len(subs[pos])):
         send(0, 1, pos, j)
-    recvs = post_reduce_recvs(1)
     if prepare is not None:
         for c in range(p):
             if c != pos:
                 prepare(c)
     for h in range(1, p):
         cr = (pos - h) % p
-        nxt_recvs = post_reduce_recvs(h + 1) if h + 1 < p else None
+        recvs = all_recvs[h - 1]
         for j, (lo, hi, n) in enumerate(subs[cr]):
             rs, rc, w1, w2 = recvs[j]
             tp.wait((w1, w2))
@@ -136,21 +147,18 @@ def ring(tp: Transport, lay: Layout, s_buf: torch.Tensor, c_buf: torch.Tensor | 
                 send(1, 1, cr, j)  # the reduced chunk starts the allgather at once
                 if final is not None:
                     final(cr, j, lo, hi)
-        recvs = nxt_recvs
-    # Allgather: hop g receives chunk (own - g) straight into s_buf and passes it on.
-    own = (pos + 1) % p
+    # Allgather: hop g brings chunk (own - g), which goes into s_buf and on.
     for g in range(1, p):
         c = (own - g) % p
-        works = []
         for j, (lo, hi, _) in enumerate(subs[c]):
-            tp.wait(reads.pop((c, j), ()))  # the reduce-scatter's send of this range has left
-            works.append(tp.irecv(s_buf[lo:hi], prv, tag(1, g, j)))
-        for j, w in enumerate(works):
+            b, w = gathers.pop((g, j))
             tp.wait((w,))
+            tp.wait(reads.pop((c, j), ()))  # the reduce-scatter's send of this range has left
+            s_buf[lo:hi].copy_(b)
             if g + 1 < p:
                 send(1, g + 1, c, j)
             if final is not None:
-                final(c, j, *subs[c][j][:2])
+                final(c, j, lo, hi)
     for ws in reads.values():
         tp.wait(ws)
     tp.wait(other)

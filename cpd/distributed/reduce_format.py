@@ -46,6 +46,7 @@ class FormatReducer:
         self.sums = Sums(cfg.rounding, cfg.saturate, cfg.kahan)
         #: Sub-chunk size in elements (the pipelining unit of a ring hop; a multiple of 8).
         self.sub_chunk = SUB_CHUNK
+        self._buffers: dict = {}
 
     def exponents(self, flat: torch.Tensor, present: list[bool], offsets: list[int], sizes: list[int]):
         """This rank's exponent codes, MAX-exchanged; (codes, bytes this rank sent for them)."""
@@ -67,12 +68,14 @@ class FormatReducer:
 
     @torch.no_grad()
     def reduce(self, flat: torch.Tensor, present: list[bool], names: list[str], sizes: list[int], *, step: int,
-               scale_exp: int | None, roundoff: bool = False, inv: float = 1.0):
+               scale_exp: int | None, roundoff: bool = False, inv: float = 1.0, out: torch.Tensor | None = None):
         """Reduce the layers of ``flat`` (float32, layers back to back; absent layers are zeros).
 
         Returns ``(out, report)``: ``out`` (like ``flat``) holds every layer's sum times ``inv``
         (skipped layers: zeros), ``report`` a :class:`StepReport` (status "skipped" for layers no
-        rank has).
+        rank has). ``out`` may be given, ``flat`` itself included (the hook's in-place result: a
+        layer's positions are written only after the last read of them), except with ``roundoff``
+        (which reads ``flat`` at the end).
         """
         cfg, tp, w = self.cfg, self.tp, self.tp.world
         offsets = [0]
@@ -102,7 +105,10 @@ class FormatReducer:
                 rep.status[name], rep.scale_exp[name] = "lowp", s
                 low.append(i)
                 scales[i] = s
-        out = torch.empty_like(flat)
+        if out is None:
+            out = torch.empty_like(flat)
+        elif roundoff and out.data_ptr() == flat.data_ptr():
+            raise ValueError("reduce: roundoff=True reads flat after the sums; out must not be flat")
         for i, e in enumerate(ex):
             if e == NONE:
                 out[offsets[i]:offsets[i] + sizes[i]] = 0.0
@@ -135,7 +141,7 @@ class FormatReducer:
         lay = layout(fmt, tuple(sizes[i] for i in layers), tp.world // k, self.sub_chunk)
         offs = [offsets[i] for i in layers]
         sc = [scales.get(i, 0) for i in layers]
-        buf = torch.empty(lay.nbytes, dtype=torch.uint8, device=flat.device)
+        buf = self._buffer(lay.nbytes, flat.device)
         bad = [0]
 
         def prepare(c: int) -> None:  # the fused encode of chunk c, straight from the bucket
@@ -164,6 +170,18 @@ class FormatReducer:
             if hi > lo:
                 bad[0] += kernels.decode(buf[lo:hi], lay.segments(c, offs, sc), out, lay.wf, inv)
         return bad[0]
+
+    def _buffer(self, nbytes: int, device) -> torch.Tensor:
+        """A stream buffer of ``nbytes`` (uninitialized), kept for the next bucket and step: the
+        buckets are reduced one at a time, so one buffer per size and device serves them all, and
+        its pages are not faulted in again every step."""
+        key = (nbytes, str(device))
+        buf = self._buffers.get(key)
+        if buf is None:
+            if len(self._buffers) >= 8:  # a handful of bucket sizes; forget the rest
+                self._buffers.clear()
+            buf = self._buffers[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return buf
 
     def _roundoff(self, names, flat, out, offsets, sizes, rep, scales):
         """The emulator's per-layer report rows (cpd.report.layer_stats) from every rank's float32

@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -85,13 +86,8 @@ Wire make_wire(int64_t exp, int64_t man, int64_t bias, int64_t specials, bool su
   return w;
 }
 
-// The code that travels for a value v of the format (float32 bits): cpd.encode(v) after the
-// wire's NaN rule (a format without a NaN code sends NaN as +inf; only after an overflow).
-inline u32 code_of_value(u32 v, const Wire& w) {
-  if (w.raw32) return v;
-  if ((v & ~cpd::SIGN) > cpd::INF_BITS && !w.has_nan) v = cpd::INF_BITS;
-  return cpd::encode_value_bits(cpd::cast_bits(v, w.fe, cpd::NEAREST, 0u, 32), w.fe);
-}
+// The code that travels for a value v of the format (float32 bits): cpd::wire_code_bits.
+inline u32 code_of_value(u32 v, const Wire& w) { return w.raw32 ? v : cpd::wire_code_bits(v, w.fe); }
 
 inline u32 value_of_code(u32 c, const Wire& w) { return w.raw32 ? c : cpd::decode_bits(c, w.fe); }
 
@@ -209,6 +205,83 @@ std::shared_ptr<const Tables> tables_of(const Wire& w) {
   return t;
 }
 
+// ---- the fast hop of an 8-bit format: decode, add in float32, round once and encode
+// The pair table above is 64 KiB, which misses L1 when the codes are spread. Instead: decode each
+// code through a 256-entry float32 table (1 KiB, built by decode_bits), add in float32, and round
+// that sum once to the format, reading its code off the rounding (cpd::cast_code_fast): every
+// step a vector lane. The float32 sum is the exact sum rounded once to 24 bits, or exact:
+//   nearest:  rounding the sum of two values of a format of q <= 11 significant bits first to
+//             float32 (24 >= 2q + 2 bits) and then to the format equals rounding it once
+//             (Figueroa, "When is double rounding innocuous?", 1995; cpd::add_fast_applies);
+//   directed: the float32 sum is exact when every sum of two values fits 24 bits: values are
+//             multiples of 2^(emin - man) below 2^(emax + 1), so sums are multiples of it below
+//             2^(emax + 2): emax + 2 - (emin - man) <= 24 (e4m3: 19 bits; e5m2 does not qualify).
+//             Then the one rounding is the cast of the exact sum. Only the sign of an exact zero
+//             differs from float32's: rounding down, x + (-x) is -0 (add_bits' zero_sum_sign).
+// A block with an infinite or NaN sum (an operand was inf or NaN) is redone through the pair
+// table (add_bits and wire_code_bits of every pair, built on first need). Narrower codes keep the
+// tables: 1, 2 and 4 bits gather whole bytes, the others' pair tables are at most 16 KiB.
+// tests/test_wire_kernels.py checks every pair of codes against cpd.add.
+// CPD_WIRE_HOP=table forces the pair tables (for side-by-side timing in benchmarks/bench_wire.py).
+int hop_env() {
+  const char* e = std::getenv("CPD_WIRE_HOP");
+  return e && std::strcmp(e, "table") == 0 ? 1 : 0;
+}
+
+int fast_hop_applies(const Wire& w) {
+  if (w.raw32 || w.bits != 8 || !cpd::cast_code_applies(w.f) || w.f.man > 10) return 0;
+  if (w.mode == cpd::NEAREST) return cpd::add_fast_applies(w.f, w.mode);
+  const int emax = (int)(w.f.max_bits >> 23) - 127;
+  return (int)((w.mode == cpd::TOWARD_ZERO || w.mode == cpd::UP || w.mode == cpd::DOWN) &&
+               emax + 2 - (w.f.emin - w.f.man) <= 24);
+}
+
+template <int MODE>
+CPD_FN u32 fast_hop_code(float x, float y, const cpd::Format& g, u32& special) {
+  u32 s = cpd::bits_of(cpd::fadd(x, y));
+  if (MODE == cpd::DOWN) s = cpd::sel((u32)(s == 0u), (cpd::bits_of(x) | cpd::bits_of(y)) & cpd::SIGN, s);
+  special |= (u32)((s & ~cpd::SIGN) >= cpd::INF_BITS);
+  return cpd::cast_code_fast(s, g, MODE);
+}
+
+// m codes of 8 bits (r, a) -> out; returns nonzero when a sum is infinite or NaN.
+template <int MODE>
+u32 fast_hop_bytes(const uint8_t* __restrict r, const uint8_t* __restrict a, uint8_t* __restrict out, int64_t m,
+                   const float* __restrict dec, const cpd::Format g) {
+  u32 special = 0;
+  for (int64_t i = 0; i < m; ++i) out[i] = (uint8_t)fast_hop_code<MODE>(dec[r[i]], dec[a[i]], g, special);
+  return special;
+}
+
+template <int MODE>
+void fast_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, const float* dec) {
+  cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
+    std::shared_ptr<const Tables> tab;
+    uint8_t out[kBlock];
+    for (int64_t k = b0; k < b1; ++k) {
+      const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
+      if (!fast_hop_bytes<MODE>(rp + e0, ap + e0, out, m, dec, w.f)) {
+        std::memcpy(ap + e0, out, m);
+        continue;
+      }
+      if (!tab) tab = tables_of(w);  // an inf or NaN operand in this block: the pair table
+      const uint8_t* __restrict t = tab->add.data();
+      for (int64_t i = 0; i < m; ++i) ap[e0 + i] = t[((u32)rp[e0 + i] << 8) | ap[e0 + i]];
+    }
+  });
+}
+
+void fast_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w) {
+  float dec[256];
+  for (u32 c = 0; c < 256; ++c) dec[c] = cpd::float_of(value_of_code(c, w));
+  switch (w.mode) {
+    case cpd::NEAREST: fast_hop_mode<cpd::NEAREST>(rp, ap, n, w, dec); break;
+    case cpd::TOWARD_ZERO: fast_hop_mode<cpd::TOWARD_ZERO>(rp, ap, n, w, dec); break;
+    case cpd::UP: fast_hop_mode<cpd::UP>(rp, ap, n, w, dec); break;
+    default: fast_hop_mode<cpd::DOWN>(rp, ap, n, w, dec); break;
+  }
+}
+
 // ---- segments: [k, 3] int64 rows (offset in the float32 tensor, length, scale exponent)
 struct Segs {
   const int64_t* rows;
@@ -272,11 +345,31 @@ void encode_loop(const float* __restrict x, int64_t m, float pf, double pd, cons
   odd |= o;
 }
 
+// The same with the code read off the rounding (cpd::cast_code_fast, finite values only): returns
+// nonzero when a scaled value is infinite or NaN (the caller then takes encode_loop).
+template <int MODE, int SCALE>
+u32 code_loop(const float* __restrict x, int64_t m, float pf, double pd, const cpd::Format g, u32* __restrict codes) {
+  u32 special = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const float xs = SCALE == 0 ? x[i] : SCALE == 1 ? x[i] * pf : (float)((double)x[i] * pd);
+    const u32 u = cpd::bits_of(xs);
+    special |= (u32)((u & ~cpd::SIGN) >= cpd::INF_BITS);
+    codes[i] = cpd::cast_code_fast(u, g, MODE);
+  }
+  return special;
+}
+
 template <int MODE, bool FAST>
 void encode_run(const float* __restrict x, int64_t m, int64_t s, const Wire& w, u32* __restrict codes) {
   const cpd::Format g = w.f;
   const double pd = std::ldexp(1.0, (int)s);
   const float pf = (float)pd;
+  if (FAST && cpd::cast_code_applies(g)) {
+    const u32 special = s == 0 ? code_loop<MODE, 0>(x, m, pf, pd, g, codes)
+                      : s >= -149 && s <= 127 ? code_loop<MODE, 1>(x, m, pf, pd, g, codes)
+                                              : code_loop<MODE, 2>(x, m, pf, pd, g, codes);
+    if (!special) return;
+  }
   u32 odd = 0;  // the encoders give inf its code (only IEEE formats, which have one, overflow to inf)
   if (s == 0) encode_loop<MODE, FAST, 0>(x, m, pf, pd, g, codes, odd);
   else if (s >= -149 && s <= 127) encode_loop<MODE, FAST, 1>(x, m, pf, pd, g, codes, odd);
@@ -365,6 +458,11 @@ void wire_hop(const torch::Tensor& recv, const torch::Tensor& recv_c, torch::Ten
   const uint8_t* rp = recv.data_ptr<uint8_t>();
   uint8_t* ap = acc.data_ptr<uint8_t>();
   if (n == 0) return;
+  if (!kahan && fast_hop_applies(w) && !hop_env()) {
+    NoGil nogil;
+    fast_hop(rp, ap, n, w);
+    return;
+  }
   if (!kahan && w.bits <= 8 && !w.raw32) {
     const auto tab = tables_of(w);
     NoGil nogil;

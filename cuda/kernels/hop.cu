@@ -15,7 +15,6 @@ typedef unsigned long long u64;
 struct Wire {
   cpd::Format f, fe;
   int mode, bits, raw32;
-  u32 has_nan;
 };
 
 __device__ __forceinline__ Wire make_wire(int exp, int man, int bias, int specials, int subnormals, int mode,
@@ -26,17 +25,12 @@ __device__ __forceinline__ Wire make_wire(int exp, int man, int bias, int specia
   w.mode = mode;
   w.bits = raw32 ? 32 : bits;
   w.raw32 = raw32;
-  w.has_nan = w.fe.nan_code != 0u;
   return w;
 }
 
-// The wire code of a value of the format (cpd.encode after the wire's NaN rule) and back.
-// (Twins of hop.cpp's code_of_value / value_of_code: candidates for the codes header.)
-__device__ __forceinline__ u32 wire_code(u32 v, const Wire& w) {
-  if (w.raw32) return v;
-  if ((v & ~cpd::SIGN) > cpd::INF_BITS && !w.has_nan) v = cpd::INF_BITS;
-  return cpd::encode_value_bits(cpd::cast_bits(v, w.fe, cpd::NEAREST, 0u, 32), w.fe);
-}
+// The wire code of a value of the format (cpd::wire_code_bits: cpd.encode after the wire's NaN
+// rule, the one definition hop.cpp uses too) and back.
+__device__ __forceinline__ u32 wire_code(u32 v, const Wire& w) { return w.raw32 ? v : cpd::wire_code_bits(v, w.fe); }
 
 __device__ __forceinline__ u32 wire_value(u32 c, const Wire& w) { return w.raw32 ? c : cpd::decode_bits(c, w.fe); }
 

@@ -3,6 +3,7 @@
 #ifndef CPD_CODES_H
 #define CPD_CODES_H
 
+#include "cpd/cast.h"
 #include "cpd/format.h"
 
 namespace cpd {
@@ -57,6 +58,50 @@ CPD_FN u32 decode_bits(u32 code, const Format& f) {
   u32 normal = (u32)(field != 0) | f.no_zero;
   int e = (f.no_zero ? (int)field : imax((int)field, 1)) - f.bias - f.man;
   return sign | compose(normal ? frac | (1u << f.man) : frac, e);
+}
+
+// ------------------------------------------------------------------------------------------
+// Cast and encode in one step, for the wire's hot loops (cuda/cpu/hop.cpp): for finite u (float32
+// bits) and a format with cast_code_applies(f),
+//     cast_code_fast(u, f, mode) == encode_value_bits_fast(cast_bits_fast(u, f, mode, 0, 32), f)
+// without composing the rounded value: the code is read off the rounding itself.
+//   region N (|u| >= 2^emin): round_normal_fast's rounded magnitude t has d0 = 23 - man zero low
+//            bits, and its code is (t >> d0) - code_adj (encode_value_bits_fast); a carry into the
+//            next binade is the next code, so the rounded value overflows exactly when this code
+//            passes the largest finite code, and then becomes the code of finish_cast's
+//            overflow value (the largest finite value rounding inward, else outward_bits:
+//            inf, NaN or, saturating, the largest finite value);
+//   region S (|u| < 2^emin):  the code of round_sub_fast's value v is bits(v + C) - bits(C)
+//            (encode_value_bits_fast); to nearest, v + C is fl32(|u| + C) itself.
+// The sign code goes on top. Infinite and NaN u are the caller's (its loop checks
+// |u| >= INF_BITS and takes cast_bits / encode_value_bits for them).
+// (Signed classic conventions only: IEEE, FN, FINITE, as arith.h's plain_convention.)
+CPD_FN int cast_code_applies(const Format& f) {
+  return (int)(f.fast && f.subnormals && f.is_signed && !f.uz && !f.no_zero && f.specials <= SPECIALS_FINITE);
+}
+
+CPD_FN u32 cast_code_fast(u32 u, const Format& f, int mode) {
+  u32 sign = u & SIGN;
+  u32 a = u ^ sign;
+  u32 d0 = 23u - (u32)f.man;
+  u32 n_code = (round_normal_fast(a, sign, f, mode, 0u, 32) >> d0) - f.code_adj;
+  float v = mode == NEAREST ? float_of(a) : float_of(round_sub_fast(a, sign, f, mode, 0u, 32));
+  u32 s_code = bits_of(fadd(v, f.sub_c)) - bits_of(f.sub_c);
+  u32 code = sel((u32)(a < f.min_normal_bits), s_code, n_code);
+  u32 max_code = (f.max_bits >> d0) - f.code_adj;
+  u32 out_code = sel((u32)(f.outward_bits == INF_BITS), f.inf_code,
+                     sel((u32)(f.outward_bits > INF_BITS), f.nan_code, max_code));
+  code = sel((u32)(code > max_code), sel(rounds_inward(mode, sign), max_code, out_code), code);
+  return sel(sign >> 31, f.sign_code, 0u) | code;
+}
+
+// The code a value v of the format travels as in cpd.distributed: cpd.encode after the wire's
+// NaN rule (a format without a NaN code sends NaN as +inf: only after an overflow, a step every
+// rank skips). fe is the format without saturate (what cpd.encode sees). The one definition of
+// cuda/cpu/hop.cpp and cuda/kernels/hop.cu.
+CPD_FN u32 wire_code_bits(u32 v, const Format& fe) {
+  if ((v & ~SIGN) > INF_BITS && fe.nan_code == 0u) v = INF_BITS;
+  return encode_value_bits(cast_bits(v, fe, NEAREST, 0u, 32), fe);
 }
 
 }  // namespace cpd
