@@ -38,42 +38,49 @@ __device__ __forceinline__ long long nbytes_of(long long n, int bits) {
   return bits <= 8 ? (n * bits + 7) / 8 : n * (bits <= 16 ? 2 : 4);
 }
 
-// The 8 codes of group g (elements 8g .. 8g+7) of a stream of nb bytes; bytes past nb read as 0.
-__device__ void load8(const unsigned char* __restrict__ p, long long g, long long nb, int bits, u32* c) {
+// Group g (elements 8g .. 8g+7) of a stream of nb bytes, with no per-thread array (an array
+// indexed in a loop that is not unrolled lives in local memory; tests/test_cuda.py forbids it):
+// codes of <= 8 bits travel as one 64-bit word of the group's `bits` bytes (load_word, code_of,
+// put_code, store_word), wider codes are read and written in memory element by element. Bytes
+// past nb read as 0 and are never written.
+__device__ __forceinline__ u64 load_word(const unsigned char* __restrict__ p, long long g, long long nb, int bits) {
+  u64 word = 0;
   if (bits <= 8) {
-    u64 word = 0;
     const long long b0 = g * bits;
     for (int k = 0; k < bits; ++k)
       if (b0 + k < nb) word |= (u64)p[b0 + k] << (8 * k);
-    const u32 mask = (1u << bits) - 1u;
-    for (int i = 0; i < 8; ++i) c[i] = (u32)(word >> (i * bits)) & mask;
-  } else {
-    const int sz = bits <= 16 ? 2 : 4;
-    for (int i = 0; i < 8; ++i) {
-      const long long b = (g * 8 + i) * sz;
-      u32 v = 0;
-      for (int k = 0; k < sz; ++k)
-        if (b + k < nb) v |= (u32)p[b + k] << (8 * k);
-      c[i] = v;
-    }
   }
+  return word;
 }
 
-__device__ void store8(unsigned char* __restrict__ p, long long g, long long nb, int bits, const u32* c) {
+__device__ __forceinline__ u32 code_of(const unsigned char* __restrict__ p, long long g, int i, long long nb, int bits,
+                                       u64 word) {
+  if (bits <= 8) return (u32)(word >> (i * bits)) & ((1u << bits) - 1u);
+  const int sz = bits <= 16 ? 2 : 4;
+  const long long b = (g * 8 + i) * sz;
+  u32 v = 0;
+  for (int k = 0; k < sz; ++k)
+    if (b + k < nb) v |= (u32)p[b + k] << (8 * k);
+  return v;
+}
+
+__device__ __forceinline__ void put_code(unsigned char* __restrict__ p, long long g, int i, long long nb, int bits,
+                                         u64& word, u32 c) {
   if (bits <= 8) {
-    u64 word = 0;
-    for (int i = 0; i < 8; ++i) word |= (u64)c[i] << (i * bits);
-    const long long b0 = g * bits;
-    for (int k = 0; k < bits; ++k)
-      if (b0 + k < nb) p[b0 + k] = (unsigned char)(word >> (8 * k));
-  } else {
-    const int sz = bits <= 16 ? 2 : 4;
-    for (int i = 0; i < 8; ++i) {
-      const long long b = (g * 8 + i) * sz;
-      for (int k = 0; k < sz; ++k)
-        if (b + k < nb) p[b + k] = (unsigned char)(c[i] >> (8 * k));
-    }
+    word |= (u64)c << (i * bits);
+    return;
   }
+  const int sz = bits <= 16 ? 2 : 4;
+  const long long b = (g * 8 + i) * sz;
+  for (int k = 0; k < sz; ++k)
+    if (b + k < nb) p[b + k] = (unsigned char)(c >> (8 * k));
+}
+
+__device__ __forceinline__ void store_word(unsigned char* __restrict__ p, long long g, long long nb, int bits, u64 word) {
+  if (bits > 8) return;  // written by put_code
+  const long long b0 = g * bits;
+  for (int k = 0; k < bits; ++k)
+    if (b0 + k < nb) p[b0 + k] = (unsigned char)(word >> (8 * k));
 }
 
 // The segment holding call element e: rows (offset, length, scale), starts[k + 1] prefix sums.
@@ -102,18 +109,20 @@ extern "C" __global__ void cpd_wire_encode(const float* __restrict__ x, const lo
   const long long groups = (total + 7) / 8, nb = nbytes_of(total, w.bits);
   const long long stride = (long long)blockDim.x * gridDim.x;
   for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += stride) {
-    u32 c[8];
+    u64 word = 0;
     for (int i = 0; i < 8; ++i) {
       const long long e = g * 8 + i;
-      c[i] = 0u;
-      if (e >= total) continue;
-      const int j = find_segment(starts, k, e);
-      const float v = x[rows[3 * j] + (e - starts[j])];
-      const long long s = rows[3 * j + 2];
-      const float xs = s ? (float)((double)v * pow2(s)) : v;
-      c[i] = wire_code(cpd::cast_bits(cpd::bits_of(xs), w.f, w.mode, 0u, 32), w);  // raw32: the cast bits
+      u32 c = 0u;
+      if (e < total) {
+        const int j = find_segment(starts, k, e);
+        const float v = x[rows[3 * j] + (e - starts[j])];
+        const long long s = rows[3 * j + 2];
+        const float xs = s ? (float)((double)v * pow2(s)) : v;
+        c = wire_code(cpd::cast_bits(cpd::bits_of(xs), w.f, w.mode, 0u, 32), w);  // raw32: the cast bits
+      }
+      put_code(out, g, i, nb, w.bits, word, c);
     }
-    store8(out, g, nb, w.bits, c);
+    store_word(out, g, nb, w.bits, word);
   }
 }
 
@@ -127,37 +136,39 @@ extern "C" __global__ void cpd_wire_hop(const unsigned char* __restrict__ recv, 
   const long long groups = (n + 7) / 8, nb = nbytes_of(n, w.bits);
   const long long stride = (long long)blockDim.x * gridDim.x;
   for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += stride) {
-    u32 cr[8], ca[8], crc[8], cac[8];
-    load8(recv, g, nb, w.bits, cr);
-    load8(acc, g, nb, w.bits, ca);
-    if (kahan) {
-      if (has_recv_c) load8(recv_c, g, nb, w.bits, crc);
-      load8(acc_c, g, nb, w.bits, cac);
-    }
+    // Element i's codes are read before its results are written (wide codes in place in memory).
+    const u64 wr = load_word(recv, g, nb, w.bits), wa = load_word(acc, g, nb, w.bits);
+    const u64 wrc = kahan && has_recv_c ? load_word(recv_c, g, nb, w.bits) : 0u;
+    const u64 wac = kahan ? load_word(acc_c, g, nb, w.bits) : 0u;
+    u64 oa = 0, oac = 0;
     for (int i = 0; i < 8; ++i) {
+      const u32 cr = code_of(recv, g, i, nb, w.bits, wr), ca = code_of(acc, g, i, nb, w.bits, wa);
       if (!kahan) {
-        ca[i] = wire_code(cpd::add_bits(wire_value(cr[i], w), wire_value(ca[i], w), w.f, w.mode, 0u, 32), w);
+        put_code(acc, g, i, nb, w.bits, oa,
+                 wire_code(cpd::add_bits(wire_value(cr, w), wire_value(ca, w), w.f, w.mode, 0u, 32), w));
         continue;
       }
+      const u32 crc = has_recv_c ? code_of(recv_c, g, i, nb, w.bits, wrc) : 0u;
+      const u32 cac = code_of(acc_c, g, i, nb, w.bits, wac);
       u32 s, c, xv;
       if (role == 0) {
-        s = wire_value(cr[i], w);
-        c = has_recv_c ? wire_value(crc[i], w) : 0u;
-        xv = wire_value(ca[i], w);
-        if (carry) c = cpd::add_bits(c, wire_value(cac[i], w), w.f, w.mode, 0u, 32);
+        s = wire_value(cr, w);
+        c = has_recv_c ? wire_value(crc, w) : 0u;
+        xv = wire_value(ca, w);
+        if (carry) c = cpd::add_bits(c, wire_value(cac, w), w.f, w.mode, 0u, 32);
       } else {
-        s = wire_value(ca[i], w);
-        c = wire_value(cac[i], w);
-        xv = wire_value(cr[i], w);
+        s = wire_value(ca, w);
+        c = wire_value(cac, w);
+        xv = wire_value(cr, w);
       }
       const u32 y = cpd::add_bits(xv, c ^ cpd::SIGN, w.f, w.mode, 0u, 32);
       const u32 t = cpd::add_bits(s, y, w.f, w.mode, 0u, 32);
       c = cpd::add_bits(cpd::add_bits(t, s ^ cpd::SIGN, w.f, w.mode, 0u, 32), y ^ cpd::SIGN, w.f, w.mode, 0u, 32);
-      ca[i] = wire_code(t, w);
-      cac[i] = wire_code(c, w);
+      put_code(acc, g, i, nb, w.bits, oa, wire_code(t, w));
+      put_code(acc_c, g, i, nb, w.bits, oac, wire_code(c, w));
     }
-    store8(acc, g, nb, w.bits, ca);
-    if (kahan) store8(acc_c, g, nb, w.bits, cac);
+    store_word(acc, g, nb, w.bits, oa);
+    if (kahan) store_word(acc_c, g, nb, w.bits, oac);
   }
 }
 
@@ -170,14 +181,13 @@ extern "C" __global__ void cpd_wire_decode(const unsigned char* __restrict__ in,
   const long long groups = (total + 7) / 8, nb = nbytes_of(total, w.bits);
   const long long stride = (long long)blockDim.x * gridDim.x;
   for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += stride) {
-    u32 c[8];
-    load8(in, g, nb, w.bits, c);
+    const u64 word = load_word(in, g, nb, w.bits);
     for (int i = 0; i < 8; ++i) {
       const long long e = g * 8 + i;
       if (e >= total) break;
       const int j = find_segment(starts, k, e);
       const long long s = rows[3 * j + 2];
-      float v = cpd::float_of(wire_value(c[i], w));
+      float v = cpd::float_of(wire_value(code_of(in, g, i, nb, w.bits, word), w));
       if (s) v = (float)((double)v / pow2(s));
       if (inv != 1.0f) v = v * inv;
       out[rows[3 * j] + (e - starts[j])] = v;
