@@ -243,17 +243,23 @@ CPD_FN float fd_flush_keep(float v, int ftz) {
 
 CPD_FN u32 fd_amd_pairwise_step(const FusedDotSpec& s, const float* a, long long as, const float* b, long long bs,
                                 int n, u32 c) {
+  // Loops of constant bounds, unrolled: p stays in registers on a GPU (no local memory).
   float p[16];
   const int L = imin(s.group, 16);
   const u32 amin = (u32)(s.a_emin + 127) << 23, bmin = (u32)(s.b_emin + 127) << 23;
-  for (int k = 0; k < L; ++k) {
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    if (k >= L) break;
     float x = k < n ? a[k * as] : 0.0f, y = k < n ? b[k * bs] : 0.0f;
     if (s.ftz && (bits_of(x) & ~SIGN) < amin) x = 0.0f;
     if (s.ftz && (bits_of(y) & ~SIGN) < bmin) y = 0.0f;
     p[k] = fd_flush_keep(ffma(x, y, 0.0f), s.ftz);
   }
-  for (int w = 1; w < L; w *= 2)
-    for (int k = 0; k + w < L; k += 2 * w) p[k] = fd_flush_keep(fadd(p[k], p[k + w]), s.ftz);
+#pragma unroll
+  for (int w = 1; w < 16; w *= 2)
+#pragma unroll
+    for (int k = 0; k + w < 16; k += 2 * w)
+      if (k + w < L) p[k] = fd_flush_keep(fadd(p[k], p[k + w]), s.ftz);
   float cf = float_of(c);
   if (s.ftz && (c & ~SIGN) < 0x00800000u) cf = 0.0f;
   u32 r = bits_of(fd_flush_keep(fadd(cf, p[0]), s.ftz));
@@ -289,7 +295,7 @@ CPD_FN u32 fd_amd_rd_step(const FusedDotSpec& s, const float* a, long long as, c
   if (fd_special(a, as, b, bs, n, c, none, 0, FD_AMD_NAN, &special)) return special;
   const int fp8 = s.algo == FD_AMD_RD_FP8;
   u32 pinf = 0u, ninf = 0u;
-  int eh[2] = {2 * s.zero_exp, 2 * s.zero_exp};  // a zero-padded half: 0 * 0
+  int e0 = 2 * s.zero_exp, e1 = 2 * s.zero_exp;  // the halves' exponents (a zero-padded half: 0 * 0)
   for (int k = 0; k < n; ++k) {
     Wide p = wide_mul(bits_of(a[k * as]), bits_of(b[k * bs]));
     if (p.S != 0ull && top_bit64(p.S) + p.e >= 128) {  // 1.
@@ -297,22 +303,23 @@ CPD_FN u32 fd_amd_rd_step(const FusedDotSpec& s, const float* a, long long as, c
       else pinf = 1u;
     }
     int e = fd_exp(bits_of(a[k * as]), s.a_emin, s.zero_exp) + fd_exp(bits_of(b[k * bs]), s.b_emin, s.zero_exp);
-    int h = fp8 ? (k & 1) : 0;
-    eh[h] = imax(eh[h], e);
+    if (fp8 && (k & 1)) e1 = imax(e1, e);
+    else e0 = imax(e0, e);
   }
   if (pinf | ninf) return (pinf & ninf) ? FD_AMD_NAN : ((ninf ? SIGN : 0u) | INF_BITS);
-  long long Sh[2] = {0, 0};
+  long long S0 = 0, S1 = 0;  // scalars, not an array indexed by the half: no local memory on a GPU
   for (int k = 0; k < n; ++k) {  // 2.
     Wide p = wide_mul(bits_of(a[k * as]), bits_of(b[k * bs]));
-    int h = fp8 ? (k & 1) : 0;
-    long long T = (long long)fd_cut(p.S, p.e, 24, eh[h]);
-    Sh[h] += p.sign ? -T : T;
+    const int odd = fp8 && (k & 1);
+    long long T = (long long)fd_cut(p.S, p.e, 24, odd ? e1 : e0);
+    if (odd) S1 += p.sign ? -T : T;
+    else S0 += p.sign ? -T : T;
   }
-  int e = eh[0];
-  long long S = Sh[0];
+  int e = e0;
+  long long S = S0;
   if (fp8) {
-    e = imax(eh[0], eh[1]);
-    S = fd_floor_shift(Sh[0], eh[0] - e) + fd_floor_shift(Sh[1], eh[1] - e);
+    e = imax(e0, e1);
+    S = fd_floor_shift(S0, e0 - e) + fd_floor_shift(S1, e1 - e);
   }
   const int ec = fd_exp(c, -126, s.zero_exp), m = imax(e, ec);  // 3.
   long long sp = fd_floor_shift(S, 7 + e - m);                  // units 2^(m - 31)

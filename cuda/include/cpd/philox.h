@@ -11,8 +11,9 @@ namespace cpd {
 // Philox4x32-10 (Salmon et al., SC'11): a counter-based generator. Element i of a cast draws
 // word (i & 3) of philox(counter = {i >> 2 (64 bits), offset (64 bits)}, key = seed), so its
 // random bits depend only on (seed, offset, i): the same on any thread count and on CPU or GPU.
-// The CPU extension runs the same rounds 8 blocks per AVX-512 vector (cuda/cpu/cast.cpp,
-// philox32); its words are those of philox4x32_10 bit for bit (random_words() exposes this one).
+// The CPU extension runs the same rounds on vectors of blocks (cuda/cpu/philox_simd.h: AVX-512,
+// AVX2, SSE4.1, NEON); its words are those of philox4x32_10 bit for bit (random_words() exposes
+// this one).
 enum { PHILOX_ROUNDS = 10 };  // cpd/_fallback.py PHILOX_ROUNDS must match
 
 struct U32x4 {
