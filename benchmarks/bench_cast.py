@@ -11,8 +11,9 @@ default the host: see cpd/_cpu.py).
 Method: x = torch.randn(n) * 100 (float32) and a preallocated out. Each measurement is the
 median wall time of `reps` runs; every operation is timed side by side with out.copy_(x) in the
 same process (interleaved), and the ratio median(op) / median(copy) is printed. torch's own
-float8_e5m2 copy_ is shown for comparison. encode/decode ratios are against the copy of the
-float32 input as well. ``--clock cpu`` times the process's CPU seconds instead of wall seconds
+float8_e5m2 copy_ is shown for comparison, and so are the Philox words of the stochastic casts
+alone (one thread, no tensor read or written: with --threads 1 the floor under those casts).
+encode/decode ratios are against the copy of the float32 input as well. ``--clock cpu`` times the process's CPU seconds instead of wall seconds
 (for a machine shared with other work; use it with ``--threads 1``).
 """
 
@@ -57,6 +58,18 @@ def ratio(fn, copy, reps: int) -> tuple[float, float]:
     return ma / mb, ma
 
 
+def philox_words(m, n: int, chunk: int = 1 << 14):
+    """A function writing the random words of elements 0 .. n (blocks of 4) chunk blocks at a time."""
+    w = torch.empty(4 * chunk, dtype=torch.int32)
+    blocks = n // 4
+
+    def run():
+        for b0 in range(0, blocks - chunk + 1, chunk):
+            m.philox_simd_out(w, b0, 1, chunk, 1234, 0, False)
+
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2**26)
@@ -90,6 +103,12 @@ def main() -> None:
             fn = lambda: m.cast_out(x, out, e, mn, b, 0, True, mode, False, 32, 1234, 0)  # noqa: E731
             r, t = ratio(fn, copy, args.reps)
             print(f"cast {name:5s} {mname:21s} {r:6.2f}x copy  {n / t / 1e9:6.2f} Gelem/s")
+
+    # The floor under the stochastic casts: the Philox4x32-10 words of n elements alone (n / 4
+    # blocks, one thread, written in chunks to a 256 KiB buffer that stays in cache: no tensor
+    # traffic).
+    r, t = ratio(philox_words(m, n), copy, args.reps)
+    print(f"{'Philox words alone, 1 thread':32s} {r:6.2f}x copy  {n / t / 1e9:6.2f} Gword/s")
 
     import cpd  # the public API on top: Python argument checks, custom-op dispatch, seed draw
 

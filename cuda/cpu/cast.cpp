@@ -78,11 +78,12 @@ void cast_det(const float* x, float* y, int64_t n, const cpd::Format f) {
 
 // ------------------------------------------------------------------------------------------
 // Stochastic rounding: one Philox call serves four consecutive elements (block i >> 2).
-// cpd_cpu::philox_blocks (philox_simd.h: AVX-512, AVX2 or NEON lanes, else scalar) writes the
+// cpd_cpu::philox_blocks (philox_simd.h: AVX-512, AVX2, SSE4.1 or NEON lanes, else scalar) writes the
 // words of kSrBlocks blocks in element order, words[4k + j] = random_word(4 (b0 + k) + j): the
 // words of cpd::philox4x32_10, bit for bit.
 constexpr int64_t kSrBlocks = 96;  // blocks per buffer: 384 words, 1.5 KiB, stays in L1 (a multiple of
-                                   // the vector Philox's 12 (AVX2), 16 (NEON) and 32 (AVX-512) blocks)
+                                   // the vector Philox's 6 (SSE4.1), 12 (AVX2), 16 (NEON) and 32
+                                   // (AVX-512) blocks)
 
 // The cast: the words of kSrBlocks blocks into a buffer, then the cast of their 4 * kSrBlocks
 // elements (a span on the fast path, a straight loop on the generic one).

@@ -49,18 +49,49 @@ namespace cpd_cpu {
 
 constexpr int64_t kLanes = 64;  // outputs per tile (a multiple of 8)
 
+// The compiler folds a format field that holds a compile-time constant: the policies below run
+// their loops on a local copy of the format whose flush (FormatF::flush_below = 0: subnormals
+// on) or conventions (Format: signed, a zero of each sign, subnormals on; plain_lane_format)
+// are set to the constants they hold for the common formats, when they do (a branch per pass),
+// so that those selects drop out of the loop. The same numerics functions on the same values.
+inline cpd::FormatF no_flush(const cpd::FormatF& g) {
+  cpd::FormatF h = g;
+  h.flush_below = 0u;
+  return h;
+}
+
+inline bool plain_lane_format(const cpd::Format& f) {
+  return f.is_signed == 1u && f.uz == 0u && f.no_zero == 0u && f.subnormals == 1;
+}
+
+inline cpd::Format plain_lanes(const cpd::Format& f) {
+  cpd::Format h = f;
+  h.is_signed = 1u;
+  h.uz = 0u;
+  h.no_zero = 0u;
+  h.subnormals = 1;
+  return h;
+}
+
 // out[i] = R(x[i] + y[i]) (NEG: R(x[i] - y[i])) for the kLanes lanes; out may be x or y (each lane
 // reads its own index only, hence CPD_IVDEP). round(x): x[i] = R(x[i]), x a float32 result.
 struct AccF {
   cpd::FormatF g;
   template <bool NEG>
-  void add(float* out, const float* x, const float* y) const {
-    const cpd::FormatF h = g;
+  static void add_v(float* out, const float* x, const float* y, const cpd::FormatF h) {
     CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) out[i] = cpd::float_of(cpd::add_f(x[i], NEG ? -y[i] : y[i], h));
   }
-  void round(float* x) const {
-    const cpd::FormatF h = g;
+  static void round_v(float* x, const cpd::FormatF h) {
     CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) x[i] = cpd::float_of(cpd::round_f(cpd::bits_of(x[i]), h));
+  }
+  template <bool NEG>
+  void add(float* out, const float* x, const float* y) const {
+    if (g.flush_below == 0u) add_v<NEG>(out, x, y, no_flush(g));
+    else add_v<NEG>(out, x, y, g);
+  }
+  void round(float* x) const {
+    if (g.flush_below == 0u) round_v(x, no_flush(g));
+    else round_v(x, g);
   }
 };
 
@@ -68,14 +99,21 @@ template <int NORMAL_ONLY>
 struct AccI {
   cpd::Format f;
   template <bool NEG>
-  void add(float* out, const float* x, const float* y) const {
-    const cpd::Format h = f;
+  static void add_v(float* out, const float* x, const float* y, const cpd::Format h) {
     CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i)
       out[i] = cpd::float_of(cpd::round_lane_i<NORMAL_ONLY>(cpd::bits_of(cpd::fadd(x[i], NEG ? -y[i] : y[i])), h));
   }
-  void round(float* x) const {
-    const cpd::Format h = f;
+  static void round_v(float* x, const cpd::Format h) {
     CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) x[i] = cpd::float_of(cpd::round_lane_i<NORMAL_ONLY>(cpd::bits_of(x[i]), h));
+  }
+  template <bool NEG>
+  void add(float* out, const float* x, const float* y) const {
+    if (plain_lane_format(f)) add_v<NEG>(out, x, y, plain_lanes(f));
+    else add_v<NEG>(out, x, y, f);
+  }
+  void round(float* x) const {
+    if (plain_lane_format(f)) round_v(x, plain_lanes(f));
+    else round_v(x, f);
   }
 };
 
@@ -172,7 +210,12 @@ void f32_tile(const float* __restrict arow, const float* __restrict b, int64_t l
         for (int64_t i = 0; i < kLanes; ++i) s[i] = p[i];
       }
     } else {
-      for (int64_t i = 0; i < jt; ++i) p[i] = cpd::float_of(cpd::mul_f(av, br[i], mf));
+      if (mf.flush_below == 0u) {
+        const cpd::FormatF mh = no_flush(mf);
+        for (int64_t i = 0; i < jt; ++i) p[i] = cpd::float_of(cpd::mul_f(av, br[i], mh));
+      } else {
+        for (int64_t i = 0; i < jt; ++i) p[i] = cpd::float_of(cpd::mul_f(av, br[i], mf));
+      }
       if (BLOCK) acc.template add<false>(bs, bs, p);
       else if (KAHAN) kahan_lanes<false>(s, c, p, y, t, acc);
       else acc.template add<false>(s, s, p);

@@ -15,6 +15,8 @@
 //     high halves). Only low halves are meaningful, and only they are stored.
 //   * AVX2: the same on 4 blocks per __m256i with _mm256_mul_epu32 (8 products of 32-bit lanes
 //     per pair of multiplies), 3 vectors interleaved: 12 blocks per call (2 for the strided form).
+//   * SSE4.1 (x86-64-v2): the same on 2 blocks per __m128i with _mm_mul_epu32, 3 vectors
+//     interleaved: 6 blocks per call (2 vectors, 4 blocks, for the strided form).
 //   * NEON: 4 blocks per uint32x4_t, one block per 32-bit lane: lo = vmulq_u32, hi = the odd
 //     halves of vmull_u32 / vmull_high_u32 (vuzp2q_u32); vst4q_u32 stores element order.
 // A round, as in cpd::philox4x32_10:
@@ -29,6 +31,8 @@
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
+#elif defined(__SSE4_1__)
+#include <smmintrin.h>
 #endif
 #if defined(__ARM_NEON) && defined(__aarch64__)
 #include <arm_neon.h>
@@ -37,8 +41,9 @@
 
 namespace cpd_cpu {
 
-// The ISA the vector paths of this build use (for the benchmarks and the tests).
-inline const char* isa_name() {
+// The ISA the vector paths of this build use (for the benchmarks and the tests; constexpr so that
+// a compile-only check for another machine can assert it, tests/test_isa_levels.py).
+constexpr const char* isa_name() {
 #if defined(__AVX512F__) && defined(__AVX512FP16__)
   return "avx512+fp16";
 #elif defined(__AVX512F__)
@@ -135,6 +140,46 @@ inline __m128i low_halves(__m256i v) {
 }
 #endif
 
+#if defined(__SSE4_1__) && !defined(__AVX2__)
+// 3 vectors of state per word (12) and 2 multipliers fit the 16 xmm registers.
+constexpr int kGroups128 = 3, kGroups128Strided = 2;
+static_assert(kGroups128Strided == 2, "philox_strided stores the low halves of two vectors at a time");
+
+// Blocks b0 + i * st for i < 2 * G (2 per vector); x0..x3 hold the words in low halves.
+template <int G>
+inline void philox128(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+                      __m128i* x0, __m128i* x1, __m128i* x2, __m128i* x3) {
+  const __m128i m0 = _mm_set1_epi64x(0xD2511F53u), m1 = _mm_set1_epi64x(0xCD9E8D57u);
+  const __m128i iota = _mm_set_epi64x((long long)st, 0);
+  for (int g = 0; g < G; ++g) {
+    __m128i b = _mm_add_epi64(_mm_set1_epi64x((long long)(b0 + 2 * g * st)), iota);
+    x0[g] = b;
+    x1[g] = _mm_srli_epi64(b, 32);
+    x2[g] = _mm_set1_epi64x(c2);
+    x3[g] = _mm_set1_epi64x(c3);
+  }
+  for (int r = 0; r < cpd::PHILOX_ROUNDS; ++r) {
+    if (r) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const __m128i kk0 = _mm_set1_epi64x(k0), kk1 = _mm_set1_epi64x(k1);
+    for (int g = 0; g < G; ++g) {
+      __m128i p0 = _mm_mul_epu32(x0[g], m0), p1 = _mm_mul_epu32(x2[g], m1);
+      x0[g] = _mm_xor_si128(_mm_xor_si128(_mm_srli_epi64(p1, 32), x1[g]), kk0);
+      x1[g] = p1;
+      x2[g] = _mm_xor_si128(_mm_xor_si128(_mm_srli_epi64(p0, 32), x3[g]), kk1);
+      x3[g] = p0;
+    }
+  }
+}
+
+// The low halves of a's and b's two 64-bit lanes: [a0, a1, b0, b1] as four u32.
+inline __m128i low_halves(__m128i a, __m128i b) {
+  return _mm_castps_si128(_mm_shuffle_ps(_mm_castsi128_ps(a), _mm_castsi128_ps(b), _MM_SHUFFLE(2, 0, 2, 0)));
+}
+#endif
+
 #if defined(CPD_CPU_NEON)
 // Blocks b0 + i * st for i < 4 * G; word j of group g in x[j][g] (one block per 32-bit lane).
 template <int G>
@@ -209,6 +254,20 @@ inline void philox_blocks(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uin
       _mm256_storeu_si256((__m256i*)(w + 16 * g + 8), _mm256_permute2x128_si256(b02, b13, 0x31));
     }
   }
+#elif defined(__SSE4_1__)
+  // v01 = [b0: w0 w1 | b1: w0 w1], v23 the same for w2 w3; unpacking their 64-bit halves gives
+  // the blocks in element order.
+  for (; k + 2 * kGroups128 <= nb; k += 2 * kGroups128) {
+    __m128i x0[kGroups128], x1[kGroups128], x2[kGroups128], x3[kGroups128];
+    philox128<kGroups128>(b0 + (uint64_t)k, 1, c2, c3, k0, k1, x0, x1, x2, x3);
+    uint32_t* w = words + 4 * k;
+    for (int g = 0; g < kGroups128; ++g) {
+      __m128i v01 = _mm_blend_epi16(x0[g], _mm_slli_epi64(x1[g], 32), 0xCC);
+      __m128i v23 = _mm_blend_epi16(x2[g], _mm_slli_epi64(x3[g], 32), 0xCC);
+      _mm_storeu_si128((__m128i*)(w + 8 * g), _mm_unpacklo_epi64(v01, v23));
+      _mm_storeu_si128((__m128i*)(w + 8 * g + 4), _mm_unpackhi_epi64(v01, v23));
+    }
+  }
 #elif defined(CPD_CPU_NEON)
   constexpr int G = 4;
   for (; k + 4 * G <= nb; k += 4 * G) {
@@ -235,6 +294,13 @@ inline void philox_strided(uint64_t b0, uint64_t st, int64_t n, uint32_t c2, uin
     for (int j = 0; j < 4; ++j)
       for (int g = 0; g < G; ++g)
         _mm_storeu_si128((__m128i*)(w + j * ld + i + 4 * g), low_halves(x[j][g]));
+  }
+#elif defined(__SSE4_1__)
+  constexpr int G = kGroups128Strided;  // 2 vectors: 4 blocks, one 128-bit store per word
+  for (; i + 2 * G <= n; i += 2 * G) {
+    __m128i x[4][G];
+    philox128<G>(b0 + (uint64_t)i * st, st, c2, c3, k0, k1, x[0], x[1], x[2], x[3]);
+    for (int j = 0; j < 4; ++j) _mm_storeu_si128((__m128i*)(w + j * ld + i), low_halves(x[j][0], x[j][1]));
   }
 #elif defined(CPD_CPU_NEON)
   constexpr int G = 4;
