@@ -102,18 +102,16 @@ def _backward(ctx, grad):
 _op.register_autograd(_backward, setup_context=_setup)
 
 
-def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params) -> torch.Tensor:
-    """Launch cuda/kernels/fused_dot.cu (one thread per output), built as a
-    :class:`cpd._kernels.Launch` like every kernel of :mod:`cpd.ops`."""
+def launch_of(a3, b3, y, sa, sb, block, s_emin, p: _fused_dot_ref.Params, blocks: int):
+    """The :class:`cpd._kernels.Launch` of cuda/kernels/fused_dot.cu (one thread per output,
+    grid-stride) for contiguous a3 (B, M, K), b3 (B, K, N) into y (B, M, N): what the CUDA path
+    hands to the driver and the tests to the host shim (``cpd._shim.launch``)."""
     import ctypes
 
-    from . import _cuda, _kernels
+    from . import _kernels
 
     B, M, K = a3.shape
     N = b3.shape[2]
-    y = torch.empty((B, M, N), dtype=torch.float32, device=a3.device)
-    if y.numel() == 0:
-        return y
     i, ll, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
     scaled = sa.numel() > 0
     nb = sa.shape[-1] if scaled else 0
@@ -121,10 +119,21 @@ def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params) -> tor
             (ptr, sb.data_ptr() if scaled else 0), (ll, B), (ll, M), (ll, K), (ll, N), (ll, nb), (i, block),
             (i, s_emin), (i, p.group), (i, p.frac), (i, p.out), (i, p.a_emin), (i, p.b_emin), (i, p.zero_exp),
             (i, p.algo), (i, p.ftz)]
+    return _kernels.Launch("fused_dot.cu", "cpd_fused_dot_matmul", (blocks, 1, 1), (256, 1, 1), tuple(args))
+
+
+def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params) -> torch.Tensor:
+    """Launch cuda/kernels/fused_dot.cu on the device (:func:`launch_of`)."""
+    from . import _cuda
+
+    B, M, _ = a3.shape
+    N = b3.shape[2]
+    y = torch.empty((B, M, N), dtype=torch.float32, device=a3.device)
+    if y.numel() == 0:
+        return y
     sms = torch.cuda.get_device_properties(a3.device).multi_processor_count
     blocks = max(1, min((y.numel() + 255) // 256, sms * 32))
-    _cuda.launch(_kernels.Launch("fused_dot.cu", "cpd_fused_dot_matmul", (blocks, 1, 1), (256, 1, 1), tuple(args)),
-                 a3.device)
+    _cuda.launch(launch_of(a3, b3, y, sa, sb, block, s_emin, p, blocks), a3.device)
     return y
 
 

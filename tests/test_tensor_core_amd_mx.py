@@ -511,3 +511,31 @@ def test_gpu_matches_cpu(arch, ka):
     if not acc.block_scaled:
         a, b = values_of(acc.a, 64 * 100, gen).reshape(64, 100), values_of(acc.b, 100 * 48, gen).reshape(100, 48)
     assert same(cpd.matmul(a.cuda(), b.cuda(), acc=acc).cpu(), cpd.matmul(a, b, acc=acc))
+
+
+@pytest.mark.parametrize("arch,ka", [("cdna3", "fp8"), ("cdna3", "bf16"), ("cdna2", "fp16"), ("cdna1", "bf16"),
+                                     ("hopper", "e4m3"), ("volta", "fp16"), ("blackwell", "mxfp8_e4m3"),
+                                     ("blackwell", "nvfp4")])
+def test_cuda_kernel_on_host_shim_matches_cpu(arch, ka, monkeypatch):
+    """cuda/kernels/fused_dot.cu executed on the host (cpd._shim, the same Launch the CUDA path
+    builds, 3 blocks grid-striding over ragged outputs) gives the CPU extension's bits."""
+    from cpd import _shim, _tensor_core_op
+
+    acc = tensor_core(arch, a=ka)
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(2, 9, 70, generator=gen) * 4
+    b = torch.randn(70, 11, generator=gen)
+    if not acc.block_scaled:
+        a = values_of(acc.a, a.numel(), gen).reshape(a.shape)
+        b = values_of(acc.b, b.numel(), gen).reshape(b.shape)
+    a[0, 1, 3] = float("inf")
+    want = cpd.matmul(a, b, acc=acc)
+
+    def on_shim(a3, b3, sa, sb, block, s_emin, p, _fields):
+        y = torch.full((a3.shape[0], a3.shape[1], b3.shape[2]), float("nan"))
+        _shim.launch(_tensor_core_op.launch_of(a3, b3, y, sa, sb, block, s_emin, p, blocks=3))
+        return y
+
+    monkeypatch.setattr(_tensor_core_op, "_cpu_body", on_shim)
+    got = cpd.matmul(a, b, acc=acc)
+    assert same(got, want)
