@@ -36,14 +36,7 @@ settings.register_profile(
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-#: Test files whose tests build the CPU extension again (per ISA level) or start processes: run
-#: first, so that with pytest-xdist (pyproject.toml: `-n 2 --dist loadfile`) one worker takes them
-#: while the other works through the rest, instead of the long file starting last.
-FIRST = ("test_isa_levels.py", "test_distributed.py")
-
-
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.name not in FIRST)  # stable: the order within is kept
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
