@@ -164,6 +164,18 @@ def _axis(fmt: BlockFormat, x: torch.Tensor) -> int:
     return fmt.axis % x.dim()
 
 
+def _checked(x, fmt, rounding, generator) -> tuple[torch.Tensor, BlockFormat, Rounding]:
+    """The checked (float32 x, BlockFormat, Rounding) of cast / encode; generator= only with
+    stochastic rounding."""
+    x = _check_x(x)
+    fmt = _fmt(fmt)
+    _axis(fmt, x)
+    mode = Rounding.parse(rounding)
+    if mode is not Rounding.STOCHASTIC and generator is not None:
+        raise ValueError(f"generator only applies to rounding='stochastic', got rounding={mode.value!r}")
+    return x, fmt, mode
+
+
 # --------------------------------------------------------------------------------------- custom ops
 # Each op's default body is the pure-torch path (any device); cpu and cuda get the bodies of
 # cpd/_mx_engine.py bound to their engine (the fused kernels, or that same pure-torch path).
@@ -273,12 +285,7 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator
         >>> cast(torch.tensor([1.0, 0.3, -100.0]), BlockFormat("e2m1fn", 3)).tolist()
         [0.0, 0.0, -96.0]
     """
-    x = _check_x(x)
-    fmt = _fmt(fmt)
-    _axis(fmt, x)
-    mode = Rounding.parse(rounding)
-    if mode is not Rounding.STOCHASTIC and generator is not None:
-        raise ValueError(f"generator only applies to rounding='stochastic', got rounding={mode.value!r}")
+    x, fmt, mode = _checked(x, fmt, rounding, generator)
     seed = torch.zeros((), dtype=torch.int64)
     if mode is Rounding.STOCHASTIC:
         seed = torch.randint(0, 2**62, (), generator=generator, dtype=torch.int64)
@@ -325,12 +332,7 @@ class Encoded(tuple):
 def encode(x: torch.Tensor, fmt, rounding="nearest", *, pack: bool = True,
            generator: torch.Generator | None = None) -> Encoded:
     """Encode ``x`` to element codes and scale codes: ``codes, scales = encode(x, MXFP4)``."""
-    x = _check_x(x)
-    fmt = _fmt(fmt)
-    _axis(fmt, x)
-    mode = Rounding.parse(rounding)
-    if mode is not Rounding.STOCHASTIC and generator is not None:
-        raise ValueError(f"generator only applies to rounding='stochastic', got rounding={mode.value!r}")
+    x, fmt, mode = _checked(x, fmt, rounding, generator)
     if not isinstance(pack, bool):
         raise TypeError(f"pack must be a bool, got {type(pack).__name__}")
     seed = draw_seed(generator, x.device) if mode is Rounding.STOCHASTIC else _NO_SEED
