@@ -114,11 +114,19 @@ CPD_FN float block_inverse(u32 s) { return float_of(compose(1, -floor_log2_bits(
 // The element P (float32 bits) of x in a block with a power-of-two scale, inv = 2^-e, on the
 // path the caller's loop picked: cast of fl(x * inv), exact when pow2_inexact is 0. The forms on
 // (el, is_int) are for vectorized loops holding a local copy of the element format.
+// An integer element format (MXINT8) has no -0: a rounded -0 becomes +0.
+CPD_FN u32 elem_no_int_neg_zero(u32 r, u32 is_int) { return sel(is_int & (u32)(r == SIGN), 0u, r); }
+
+// The scaled value q (float32 bits) rounded to the element format: the end of every rule.
+template <bool FAST>
+CPD_FN u32 elem_round(u32 q, const Format& el, u32 is_int, int mode, u32 rand, int sr_bits) {
+  u32 r = FAST ? cast_bits_fast(q, el, mode, rand, sr_bits) : cast_bits_generic(q, el, mode, rand, sr_bits);
+  return elem_no_int_neg_zero(r, is_int);
+}
+
 template <bool FAST>
 CPD_FN u32 elem_pow2_cast(u32 x, float inv, const Format& el, u32 is_int, int mode, u32 rand, int sr_bits) {
-  u32 p = bits_of(fmul(float_of(x), inv));
-  u32 r = FAST ? cast_bits_fast(p, el, mode, rand, sr_bits) : cast_bits_generic(p, el, mode, rand, sr_bits);
-  return sel(is_int & (u32)(r == SIGN), 0u, r);
+  return elem_round<FAST>(bits_of(fmul(float_of(x), inv)), el, is_int, mode, rand, sr_bits);
 }
 template <bool FAST>
 CPD_FN u32 block_elem_pow2_cast(u32 x, float inv, const BlockSpec& b, int mode, u32 rand, int sr_bits) {
@@ -135,16 +143,13 @@ CPD_FN u32 pow2_inexact(u32 x, float inv) {
 // The element in every case: the exact product rounded once (cpd.mul's rule).
 CPD_FN u32 block_elem_pow2(u32 x, float inv, const BlockSpec& b, int mode, u32 rand, int sr_bits) {
   if (!pow2_inexact(x, inv)) return block_elem_pow2_cast<false>(x, inv, b, mode, rand, sr_bits);
-  u32 r = mul_bits(x, bits_of(inv), b.el, mode, rand, sr_bits);
-  return sel(b.is_int & (u32)(r == SIGN), 0u, r);
+  return elem_no_int_neg_zero(mul_bits(x, bits_of(inv), b.el, mode, rand, sr_bits), b.is_int);
 }
 
 // The element of x under the amax rule (d = block_divisor).
 template <bool FAST>
 CPD_FN u32 elem_amax(u32 x, float d, const Format& el, u32 is_int, int mode, u32 rand, int sr_bits) {
-  u32 q = bits_of(fdiv(float_of(x), d));
-  u32 r = FAST ? cast_bits_fast(q, el, mode, rand, sr_bits) : cast_bits_generic(q, el, mode, rand, sr_bits);
-  return sel(is_int & (u32)(r == SIGN), 0u, r);
+  return elem_round<FAST>(bits_of(fdiv(float_of(x), d)), el, is_int, mode, rand, sr_bits);
 }
 template <bool FAST>
 CPD_FN u32 block_elem_amax(u32 x, float d, const BlockSpec& b, int mode, u32 rand, int sr_bits) {
