@@ -222,8 +222,21 @@ def source_dir() -> Path:
     return packaged if packaged.is_dir() else _ROOT / "cuda"
 
 
+#: The core of the extension: casts, encode/decode, arithmetic and matmul (``cast.cpp`` defines the
+#: module and links the other two). The other sources add op libraries of their own
+#: (``torch.ops.cpd_fused_dot``, ``cpd_wire``, ``cpd_mx_cpu``).
+CORE_SOURCES = ("arith.cpp", "cast.cpp", "matmul.cpp")
+
+
 def _sources() -> list[Path]:
-    return sorted((source_dir() / "cpu").glob("*.cpp"))
+    """The sources to build: all of ``cpu/*.cpp``, or only :data:`CORE_SOURCES` when
+    ``_CPD_CPU_CORE_ONLY=1`` (private, for the ISA-level tests, which check the numerics core at
+    each level and need not compile the tensor-core, wire and MX libraries three times; such a
+    build has its own module name, and the ops of the libraries it lacks are missing)."""
+    every = sorted((source_dir() / "cpu").glob("*.cpp"))
+    if os.environ.get("_CPD_CPU_CORE_ONLY") == "1":
+        return [p for p in every if p.name in CORE_SOURCES]
+    return every
 
 
 def _module_name(flags: BuildFlags) -> str:
@@ -234,6 +247,7 @@ def _module_name(flags: BuildFlags) -> str:
             (source_dir() / "include" / "cpd").glob("*.h")):
         h.update(p.read_bytes())
     h.update(repr(flags).encode())
+    h.update(" ".join(p.name for p in _sources()).encode())
     h.update(_compiler()[1].encode())
     if flags.arch == "native":  # a library for this CPU only
         h.update((platform.machine() + " ".join(sorted(_cpu_flags()))).encode())
@@ -321,7 +335,8 @@ def _build(flags: BuildFlags):
         build_dir.mkdir(parents=True, exist_ok=True)
         if not _built(name):
             omp = "" if flags.openmp else ", without OpenMP"
-            print(f"cpd: building cpd's CPU extension for {describe(flags)}{omp} (one time, about a minute)…",
+            core = " (core only)" if len(_sources()) == len(CORE_SOURCES) else ""
+            print(f"cpd: building cpd's CPU extension{core} for {describe(flags)}{omp} (one time, about a minute)…",
                   file=sys.stderr, flush=True)
         _state["flags"] = flags
         return load(

@@ -36,7 +36,16 @@ settings.register_profile(
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+#: The longest test files, longest first (minutes on 2 cores: ISA-level builds, real processes,
+#: tutorials run as scripts, NVRTC compiles). With pytest-xdist (pyproject.toml: `-n 2 --dist
+#: loadfile --no-loadscope-reorder`) each worker takes one of them at the start while the other
+#: works through the rest, instead of a long file starting last.
+FIRST = ("test_isa_levels.py", "test_distributed.py", "test_tutorials.py", "test_cuda.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    order = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(FIRST)))  # stable: the order within is kept
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")

@@ -154,3 +154,14 @@ def test_no_openmp_is_said_and_keyed(monkeypatch, tmp_path, capsys):
     assert "without OpenMP" in capsys.readouterr().err
     assert "-fopenmp" not in seen["extra_cflags"] and seen["extra_ldflags"] == []
     assert seen["name"] == _cpu._module_name(_cpu.build_flags("x86_64", "gcc", "x86-64-v3", openmp=False))
+
+
+def test_core_only_build_is_its_own_module(monkeypatch):
+    """``_CPD_CPU_CORE_ONLY=1`` (the ISA-level tests) builds cast, arith and matmul only, under a
+    module name of its own, so it never shadows or loads the whole extension's library."""
+    flags = _cpu.build_flags("x86_64", "gcc", "x86-64-v2")
+    whole = _cpu._module_name(flags)
+    assert {p.name for p in _cpu._sources()} > set(_cpu.CORE_SOURCES)
+    monkeypatch.setenv("_CPD_CPU_CORE_ONLY", "1")
+    assert [p.name for p in _cpu._sources()] == list(_cpu.CORE_SOURCES)
+    assert _cpu._module_name(flags) != whole

@@ -159,7 +159,7 @@ def test_exhaustive_subset_on_fallback():
     env = dict(os.environ, CPD_NO_EXTENSION="1")
     tests = Path(__file__).resolve().parent
     sel = "e5m2 or e4m3fn or e2m1finite or e3m0 or e4m3nosub or e4m3b147 or e7m0b150 or e1m6"
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-x",
                           str(tests / "test_cast_exhaustive.py"), "-k", sel],
                          env=env, capture_output=True, text=True, timeout=300, cwd=tests.parent)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
