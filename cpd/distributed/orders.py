@@ -250,8 +250,9 @@ def hierarchical(tp: Transport, lay: Layout, s_buf: torch.Tensor, sums: Sums, gr
 
     if j:  # a member: send up chunk by chunk as encoded, decode what comes down as it lands
         down = scratch(1, lay.nbytes)
+        final_order = [(g + 1 - i) % p for i in range(p)]  # as the leaders' ring finishes chunks
         recvs = [(c, jj, lo, hi, tp.irecv(down[lo:hi], leader, tag(c, jj, 1)))
-                 for c in order for jj, (lo, hi, _) in enumerate(lay.subchunks(c))]
+                 for c in final_order for jj, (lo, hi, _) in enumerate(lay.subchunks(c))]
         sends = []
         for c in order:
             if prepare is not None:
