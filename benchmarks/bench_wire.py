@@ -77,16 +77,17 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
     runs = {}
     if prof is not None:  # backward alone (no DDP, no communication): what overlap could hide
         runs["backward alone"] = (model(), None)
-    ddp = DDP(model())
+    kw = {} if opts.bucket_cap_mb is None else {"bucket_cap_mb": opts.bucket_cap_mb}  # the same for every variant
+    ddp = DDP(model(), **kw)
     runs[VARIANTS[0]] = (ddp, None)
-    ddp = DDP(model())
+    ddp = DDP(model(), **kw)
     ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     runs[VARIANTS[1]] = (ddp, None)
     for name, fmt in zip(VARIANTS[2:], ("e4m3", cpd.FloatFormat(3, 0))):
         if opts.variants and name not in opts.variants:
             continue
         m = model()
-        ddp = DDP(m)
+        ddp = DDP(m, **kw)
         state = cpd.distributed.APSHookState(fmt, "ring", model=m, timeout=600)
         ddp.register_comm_hook(state, cpd.distributed.aps_hook)
         runs[name] = (ddp, state)
@@ -247,11 +248,11 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
             best = min(best, time.thread_time() - t0)
         return best / n
 
-    def hop_rate(buf, acc0, wf, table):
+    def hop_rate(buf, acc0, wf, variant):
         acc = acc0.clone()
         old = os.environ.pop("CPD_WIRE_HOP", None)
-        if table:
-            os.environ["CPD_WIRE_HOP"] = "table"
+        if variant:
+            os.environ["CPD_WIRE_HOP"] = variant
         try:
             # each call restores the accumulator first (else sums grow to inf); the copy's own
             # time, measured alone, is taken off
@@ -268,16 +269,16 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
         buf = kernels.encode(x, segs, lay.wf, Rounding.NEAREST, False)
         acc = kernels.encode(torch.roll(x, 1), segs, lay.wf, Rounding.NEAREST, False)
         out = torch.empty(n)
-        hops = [("hop (decode, add, encode)", "gradient", buf, acc, False)]
+        hops = [("hop (decode, add, encode)", "gradient", buf, acc, None)]
         if fmt.bits == 8:
             fin = torch.nonzero(torch.isfinite(cpd.decode(torch.arange(256), fmt))).flatten()
             ra, rb = (fin[torch.randint(0, fin.numel(), (n,), generator=g)].to(torch.uint8) for _ in range(2))
-            hops = [("hop, fused", "gradient", buf, acc, False), ("hop, pair tables", "gradient", buf, acc, True),
-                    ("hop, fused", "uniform", ra, rb, False), ("hop, pair tables", "uniform", ra, rb, True)]
+            hops = [(f"hop, {name}", codes, a, b, var) for codes, a, b in (("gradient", buf, acc), ("uniform", ra, rb))
+                    for name, var in (("fused", None), ("pair tables", "table"))]
         t = rate(lambda: kernels.encode(x, segs, lay.wf, Rounding.NEAREST, False, out=acc.clone()))
         rows.append(f"| encode (scale, cast, pack) | {fmt.name} | gradient | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
-        for name, codes, a, b, table in hops:
-            t = hop_rate(a, b, lay.wf, table)
+        for name, codes, a, b, variant in hops:
+            t = hop_rate(a, b, lay.wf, variant)
             rows.append(f"| {name} | {fmt.name} | {codes} | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
         t = rate(lambda: kernels.decode(buf, segs, out, lay.wf, 0.5))
         rows.append(f"| decode (unscale, 1/W) | {fmt.name} | gradient | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
@@ -289,6 +290,7 @@ def run_one(rate: str, nproc: int, opts) -> dict | None:
     out = Path(tempfile.mkdtemp(prefix="bench_wire_")) / "res.json"
     cmd = [sys.executable, __file__, "--inner", "--rates", rate, "--nproc", str(nproc), "--reps", str(opts.reps),
            "--width", str(opts.width), "--batch", str(opts.batch), "--out", str(out)] + (
+           ["--bucket-cap-mb", str(opts.bucket_cap_mb)] if opts.bucket_cap_mb is not None else []) + (
            ["--profile"] if opts.profile else []) + (["--variants", *opts.variants] if opts.variants else [])
     netns = shutil.which("unshare") is not None and os.geteuid() == 0
     if netns:
@@ -330,6 +332,8 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--width", type=int, default=1536, help="MLP width (1536: 4.7M weights)")
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="DDP's bucket_cap_mb for every variant alike (default: DDP's 25)")
     p.add_argument("--no-kernels", action="store_true", help="skip the single-thread kernel rates")
     p.add_argument("--kernels", action="store_true", help="only the single-thread kernel rates")
     p.add_argument("--variants", nargs="+", choices=VARIANTS[2:],
@@ -348,8 +352,9 @@ def main(argv=None) -> int:
         print(kernel_rates(), flush=True)
     if opts.kernels:
         return 0
-    print(f"MLP width {opts.width}, batch {opts.batch}, {opts.reps} timed reps per variant (medians of "
-          "loss.backward(): backward + communication)")
+    cap = "DDP's default" if opts.bucket_cap_mb is None else f"{opts.bucket_cap_mb:g} MB"
+    print(f"MLP width {opts.width}, batch {opts.batch}, bucket_cap_mb {cap} (every variant), {opts.reps} timed reps "
+          "per variant (medians of loss.backward(): backward + communication)")
     results = []
     for rate in opts.rates:
         for n in opts.nproc:

@@ -904,6 +904,17 @@ JOBS.update({"pipeline": job_pipeline, "stall": job_stall})
 
 PIPE_CASES = [dict(fmt="e4m3"), dict(fmt=E43, kahan=True), dict(fmt="e5m2", bucket_cap_mb=1e-5),
               dict(fmt="e4m3", algorithm="hierarchical", group_size=1, kahan=True)]
+#: The pipelined hierarchical and one_rounding orders: one group (the leaders' ring of one), groups
+#: of 2 (W = 4), Kahan, 1-element buckets.
+PIPE_ORDER_CASES = {
+    3: [dict(fmt="e4m3", algorithm="one_rounding"), dict(fmt=E43, algorithm="one_rounding", bucket_cap_mb=1e-5),
+        dict(fmt="e4m3", algorithm="hierarchical", group_size=3, kahan=True),
+        dict(fmt=E43, algorithm="hierarchical", group_size=3, bucket_cap_mb=1e-5)],
+    4: [dict(fmt="e5m2", algorithm="one_rounding", bucket_cap_mb=1e-5),
+        dict(fmt="e5m2", algorithm="hierarchical", group_size=2),
+        dict(fmt=E43, algorithm="hierarchical", group_size=2, kahan=True, bucket_cap_mb=1e-5),
+        dict(fmt="e4m3", algorithm="hierarchical", group_size=4)],
+}
 
 
 @pytest.mark.parametrize("world", [3, 4])
@@ -911,6 +922,17 @@ def test_pipelined_ring_equals_unpipelined(tmp_path, world):
     """Sub-chunks of 8 elements against one message per chunk: odd layer sizes, layers smaller than
     W (empty chunks), an empty layer, 1-element buckets; the same bits, bytes and the emulator's."""
     for rank, cases in enumerate(spawn("pipeline", world, tmp_path, PIPE_CASES)):
+        for r in cases:
+            assert all(r["pipelined_eq"].values()), (world, rank, r)
+            assert all(r["emulator_eq"].values()), (world, rank, r)
+            assert r["bytes_eq"], (world, rank, r)
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_pipelined_orders_equal_unpipelined(tmp_path, world):
+    """hierarchical and one_rounding pipelined like the ring (8-element sub-chunks against one
+    message per chunk): the same bits, bytes and the emulator's."""
+    for rank, cases in enumerate(spawn("pipeline", world, tmp_path, PIPE_ORDER_CASES[world])):
         for r in cases:
             assert all(r["pipelined_eq"].values()), (world, rank, r)
             assert all(r["emulator_eq"].values()), (world, rank, r)

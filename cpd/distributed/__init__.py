@@ -23,10 +23,11 @@ What travels, per DDP bucket (or per optimizer step), on a dedicated process gro
 3. **Reduce**: ``"ring"``: reduce-scatter over point-to-point messages (``batch_isend_irecv``),
    every hop decodes, adds in the format (:func:`cpd.add`, optional Kahan compensation, which
    then travels with the partial sum), re-encodes; then an allgather of the owned chunks.
-   ``"hierarchical"``: a gather of codes to each group's first rank (subgroups from
-   ``dist.new_subgroups_by_enumeration``), a sequential sum there, the ring across group leaders,
-   a broadcast back. ``"one_rounding"``: ``all_to_all_single`` of the codes, each rank sums its
-   chunk in float32 (worker order), an allgather of the float32 chunks: one rounding only (the
+   ``"hierarchical"``: the codes of each group gathered at its first rank, a sequential sum
+   there, the ring across group leaders, sent back (gloo: pipelined point-to-point sub-chunks;
+   NCCL: gather and broadcast on subgroups from ``dist.new_subgroups_by_enumeration``).
+   ``"one_rounding"``: an all-to-all of the codes, each rank sums its chunk in float32 (worker
+   order), an allgather of the float32 chunks (gloo: pipelined sub-chunks): one rounding only (the
    cast), for users who want the bandwidth saving of the first half without low-precision sums.
 4. Decode, unscale (``/ 2**s``), divide by W (by the caller: the hook or the optimizer).
 

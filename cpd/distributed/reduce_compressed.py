@@ -69,15 +69,18 @@ class CompressedReducer:
             lo, hi = lay.chunk(c)
             if hi > lo:
                 kernels.encode(x, lay.segments(c, offs, sc), lay.wf, Rounding.NEAREST, False, out=buf[lo:hi])
-        if self.cfg.algorithm == "ring":
-            ring(tp, lay, buf, None, tp.ranks, tp.pos, Sums(Rounding.NEAREST, False, False))
-        else:
-            lay, buf = one_rounding(tp, lay, buf)
         out = torch.empty_like(x)
-        for c in range(lay.parts):
-            lo, hi = lay.chunk(c)
-            if hi > lo:
-                kernels.decode(buf[lo:hi], lay.segments(c, offs, sc), out, lay.wf)
+
+        def final(c: int, j: int, data: torch.Tensor) -> None:  # sub-chunk j of chunk c is final
+            if data.numel():
+                a = j * lay.sub
+                kernels.decode(data, lay.segments(c, offs, sc, a, min(lay.lengths[c], a + lay.sub)), out, lay.wf)
+
+        if self.cfg.algorithm == "ring":
+            ring(tp, lay, buf, None, tp.ranks, tp.pos, Sums(Rounding.NEAREST, False, False), final=final)
+        else:
+            one_rounding(tp, lay, buf, final=final,
+                         scratch=lambda slot, n: torch.empty(n, dtype=torch.uint8, device=x.device))
         return out.cpu()
 
     @torch.no_grad()

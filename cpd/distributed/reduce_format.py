@@ -149,36 +149,36 @@ class FormatReducer:
             if hi > lo:
                 kernels.encode(flat, lay.segments(c, offs, sc), lay.wf, cfg.rounding, cfg.saturate, out=buf[lo:hi])
 
-        def final(c: int, j: int, lo: int, hi: int) -> None:  # the fused decode of one final sub-chunk
-            if hi > lo:
+        def final(c: int, j: int, data: torch.Tensor) -> None:  # the fused decode of one final sub-chunk
+            if data.numel():
                 a = j * lay.sub  # sub-chunk j: elements [j * sub, (j + 1) * sub) of chunk c
                 b = min(lay.lengths[c], a + lay.sub)
-                bad[0] += kernels.decode(buf[lo:hi], lay.segments(c, offs, sc, a, b), out, lay.wf, inv)
+                wf = lay32.wf if lay32 is not None else lay.wf
+                bad[0] += kernels.decode(data, lay.segments(c, offs, sc, a, b), out, wf, inv)
 
+        def scratch(slot: int, nbytes: int) -> torch.Tensor:
+            return self._buffer(nbytes, flat.device, slot)
+
+        lay32 = None
         if alg == "ring":
             c_buf = torch.zeros_like(buf) if cfg.kahan else None
-            ring(tp, lay, buf, c_buf, tp.ranks, tp.pos, self.sums, prepare=prepare, final=final)
-            return bad[0]
-        for c in range(lay.parts):
-            prepare(c)
-        if alg == "hierarchical":
-            hierarchical(tp, lay, buf, self.sums, k, self.sub)
+            ring(tp, lay, buf, c_buf, tp.ranks, tp.pos, self.sums, prepare=prepare, final=final, scratch=scratch)
+        elif alg == "hierarchical":
+            hierarchical(tp, lay, buf, self.sums, k, self.sub, scratch=scratch, prepare=prepare, final=final)
         else:
-            lay, buf = one_rounding(tp, lay, buf)
-        for c in range(lay.parts):
-            lo, hi = lay.chunk(c)
-            if hi > lo:
-                bad[0] += kernels.decode(buf[lo:hi], lay.segments(c, offs, sc), out, lay.wf, inv)
+            lay32 = layout(FP32, lay.sizes, lay.parts, lay.sub)  # final's bytes are float32 sums
+            one_rounding(tp, lay, buf, scratch=scratch, prepare=prepare, final=final)
         return bad[0]
 
-    def _buffer(self, nbytes: int, device) -> torch.Tensor:
-        """A stream buffer of ``nbytes`` (uninitialized), kept for the next bucket and step: the
-        buckets are reduced one at a time, so one buffer per size and device serves them all, and
-        its pages are not faulted in again every step."""
-        key = (nbytes, str(device))
+    def _buffer(self, nbytes: int, device, slot: int = 0) -> torch.Tensor:
+        """A buffer of ``nbytes`` (uninitialized) for ``slot`` (0: the stream; others: receives of
+        the orders), kept for the next bucket and step: the buckets are reduced one at a time, so
+        one buffer per slot, size and device serves them all, and its pages are not faulted in
+        again every step."""
+        key = (slot, nbytes, str(device))
         buf = self._buffers.get(key)
         if buf is None:
-            if len(self._buffers) >= 8:  # a handful of bucket sizes; forget the rest
+            if len(self._buffers) >= 32:  # a handful of bucket sizes and slots; forget the rest
                 self._buffers.clear()
             buf = self._buffers[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return buf
