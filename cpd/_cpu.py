@@ -23,6 +23,7 @@ operands and random words, never on the split).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -323,6 +324,33 @@ def build_info() -> dict:
             "openmp": flags.openmp if ext is not None else False, "cflags": " ".join(flags.cflags)}
 
 
+@contextlib.contextmanager
+def _build_lock(build_dir: Path):
+    """One build per folder at a time, and no hang after a build that was killed.
+
+    torch's ``load`` guards a build with a ``lock`` file that only its builder removes: a build
+    interrupted by Ctrl-C or a kill leaves it, and every later process waits for it forever. cpd
+    builds under an ``flock`` of its own instead (the kernel releases it when its holder dies), so
+    a ``lock`` file found while holding the flock belongs to a dead build and is removed."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's lock file alone
+        yield
+        return
+    fd = os.open(build_dir / "cpd.flock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            print("cpd: waiting for another process that is building cpd's CPU extension…", file=sys.stderr,
+                  flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)  # a dead build's: nobody else holds the flock
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
 def _build(flags: BuildFlags):
     try:
         from torch.utils.cpp_extension import load
@@ -339,15 +367,16 @@ def _build(flags: BuildFlags):
             print(f"cpd: building cpd's CPU extension{core} for {describe(flags)}{omp} (one time, about a minute)…",
                   file=sys.stderr, flush=True)
         _state["flags"] = flags
-        return load(
-            name=name,
-            sources=[str(p) for p in _sources()],
-            extra_include_paths=[str(source_dir() / "include"), str(source_dir() / "cpu")],
-            extra_cflags=list(flags.cflags),
-            extra_ldflags=list(flags.ldflags),
-            build_directory=str(build_dir),
-            verbose=os.environ.get("CPD_VERBOSE_BUILD") == "1",
-        )
+        with _build_lock(build_dir):
+            return load(
+                name=name,
+                sources=[str(p) for p in _sources()],
+                extra_include_paths=[str(source_dir() / "include"), str(source_dir() / "cpu")],
+                extra_cflags=list(flags.cflags),
+                extra_ldflags=list(flags.ldflags),
+                build_directory=str(build_dir),
+                verbose=os.environ.get("CPD_VERBOSE_BUILD") == "1",
+            )
     except Exception as exc:  # no compiler, no ninja, a build error: fall back, say so once
         warnings.warn(
             f"cpd: could not build the CPU extension ({type(exc).__name__}: {str(exc)[:500]}); "

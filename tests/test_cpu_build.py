@@ -165,3 +165,34 @@ def test_core_only_build_is_its_own_module(monkeypatch):
     monkeypatch.setenv("_CPD_CPU_CORE_ONLY", "1")
     assert [p.name for p in _cpu._sources()] == list(_cpu.CORE_SOURCES)
     assert _cpu._module_name(flags) != whole
+
+
+def test_a_killed_build_does_not_hang_the_next(monkeypatch, tmp_path, capsys):
+    """torch's ``lock`` file left by a build that was killed (Ctrl-C during the first minute) made
+    every later load wait forever; cpd's own flock shows it is stale and removes it."""
+    import subprocess
+    import sys
+
+    import torch.utils.cpp_extension as ce
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(_cpu, "_state", {})
+    monkeypatch.setattr(_cpu, "_openmp_works", lambda flags: True)
+    flags = _cpu.build_flags("x86_64", "gcc", "x86-64-v2")
+    build_dir = _cpu._build_dir(_cpu._module_name(flags))
+    build_dir.mkdir(parents=True)
+    (build_dir / "lock").write_bytes(b"")  # the dead build's baton
+
+    def fake_load(**kw):
+        assert not (build_dir / "lock").exists()
+        assert not _flock_free(build_dir / "cpd.flock")  # held during the build
+        return "module"
+
+    def _flock_free(path):
+        code = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+                "try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept OSError: sys.exit(1)")
+        return subprocess.run([sys.executable, "-c", code, str(path)], timeout=60).returncode == 0
+
+    monkeypatch.setattr(ce, "load", fake_load)
+    assert _cpu._build(flags) == "module"
+    assert _flock_free(build_dir / "cpd.flock")  # released after the build
