@@ -3,6 +3,7 @@
 Run from the repository root:
 
     PYTHONPATH=. python benchmarks/bench_mx.py [--n 67108864] [--reps 5] [--device cpu] [--threads N]
+                                               [--clock wall|cpu] [--only SUBSTRING]
 
 Method: x = torch.randn(n) as (n / 1024, 1024) float32 (blocks along the last axis), out a
 preallocated float32 tensor. Each operation is timed side by side with out.copy_(x) in the same
@@ -12,7 +13,9 @@ issue's goals (issue 14): cpd.mx.cast of 2^26 floats to MXFP8 (nearest) <= 2x co
 encode to packed codes + scales <= 2x copy. A cast returning a new 256 MiB tensor pays the page
 faults of fresh memory (x.clone() alone is several copies on Linux without huge pages), so the
 casts are timed with out= (a preallocated result, as the copy has), and once without. ``--torch`` adds the pure-torch path (the fallback)
-for the first rows, for comparison.
+for the first rows, for comparison. ``--clock cpu`` times with the calling thread's CPU time
+(``time.thread_time``: with ``--threads 1`` the work runs on that thread, and time the machine
+gives to other processes is not counted -- the figure to take on a shared machine).
 """
 
 from __future__ import annotations
@@ -39,17 +42,17 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def ratio(fn, copy, reps: int, device: str) -> tuple[float, float]:
+def ratio(fn, copy, reps: int, device: str, clock=time.perf_counter) -> tuple[float, float]:
     """(median(fn) / median(copy), median(fn) in seconds), the two interleaved."""
     fn(), copy()
     tf, tc = [], []
     for _ in range(reps):
         for f, ts in ((fn, tf), (copy, tc)):
             sync(device)
-            t = time.perf_counter()
+            t = clock()
             f()
             sync(device)
-            ts.append(time.perf_counter() - t)
+            ts.append(clock() - t)
     return statistics.median(tf) / statistics.median(tc), statistics.median(tf)
 
 
@@ -60,7 +63,13 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--torch", action="store_true", help="also time the pure-torch path (slow)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="wall: time.perf_counter; cpu: the calling thread's CPU time (use with --threads 1)")
+    p.add_argument("--only", default="", help="time only the operations whose name contains this")
     args = p.parse_args()
+    if args.clock == "cpu" and args.device != "cpu":
+        p.error("--clock cpu times CPU work; use --clock wall with --device cuda")
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
     x = torch.randn(args.n // 1024, 1024, device=args.device)
@@ -68,7 +77,7 @@ def main() -> None:
     copy = lambda: out.copy_(x)  # noqa: E731
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"{machine(args.device)}\nn = {x.numel()}, reps = {args.reps}, load average {load[0]:.2f} {load[1]:.2f} "
-          f"{load[2]:.2f}")
+          f"{load[2]:.2f}, clock {args.clock}")
     enc4, enc8 = mx.encode(x, mx.MXFP4), mx.encode(x, mx.MXFP8_E4M3)
     cases = [("cast MXFP8_E4M3 nearest, out=", lambda: mx.cast(x, mx.MXFP8_E4M3, out=out2)),
              ("cast MXFP8_E4M3 nearest (new tensor)", lambda: mx.cast(x, mx.MXFP8_E4M3)),
@@ -90,7 +99,9 @@ def main() -> None:
                    lambda: _mx_engine.encode(None, x, zero, mx.MXFP4, Rounding.NEAREST, True))]
     print(f"| {'operation':40s} | x copy | Gelem/s |\n|{'-' * 42}|-------:|--------:|")
     for name, fn in cases:
-        r, t = ratio(fn, copy, args.reps, args.device)
+        if args.only not in name:
+            continue
+        r, t = ratio(fn, copy, args.reps, args.device, clock)
         print(f"| {name:40s} | {r:6.2f} | {x.numel() / t / 1e9:7.3f} |", flush=True)
 
 

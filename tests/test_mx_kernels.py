@@ -269,3 +269,103 @@ def test_cast_out(fmt):
         mx.cast(x, fmt, out=x)
     with pytest.raises(TypeError, match="out must be a torch.Tensor"):
         mx.cast(x, fmt, out=[1.0])
+
+
+# ------------------------------------------------------------------------------------ the AVX2 path
+# cuda/cpu/mx_avx2.h takes round-to-nearest casts and encodes of rows made of whole blocks of 16
+# or 32 (every preset but MXINT8); the rest, ragged rows included, stays on the scalar loops
+# above. Its float32 results are streamed when at least STREAM_MIN_BYTES and 32-byte aligned
+# (cuda/cpu/stream_store.h), and fresh outputs of at least 4 MiB get huge pages.
+STREAM_MIN_BYTES = 16 << 20
+WHOLE = [f for f in FORMATS if f.block_size in (16, 32)]
+
+
+def vector_data(shape, seed):
+    """data() plus blocks whose small elements land below float32's normals once scaled (the
+    exact redo), subnormal and huge blocks."""
+    x = data(shape, seed)
+    if x.dim() == 2 and x.shape[0] >= 8:
+        x[4, 0::2], x[4, 1::2] = 3e-39, 2e30      # products underflow: redone exactly
+        x[5, 0::3], x[5, 1::3] = 1e-38, 6e4       # products in float32's subnormals
+        x[6] = torch.linspace(-1, 1, x.shape[1]) * 1e-39  # a subnormal amax
+        x[7] = torch.linspace(-3e38, 3e38, x.shape[1])
+    return x
+
+
+@compiled
+@pytest.mark.parametrize("fmt", WHOLE, ids=lambda f: f.name)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_vector_path_matches_torch_path(fmt, threads):
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        for shape, axis in (((9, 64), -1), ((3, 96), -1), ((64, 5), 0), ((2, 3, 32), -1)):
+            f = mx.BlockFormat(fmt.element, fmt.block_size, scale=fmt.scale, scale_rule=fmt.scale_rule,
+                               tensor_scale=fmt.tensor_scale, axis=axis)
+            x = vector_data(shape, seed=threads + len(shape))
+            want = torch_cast(x, f, "nearest")
+            assert torch.equal(bits(mx.cast(x, f)), bits(want)), (f.name, shape)
+            buf = torch.full((x.numel() + 9,), 7.0)
+            for off in (0, 1, 8):  # out= at 32-byte-aligned and unaligned addresses
+                out = buf[off:off + x.numel()].view(x.shape)
+                mx.cast(x, f, out=out)
+                assert torch.equal(bits(out), bits(want)), (f.name, shape, off)
+            for packed in (True, False):
+                enc = mx.encode(x, f, pack=packed)
+                w = torch_encode(x, f, "nearest", packed=packed)
+                assert torch.equal(enc.codes, w[0]) and torch.equal(enc.scales, w[1]), (f.name, shape, packed)
+                assert torch.equal(bits(mx.decode(enc)), bits(want))
+    finally:
+        torch.set_num_threads(old)
+
+
+@compiled
+@pytest.mark.parametrize("fmt", [f for f in WHOLE if f.scale_rule != "amax"] + [mx.NVFP4], ids=lambda f: f.name)
+def test_vector_path_every_element_code_against_the_oracle(fmt):
+    """The oracle test above in rows of whole blocks (the AVX2 path): every element value and
+    midpoint, both signs, under several scales; cast and encode + decode."""
+    el, bs = fmt.element, fmt.block_size
+    grid = _grid_values(el)
+    vals = np.array(grid + [-v for v in grid], dtype=np.float32)
+    rows = []
+    for k in (-3, 0, 5):
+        body = vals * np.float32(2.0 ** k)
+        body = np.concatenate([body, np.zeros((-len(body)) % (bs - 1), np.float32)]).reshape(-1, bs - 1)
+        top = np.full((body.shape[0], 1), np.float32(el.max * 2.0 ** k), np.float32)
+        rows.append(np.concatenate([top, body], axis=1))
+    x = np.concatenate(rows)  # (blocks, bs): whole blocks
+    x = np.concatenate([x, np.zeros(((-len(x)) % 4, bs), np.float32)]).reshape(-1, 4 * bs)
+    f = mx.BlockFormat(el, bs, scale=fmt.scale, scale_rule=fmt.scale_rule, tensor_scale=fmt.tensor_scale)
+    want = mx_oracle.quantize(x.reshape(-1), f, "nearest").astype(np.float32).reshape(x.shape)
+    xt = torch.from_numpy(x.copy())
+    assert np.array_equal(mx.cast(xt, f).numpy().view(np.int32), want.view(np.int32)), fmt.name
+    for packed in (True, False):
+        got = mx.decode(mx.encode(xt, f, pack=packed)).numpy()
+        assert np.array_equal(got.view(np.int32), want.view(np.int32)), (fmt.name, packed)
+
+
+@compiled
+@pytest.mark.parametrize("numel", [STREAM_MIN_BYTES // 4 - 1024, STREAM_MIN_BYTES // 4])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_streamed_and_huge_outputs_around_the_threshold(numel, threads):
+    """Casts just below and at the streaming threshold, into aligned and unaligned out= and a new
+    tensor: the same bits, which are the torch path's (checked on the first and last rows)."""
+    x = vector_data((numel // 1024, 1024), seed=numel % 7)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        fresh = mx.cast(x, mx.MXFP8_E4M3)
+        buf = torch.empty(numel + 8)
+        aligned = buf[8 - (buf.data_ptr() // 4) % 8:][:numel].view(x.shape)
+        unaligned = buf[(1 - (buf.data_ptr() // 4)) % 8:][:numel].view(x.shape)
+        assert aligned.data_ptr() % 32 == 0 and unaligned.data_ptr() % 32 == 4
+        for out in (aligned, unaligned):
+            mx.cast(x, mx.MXFP8_E4M3, out=out)
+            assert torch.equal(bits(out), bits(fresh))
+        enc = mx.encode(x, mx.MXFP8_E4M3)  # 4 MiB of codes: huge pages
+    finally:
+        torch.set_num_threads(old)
+    for rows in (slice(0, 16), slice(-16, None)):
+        assert torch.equal(bits(fresh[rows]), bits(torch_cast(x[rows], mx.MXFP8_E4M3, "nearest")))
+        w = torch_encode(x[rows], mx.MXFP8_E4M3, "nearest")
+        assert torch.equal(enc.codes[rows], w[0]) and torch.equal(enc.scales[rows], w[1])

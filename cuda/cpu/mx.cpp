@@ -18,7 +18,11 @@
 // block whose fl32(x * 2^-e) falls below float32's normals (an element 2^126 below the block's
 // largest) is redone with the exact product (cpd::block_elem_pow2). Stochastic rounding draws
 // element i's word as cpd.cast / cpd.mul do: random_word(flat index in the padded (rows, L)
-// layout, seed, offset).
+// layout, seed, offset), drawn for 1024 elements at a time with the vector Philox.
+//
+// The round-to-nearest hot case (full blocks of 16 or 32, the MX/NVFP4 float elements) takes the
+// AVX2 path of mx_avx2.h where the build has AVX2; large float32 results are streamed and fresh
+// outputs get huge pages (stream_store.h).
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -29,7 +33,9 @@
 #include <vector>
 
 #include "cpd/numerics.h"
+#include "mx_avx2.h"
 #include "parallel.h"
+#include "philox_simd.h"
 
 namespace {
 
@@ -56,13 +62,23 @@ int64_t row_bytes_of(int64_t L, int pack) {
   return pack == 4 ? (L + 1) / 2 : pack == 6 ? (L + 3) / 4 * 3 : L;
 }
 
-// The words of elements [start, start + m) of a stochastic launch (one Philox call per 4).
+// The words of elements [start, start + m) of a stochastic launch: word j of Philox block g is
+// element 4 g + j's (cpd::random_word), computed by cpd_cpu::philox_blocks (philox_simd.h: the
+// vector Philox of this build, bit for bit cpd::philox4x32_10) a few blocks at a time; a start
+// that is not a multiple of 4 drops the first words of its first block.
 void fill_words(u64 start, int64_t m, u64 seed, u64 offset, u32* w) {
-  for (int64_t i = 0; i < m;) {
-    u64 g = (start + (u64)i) >> 2;
-    cpd::U32x4 r = cpd::philox4x32_10((u32)g, (u32)(g >> 32), (u32)offset, (u32)(offset >> 32), (u32)seed,
-                                      (u32)(seed >> 32));
-    for (int j = (int)((start + (u64)i) & 3u); j < 4 && i < m; ++j, ++i) w[i] = r.v[j];
+  constexpr int64_t kBlocks = 24;  // words of 24 Philox blocks (a multiple of the AVX2 path's 12)
+  alignas(64) u32 buf[4 * kBlocks];
+  const u32 k0 = (u32)seed, k1 = (u32)(seed >> 32), c2 = (u32)offset, c3 = (u32)(offset >> 32);
+  int64_t i = 0;
+  while (i < m) {
+    const u64 e = start + (u64)i, g = e >> 2;
+    const int64_t skip = (int64_t)(e & 3u);
+    const int64_t nb = std::min<int64_t>(kBlocks, (m - i + skip + 3) / 4);
+    cpd_cpu::philox_blocks(g, nb, c2, c3, k0, k1, buf);
+    const int64_t take = std::min<int64_t>(4 * nb - skip, m - i);
+    std::memcpy(w + i, buf + skip, (size_t)take * sizeof(u32));
+    i += take;
   }
 }
 
@@ -129,7 +145,6 @@ __attribute__((always_inline)) inline void one_block(
   for (int64_t i = 0; i < m; ++i) amax = std::max(amax, xu[i] & ~cpd::SIGN);
   const u32 s = cpd::block_scale_bits(amax, B);
   const bool stochastic = mode == cpd::STOCHASTIC;
-  if (stochastic) fill_words((u64)(r * J.L + j0), m, J.seed, J.offset, words);
   if (s > cpd::INF_BITS) {  // NaN or inf in the block: elements +0, values NaN
     if (ENC) {
       for (int64_t i = 0; i < bs; ++i) cbuf[i] = zero_code;
@@ -237,6 +252,12 @@ void run_spans(const Job& J, const float* x, float* y, uint8_t* codes, uint8_t* 
 template <int MODE, bool FAST, bool POW2, bool ENC, int BS>
 void run(const Job& J, const float* x, float* y, uint8_t* codes, uint8_t* scodes, uint8_t zero_code) {
   if constexpr (BS != 0 && FAST && MODE != cpd::STOCHASTIC) {
+#if defined(__AVX2__)
+    if (MODE == cpd::NEAREST && J.n % BS == 0 && cpd_mx_avx2::applies(J.b)) {
+      const cpd_mx_avx2::Span S{x, y, codes, scodes, J.rows * J.nb, J.pack, zero_code, J.b};
+      return cpd_mx_avx2::run<POW2, ENC, BS>(S);
+    }
+#endif
     if (J.n % BS == 0) return run_spans<MODE, POW2, ENC, BS>(J, x, y, codes, scodes, zero_code);
   }
   const int64_t total = J.rows * J.nb;
@@ -244,14 +265,24 @@ void run(const Job& J, const float* x, float* y, uint8_t* codes, uint8_t* scodes
   cpd_cpu::parallel_for(0, total, grain, [&](int64_t lo, int64_t hi) {
     const cpd::BlockSpec B = J.b;
     std::vector<uint8_t> cbuf(ENC ? J.block : 1);
-    std::vector<u32> words((MODE == cpd::STOCHASTIC || !FAST) ? J.block : 1);
+    // Stochastic: the words of `chunk` blocks at a time (block k's are those of elements
+    // [k * block, (k + 1) * block) of the padded layout: consecutive blocks, consecutive words).
+    const bool sto = (FAST ? MODE : J.mode) == cpd::STOCHASTIC;
+    const int64_t chunk = std::max<int64_t>(1, 1024 / J.block);
+    std::vector<u32> words(sto ? chunk * J.block : 1);
+    int64_t wk = lo;
     const bool ragged = J.n % J.block != 0;
     int64_t r = lo / J.nb, blk = lo % J.nb;
     for (int64_t k = lo; k < hi; ++k) {
+      if (sto && (k == lo || k == wk + chunk)) {
+        wk = k;
+        fill_words((u64)k * (u64)J.block, std::min(chunk, hi - k) * J.block, J.seed, J.offset, words.data());
+      }
+      u32* wb = words.data() + (sto ? (k - wk) * J.block : 0);
       if (BS && !(ragged && blk == J.nb - 1))
-        one_block<MODE, FAST, POW2, ENC, BS>(J, B, r, blk, x, y, codes, scodes, cbuf.data(), words.data(), zero_code);
+        one_block<MODE, FAST, POW2, ENC, BS>(J, B, r, blk, x, y, codes, scodes, cbuf.data(), wb, zero_code);
       else
-        one_block<MODE, FAST, POW2, ENC, 0>(J, B, r, blk, x, y, codes, scodes, cbuf.data(), words.data(), zero_code);
+        one_block<MODE, FAST, POW2, ENC, 0>(J, B, r, blk, x, y, codes, scodes, cbuf.data(), wb, zero_code);
       if (++blk == J.nb) blk = 0, ++r;
     }
   });
@@ -327,6 +358,7 @@ torch::Tensor mx_cast(const torch::Tensor& x, at::IntArrayRef el, at::IntArrayRe
     y = out->view({J.rows, J.n});
   } else {
     y = torch::empty_like(x);
+    cpd_cpu::advise_huge(y.data_ptr(), y.numel() * (int64_t)sizeof(float));
   }
   if (J.rows * J.n) dispatch<false>(J, x.data_ptr<float>(), y.data_ptr<float>(), nullptr, nullptr);
   return y;
@@ -340,6 +372,7 @@ std::tuple<torch::Tensor, torch::Tensor> mx_encode(const torch::Tensor& x, at::I
   auto opts = torch::TensorOptions().dtype(torch::kByte);
   auto codes = torch::empty({J.rows, J.n ? J.row_bytes : 0}, opts);
   auto scodes = torch::empty({J.rows, J.nb}, opts);
+  cpd_cpu::advise_huge(codes.data_ptr(), codes.numel());
   if (J.rows * J.n)
     dispatch<true>(J, x.data_ptr<float>(), nullptr, codes.data_ptr<uint8_t>(), scodes.data_ptr<uint8_t>());
   return {codes, scodes};
@@ -358,6 +391,7 @@ torch::Tensor mx_decode(const torch::Tensor& codes, const torch::Tensor& scodes,
               "cpd_mx: codes / scales do not match n = ", n, " and block = ", block);
   auto y = torch::empty({rows, n}, torch::TensorOptions().dtype(torch::kFloat));
   if (rows * n == 0) return y;
+  cpd_cpu::advise_huge(y.data_ptr(), y.numel() * (int64_t)sizeof(float));
   float table[256];
   for (u32 c = 0; c < 256; ++c) table[c] = cpd::float_of(cpd::block_elem_value(c, B));
   const uint8_t* cp = codes.data_ptr<uint8_t>();
