@@ -4,7 +4,9 @@
 // devices) and the five FloatFormat fields as plain ints. Work is split with at::parallel_for
 // (OpenMP underneath, honouring torch.set_num_threads); the inner loops are straight-line code
 // over numerics.h that the compiler vectorizes. Element i's random word depends only on
-// (seed, offset, i), so results do not depend on the thread count.
+// (seed, offset, i), so results do not depend on the thread count. The cast's per-thread loops
+// live in cast_loops.h (constant-folded loops for the common conventions, streaming stores for
+// large outputs, the fused Philox + cast pass).
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 
 #include "cpd/numerics.h"
 #include "parallel.h"
+#include "cast_loops.h"
 #include "philox_simd.h"
 
 namespace {
@@ -25,108 +28,35 @@ cpd::Format format_of(int64_t exp, int64_t man, int64_t bias, int64_t specials, 
   return cpd::make_format((int)exp, (int)man, (int)bias, (int)specials, subnormals ? 1 : 0, saturate ? 1 : 0);
 }
 
-// One element of the cast on the path chosen at compile time (FAST: cast_bits_fast).
-template <bool FAST>
-inline uint32_t cast_one(uint32_t u, const cpd::Format& f, int mode, uint32_t rand, int sr_bits) {
-  return FAST ? cpd::cast_bits_fast(u, f, mode, rand, sr_bits) : cpd::cast_bits_generic(u, f, mode, rand, sr_bits);
-}
+using cpd_cpu::cast_one;
 
-// A span of at most a few thousand elements (it stays in L1) on the fast path, for the modes
-// whose region S (|x| < 2^emin, cpd::round_sub_fast) costs a dozen float operations per element:
-// first a scan of the span for any element in region S, then either the cheap region-N cast of
-// every element (none there) or the full fast cast. Data that rarely comes near the format's
-// subnormals (most of it for bf16 and fp16, much of it for fp8) skips region S's work; a span
-// with a region-S element costs the full cast plus the scan. The scan comes first, and each
-// element is read before it is written, so that an in-place cast (xb == yb) stays correct.
-// words: the random words of the span's elements (STOCHASTIC), else unused.
-template <int MODE>
-inline void cast_span_fast(const float* xb, float* yb, int64_t m, const cpd::Format& g,
-                           const uint32_t* __restrict words, int sr_bits) {
-  uint32_t any_sub = 0;
-  for (int64_t i = 0; i < m; ++i) any_sub |= (uint32_t)((cpd::bits_of(xb[i]) & ~cpd::SIGN) < g.min_normal_bits);
-  if (any_sub) {
-    for (int64_t i = 0; i < m; ++i) {
-      uint32_t w = MODE == cpd::STOCHASTIC ? words[i] : 0u;
-      yb[i] = cpd::float_of(cpd::cast_bits_fast(cpd::bits_of(xb[i]), g, MODE, w, sr_bits));
-    }
-  } else {
-    for (int64_t i = 0; i < m; ++i) {
-      uint32_t w = MODE == cpd::STOCHASTIC ? words[i] : 0u;
-      yb[i] = cpd::float_of(cpd::cast_bits_fast_normal(cpd::bits_of(xb[i]), g, MODE, w, sr_bits));
-    }
-  }
-}
-
-// Deterministic modes: MODE and the path compile-time constants so the branches of the core
-// fold away (the path is chosen once per launch, from f.fast). Nearest on the fast path and the
-// generic path: one straight loop; directed modes on the fast path: spans (cast_span_fast).
-constexpr int64_t kSpan = 1024;
-
-template <int MODE, bool FAST>
+// The loops themselves are cast_loops.h's (PLAIN, STREAM: see there); here the split.
+template <int MODE, bool FAST, bool PLAIN, bool STREAM>
 void cast_det(const float* x, float* y, int64_t n, const cpd::Format f) {
   cpd_cpu::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
-    const cpd::Format g = f;  // a local copy the vectorizer can keep in registers
-    if (FAST && MODE != cpd::NEAREST) {
-      for (int64_t s = lo; s < hi; s += kSpan) cast_span_fast<MODE>(x + s, y + s, std::min(kSpan, hi - s), g, nullptr, 32);
-      return;
-    }
-    for (int64_t i = lo; i < hi; ++i) {
-      y[i] = cpd::float_of(cast_one<FAST>(cpd::bits_of(x[i]), g, MODE, 0u, 32));
-    }
+    cpd_cpu::cast_det_range<MODE, FAST, PLAIN, STREAM>(x, y, lo, hi, f);
   });
 }
 
-// ------------------------------------------------------------------------------------------
-// Stochastic rounding: one Philox call serves four consecutive elements (block i >> 2).
-// cpd_cpu::philox_blocks (philox_simd.h: AVX-512, AVX2, SSE4.1 or NEON lanes, else scalar) writes the
-// words of kSrBlocks blocks in element order, words[4k + j] = random_word(4 (b0 + k) + j): the
-// words of cpd::philox4x32_10, bit for bit.
-constexpr int64_t kSrBlocks = 96;  // blocks per buffer: 384 words, 1.5 KiB, stays in L1 (a multiple of
-                                   // the vector Philox's 6 (SSE4.1), 12 (AVX2), 16 (NEON) and 32
-                                   // (AVX-512) blocks)
-
-// The cast: the words of kSrBlocks blocks into a buffer, then the cast of their 4 * kSrBlocks
-// elements (a span on the fast path, a straight loop on the generic one).
-template <bool FAST>
-void cast_sr(const float* x, float* y, int64_t n, const cpd::Format f, int sr_bits,
-             uint64_t seed, uint64_t offset) {
-  const int64_t nblocks = (n + 3) / 4;
-  cpd_cpu::parallel_for(0, nblocks, kGrain / 4, [&](int64_t blo, int64_t bhi) {
-    const cpd::Format g = f;
-    const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-    const uint32_t c2 = (uint32_t)offset, c3 = (uint32_t)(offset >> 32);
-    const int64_t full_hi = std::min(bhi, n / 4);
-    alignas(64) uint32_t words[4 * kSrBlocks];
-    for (int64_t b0 = blo; b0 < full_hi; b0 += kSrBlocks) {
-      const int64_t nb = std::min(kSrBlocks, full_hi - b0);
-      cpd_cpu::philox_blocks((uint64_t)b0, nb, c2, c3, k0, k1, words);
-      const float* xb = x + 4 * b0;
-      float* yb = y + 4 * b0;
-      if (FAST) {
-        cast_span_fast<cpd::STOCHASTIC>(xb, yb, 4 * nb, g, words, sr_bits);
-      } else {
-        for (int64_t i = 0; i < 4 * nb; ++i)
-          yb[i] = cpd::float_of(cpd::cast_bits_generic(cpd::bits_of(xb[i]), g, cpd::STOCHASTIC, words[i], sr_bits));
-      }
-    }
-    for (int64_t i = std::max(4 * full_hi, 4 * blo); i < std::min(4 * bhi, n); ++i) {  // the tail block
-      uint32_t r = cpd::random_word((uint64_t)i, seed, offset);
-      y[i] = cpd::float_of(cast_one<FAST>(cpd::bits_of(x[i]), g, cpd::STOCHASTIC, r, sr_bits));
-    }
+template <bool FAST, bool PLAIN, bool STREAM>
+void cast_sr(const float* x, float* y, int64_t n, const cpd::Format f, int sr_bits, uint64_t seed,
+             uint64_t offset) {
+  cpd_cpu::parallel_for(0, (n + 3) / 4, kGrain / 4, [&](int64_t blo, int64_t bhi) {
+    cpd_cpu::cast_sr_range<FAST, PLAIN, STREAM>(x, y, n, blo, bhi, f, sr_bits, seed, offset);
   });
 }
 
-template <bool FAST>
+template <bool FAST, bool PLAIN, bool STREAM>
 void cast_mode(const float* x, float* y, int64_t n, const cpd::Format f, int64_t mode, int sr_bits,
                uint64_t seed, uint64_t offset) {
   switch (mode) {
-    case cpd::NEAREST: cast_det<cpd::NEAREST, FAST>(x, y, n, f); break;
-    case cpd::TOWARD_ZERO: cast_det<cpd::TOWARD_ZERO, FAST>(x, y, n, f); break;
-    case cpd::UP: cast_det<cpd::UP, FAST>(x, y, n, f); break;
-    case cpd::DOWN: cast_det<cpd::DOWN, FAST>(x, y, n, f); break;
-    case cpd::NEAREST_AWAY: cast_det<cpd::NEAREST_AWAY, FAST>(x, y, n, f); break;
-    case cpd::ODD: cast_det<cpd::ODD, FAST>(x, y, n, f); break;
-    case cpd::STOCHASTIC: cast_sr<FAST>(x, y, n, f, sr_bits, seed, offset); break;
+    case cpd::NEAREST: cast_det<cpd::NEAREST, FAST, PLAIN, STREAM>(x, y, n, f); break;
+    case cpd::TOWARD_ZERO: cast_det<cpd::TOWARD_ZERO, FAST, PLAIN, STREAM>(x, y, n, f); break;
+    case cpd::UP: cast_det<cpd::UP, FAST, PLAIN, STREAM>(x, y, n, f); break;
+    case cpd::DOWN: cast_det<cpd::DOWN, FAST, PLAIN, STREAM>(x, y, n, f); break;
+    case cpd::NEAREST_AWAY: cast_det<cpd::NEAREST_AWAY, FAST, PLAIN, STREAM>(x, y, n, f); break;
+    case cpd::ODD: cast_det<cpd::ODD, FAST, PLAIN, STREAM>(x, y, n, f); break;
+    case cpd::STOCHASTIC: cast_sr<FAST, PLAIN, STREAM>(x, y, n, f, sr_bits, seed, offset); break;
     default: TORCH_CHECK(false, "cpd: unknown rounding mode ", mode);
   }
 }
@@ -140,10 +70,13 @@ void cast_out(const torch::Tensor& x, torch::Tensor& out, int64_t exp, int64_t m
   const float* xp = x.data_ptr<float>();
   float* yp = out.data_ptr<float>();
   const int64_t n = x.numel();
-  if (f.fast)
-    cast_mode<true>(xp, yp, n, f, mode, (int)sr_bits, (uint64_t)seed, (uint64_t)offset);
-  else
-    cast_mode<false>(xp, yp, n, f, mode, (int)sr_bits, (uint64_t)seed, (uint64_t)offset);
+  const bool stream = cpd_cpu::use_stream(yp, n * (int64_t)sizeof(float));
+  const uint64_t s = (uint64_t)seed, o = (uint64_t)offset;
+  if (!f.fast) cast_mode<false, false, false>(xp, yp, n, f, mode, (int)sr_bits, s, o);
+  else if (!cpd_cpu::plain_format_applies(f) && !stream) cast_mode<true, false, false>(xp, yp, n, f, mode, (int)sr_bits, s, o);
+  else if (!cpd_cpu::plain_format_applies(f)) cast_mode<true, false, true>(xp, yp, n, f, mode, (int)sr_bits, s, o);
+  else if (!stream) cast_mode<true, true, false>(xp, yp, n, f, mode, (int)sr_bits, s, o);
+  else cast_mode<true, true, true>(xp, yp, n, f, mode, (int)sr_bits, s, o);
 }
 
 namespace {
@@ -258,6 +191,13 @@ void philox_simd_out(torch::Tensor& out, int64_t b0, int64_t stride, int64_t n, 
   else cpd_cpu::philox_blocks((uint64_t)b0, n, c2, c3, k0, k1, w);
 }
 
+// The output size (bytes) from which casts stream their stores (cast_loops.h); a value >= 0
+// sets it (the tests move it to reach the streaming path with small tensors). Returns the
+// previous value.
+int64_t stream_min_bytes(int64_t bytes) {
+  return bytes >= 0 ? cpd_cpu::stream_min_bytes().exchange(bytes) : cpd_cpu::stream_min_bytes().load();
+}
+
 // The ISA the vector paths were compiled for, and whether OpenMP threads the loops.
 std::string isa() { return std::string(cpd_cpu::isa_name()) + (cpd_cpu::kOpenMP ? "" : ", no OpenMP"); }
 
@@ -285,4 +225,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("random_words", &random_words);
   m.def("philox_simd_out", &philox_simd_out);
   m.def("isa", &isa);
+  m.def("stream_min_bytes", &stream_min_bytes);
 }

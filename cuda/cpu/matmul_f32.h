@@ -24,6 +24,7 @@
 #define CPD_CPU_MATMUL_F32_H
 
 #include <cstdint>
+#include <utility>
 
 #include "cpd/numerics.h"
 
@@ -93,6 +94,17 @@ struct AccF {
     if (g.flush_below == 0u) round_v(x, no_flush(g));
     else round_v(x, g);
   }
+  // out[i] = R(R(x[i] - y[i]) - z[i]): two of the additions above in one pass
+  static void sub_sub_v(float* out, const float* x, const float* y, const float* z, const cpd::FormatF h) {
+    CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) {
+      const float d = cpd::float_of(cpd::add_f(x[i], -y[i], h));
+      out[i] = cpd::float_of(cpd::add_f(d, -z[i], h));
+    }
+  }
+  void sub_sub(float* out, const float* x, const float* y, const float* z) const {
+    if (g.flush_below == 0u) sub_sub_v(out, x, y, z, no_flush(g));
+    else sub_sub_v(out, x, y, z, g);
+  }
 };
 
 template <int NORMAL_ONLY>
@@ -115,6 +127,16 @@ struct AccI {
     if (plain_lane_format(f)) round_v(x, plain_lanes(f));
     else round_v(x, f);
   }
+  static void sub_sub_v(float* out, const float* x, const float* y, const float* z, const cpd::Format h) {
+    CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) {
+      const float d = cpd::float_of(cpd::round_lane_i<NORMAL_ONLY>(cpd::bits_of(cpd::fadd(x[i], -y[i])), h));
+      out[i] = cpd::float_of(cpd::round_lane_i<NORMAL_ONLY>(cpd::bits_of(cpd::fadd(d, -z[i])), h));
+    }
+  }
+  void sub_sub(float* out, const float* x, const float* y, const float* z) const {
+    if (plain_lane_format(f)) sub_sub_v(out, x, y, z, plain_lanes(f));
+    else sub_sub_v(out, x, y, z, f);
+  }
 };
 
 #if CPD_CPU_F16_LANES
@@ -133,6 +155,12 @@ struct AccH {
   void round(float* x) const {
     for (int64_t i = 0; i < kLanes; i += 8) _mm256_storeu_ps(x + i, rnd(_mm256_loadu_ps(x + i)));
   }
+  void sub_sub(float* out, const float* x, const float* y, const float* z) const {
+    for (int64_t i = 0; i < kLanes; i += 8) {
+      const __m256 d = rnd(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+      _mm256_storeu_ps(out + i, rnd(_mm256_sub_ps(d, _mm256_loadu_ps(z + i))));
+    }
+  }
 #else
   static float32x4_t rnd(float32x4_t v) { return vcvt_f32_f16(vcvt_f16_f32(v)); }
   template <bool NEG>
@@ -145,25 +173,31 @@ struct AccH {
   void round(float* x) const {
     for (int64_t i = 0; i < kLanes; i += 4) vst1q_f32(x + i, rnd(vld1q_f32(x + i)));
   }
+  void sub_sub(float* out, const float* x, const float* y, const float* z) const {
+    for (int64_t i = 0; i < kLanes; i += 4) {
+      const float32x4_t d = rnd(vsubq_f32(vld1q_f32(x + i), vld1q_f32(y + i)));
+      vst1q_f32(out + i, rnd(vsubq_f32(d, vld1q_f32(z + i))));
+    }
+  }
 #endif
 };
 #endif
 
-// Kahan's step on a tile's lanes with acc's additions, as four passes of whole-tile additions:
-// y = p - c (unless Y_FORMED: p holds y), t = s + y, c = (t - s) - y, s = t. y, t: scratch
-// lanes. (One pass per lane, the four roundings in one loop body, measured about twice as slow
-// with AVX2: the roundings' constants and live values spill out of the 16 vector registers.)
+// Kahan's step on a tile's lanes with acc's additions, as three passes of whole-tile additions:
+// y = p - c (unless Y_FORMED: p holds y), t = s + y, c = (t - s) - y (its two roundings in one
+// pass, sub_sub), then s = t by swapping the s and t arrays. y, t: scratch lanes. (One pass per
+// lane, the four roundings in one loop body, measured about twice as slow with AVX2: the
+// roundings' constants and live values spill out of the 16 vector registers.)
 template <bool Y_FORMED, class Acc>
-inline void kahan_lanes(float* s, float* c, const float* p, float* y, float* t, const Acc& acc) {
+inline void kahan_lanes(float*& s, float* c, const float* p, float* y, float*& t, const Acc& acc) {
   const float* yy = p;
   if (!Y_FORMED) {
     acc.template add<true>(y, p, c);
     yy = y;
   }
   acc.template add<false>(t, s, yy);
-  acc.template add<true>(c, t, s);
-  acc.template add<true>(c, c, yy);
-  for (int64_t i = 0; i < kLanes; ++i) s[i] = t[i];
+  acc.sub_sub(c, t, s, yy);
+  std::swap(s, t);
 }
 
 struct Tile {
@@ -176,9 +210,11 @@ template <class Acc, bool FUSED, bool KAHAN, bool BLOCK>
 void f32_tile(const float* __restrict arow, const float* __restrict b, int64_t ldb, float* __restrict out,
               const Tile& d, const cpd::FormatF& mf0, const Acc& acc, const cpd::Format& af) {
   const cpd::FormatF mf = mf0;
-  alignas(64) float s[kLanes], c[kLanes], bs[kLanes], p[kLanes], y[kLanes], t[kLanes];
+  alignas(64) float s0[kLanes], c[kLanes], bs[kLanes], p[kLanes], y[kLanes], t0[kLanes];
   alignas(64) uint32_t tie[kLanes];
-  for (int64_t i = 0; i < kLanes; ++i) s[i] = c[i] = bs[i] = p[i] = y[i] = t[i] = 0.0f;
+  for (int64_t i = 0; i < kLanes; ++i) s0[i] = c[i] = bs[i] = p[i] = y[i] = t0[i] = 0.0f;
+  float* s = s0;  // the running sums; Kahan's steps swap s and t (kahan_lanes)
+  float* t = t0;
   const int64_t jt = d.jt;
   for (int64_t k = 0; k < d.K; ++k) {
     const float av = arow[k];

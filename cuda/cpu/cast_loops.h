@@ -1,0 +1,212 @@
+// The per-thread loops of the CPU cast (cuda/cpu/cast.cpp splits a call into ranges with
+// cpd_cpu::parallel_for and runs one of these on each). Torch-free, so that tests/cpp and a
+// benchmark harness can include them directly.
+//
+// Three choices per call, none of which changes a bit of the result:
+//   * PLAIN: the format's conventions are the common ones (signed, a zero of each sign, no
+//     "no zero", subnormals on, 1 <= man <= 22): the loops run on a local copy of the format
+//     whose convention fields hold those values as compile-time constants (plain_format), so
+//     that convention_bits' and finish_cast's selects for them fold away (the loop of E5M2
+//     nearest goes from 55 to 24 AVX2 instructions per 8 elements). The same numerics
+//     functions on the same values.
+//   * STREAM: outputs of at least stream_min_bytes() are written with non-temporal (streaming)
+//     stores: each span of results is formed in an L1 buffer, then stored with
+//     _mm256_stream_ps / _mm_stream_ps from the first 64-byte line boundary of the output on,
+//     the partial lines at either end with ordinary stores (stream_out). An ordinary store
+//     first reads the line it writes (read for ownership), so a loop over a large tensor moves
+//     three units of memory traffic per element (read x, read y, write y) where streaming moves
+//     two. Below the threshold the output stays in cache for whoever reads it next, and
+//     ordinary stores win. Each range ends with a store fence (_mm_sfence), so the results are
+//     globally visible before parallel_for returns.
+//   * Stochastic rounding: the Philox words of kSrBlocks blocks go to a 1.5 KiB buffer (L1),
+//     then the cast of their elements reads them (one fused pass over x and y).
+#ifndef CPD_CPU_CAST_LOOPS_H
+#define CPD_CPU_CAST_LOOPS_H
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "cpd/numerics.h"
+#include "philox_simd.h"
+
+#if defined(__AVX__) || defined(__SSE2__)
+#include <immintrin.h>
+#define CPD_CPU_STREAM 1
+#else
+#define CPD_CPU_STREAM 0  // no streaming stores on this target: STREAM is never chosen
+#endif
+
+namespace cpd_cpu {
+
+// ------------------------------------------------------------------------------------------
+// Streaming stores.
+constexpr bool kStreams = CPD_CPU_STREAM != 0;
+
+// Outputs of at least this many bytes are streamed (default 8 MiB: well past the L2 caches and a
+// fair share of an L3). A variable so that the tests can move it (cast.cpp: stream_min_bytes).
+inline std::atomic<int64_t>& stream_min_bytes() {
+  static std::atomic<int64_t> bytes{int64_t(8) << 20};
+  return bytes;
+}
+
+// Whether a call writing `bytes` bytes at y streams its stores (y must hold whole floats: it
+// always does for a float32 tensor).
+inline bool use_stream(const void* y, int64_t bytes) {
+  return kStreams && bytes >= stream_min_bytes().load(std::memory_order_relaxed) && ((uintptr_t)y & 3u) == 0;
+}
+
+// y[0 .. m) = buf[0 .. m): the 64-byte lines of y wholly inside the span with streaming
+// stores, the partial lines at either end with ordinary stores.
+inline void stream_out(float* __restrict y, const float* __restrict buf, int64_t m) {
+  int64_t i = std::min<int64_t>(m, (int64_t)((64u - ((uintptr_t)y & 63u)) & 63u) / 4);
+  for (int64_t k = 0; k < i; ++k) y[k] = buf[k];
+#if defined(__AVX__)
+  for (; i + 16 <= m; i += 16) {
+    _mm256_stream_ps(y + i, _mm256_loadu_ps(buf + i));
+    _mm256_stream_ps(y + i + 8, _mm256_loadu_ps(buf + i + 8));
+  }
+#elif CPD_CPU_STREAM
+  for (; i + 16 <= m; i += 16)
+    for (int k = 0; k < 16; k += 4) _mm_stream_ps(y + i + k, _mm_loadu_ps(buf + i + k));
+#endif
+  for (; i < m; ++i) y[i] = buf[i];
+}
+
+// After a range's last streaming store: orders them before whatever follows (the join).
+inline void stream_fence() {
+#if CPD_CPU_STREAM
+  _mm_sfence();
+#endif
+}
+
+// ------------------------------------------------------------------------------------------
+// The format's conventions as constants (PLAIN).
+inline bool plain_format_applies(const cpd::Format& f) {
+  return f.fast && f.is_signed == 1u && f.uz == 0u && f.no_zero == 0u && f.subnormals == 1 && f.man >= 1 &&
+         f.man <= 22;
+}
+
+// f with the fields plain_format_applies checked set to those constants (and the two that follow
+// from 1 <= man <= 22: parity_add = 0, lsb_bit = 1), so that the compiler folds them.
+inline cpd::Format plain_format(const cpd::Format& f) {
+  cpd::Format h = f;
+  h.is_signed = 1u;
+  h.uz = 0u;
+  h.no_zero = 0u;
+  h.subnormals = 1;
+  h.parity_add = 0u;
+  h.lsb_bit = 1u;
+  return h;
+}
+
+template <bool PLAIN>
+inline cpd::Format loop_format(const cpd::Format& f) {
+  return PLAIN ? plain_format(f) : f;
+}
+
+// ------------------------------------------------------------------------------------------
+// The cast.
+constexpr int64_t kSpan = 1024;  // elements of a span (4 KiB of results: stays in L1)
+
+template <bool FAST>
+inline uint32_t cast_one(uint32_t u, const cpd::Format& f, int mode, uint32_t rand, int sr_bits) {
+  return FAST ? cpd::cast_bits_fast(u, f, mode, rand, sr_bits) : cpd::cast_bits_generic(u, f, mode, rand, sr_bits);
+}
+
+// A span of at most a few thousand elements (it stays in L1) on the fast path, for the modes
+// whose region S (|x| < 2^emin, cpd::round_sub_fast) costs a dozen float operations per element:
+// first a scan of the span for any element in region S, then either the cheap region-N cast of
+// every element (none there) or the full fast cast. Data that rarely comes near the format's
+// subnormals (most of it for bf16 and fp16, much of it for fp8) skips region S's work; a span
+// with a region-S element costs the full cast plus the scan. The scan comes first, and each
+// element is read before it is written, so that an in-place cast (xb == yb) stays correct.
+// words: the random words of the span's elements (STOCHASTIC), else unused.
+template <int MODE>
+inline void cast_span_fast(const float* xb, float* yb, int64_t m, const cpd::Format& g,
+                           const uint32_t* __restrict words, int sr_bits) {
+  uint32_t any_sub = 0;
+  for (int64_t i = 0; i < m; ++i) any_sub |= (uint32_t)((cpd::bits_of(xb[i]) & ~cpd::SIGN) < g.min_normal_bits);
+  if (any_sub) {
+    for (int64_t i = 0; i < m; ++i) {
+      uint32_t w = MODE == cpd::STOCHASTIC ? words[i] : 0u;
+      yb[i] = cpd::float_of(cpd::cast_bits_fast(cpd::bits_of(xb[i]), g, MODE, w, sr_bits));
+    }
+  } else {
+    for (int64_t i = 0; i < m; ++i) {
+      uint32_t w = MODE == cpd::STOCHASTIC ? words[i] : 0u;
+      yb[i] = cpd::float_of(cpd::cast_bits_fast_normal(cpd::bits_of(xb[i]), g, MODE, w, sr_bits));
+    }
+  }
+}
+
+// The elements [lo, hi) of a deterministic cast. Nearest, and every mode on the generic path:
+// one straight loop; directed modes on the fast path: spans (cast_span_fast). STREAM: each span
+// formed in buf, then stream_out.
+template <int MODE, bool FAST, bool PLAIN, bool STREAM>
+void cast_det_range(const float* x, float* y, int64_t lo, int64_t hi, const cpd::Format& f) {
+  const cpd::Format g = loop_format<PLAIN>(f);  // a local copy the vectorizer keeps in registers
+  if (!STREAM && !(FAST && MODE != cpd::NEAREST)) {
+    for (int64_t i = lo; i < hi; ++i) y[i] = cpd::float_of(cast_one<FAST>(cpd::bits_of(x[i]), g, MODE, 0u, 32));
+    return;
+  }
+  alignas(64) float buf[STREAM ? kSpan : 1];
+  for (int64_t s = lo; s < hi; s += kSpan) {
+    const int64_t m = std::min(kSpan, hi - s);
+    float* dst = STREAM ? buf : y + s;
+    if (FAST && MODE != cpd::NEAREST) {
+      cast_span_fast<MODE>(x + s, dst, m, g, nullptr, 32);
+    } else {
+      const float* __restrict xs = x + s;
+      float* __restrict ds = dst;
+      for (int64_t i = 0; i < m; ++i) ds[i] = cpd::float_of(cast_one<FAST>(cpd::bits_of(xs[i]), g, MODE, 0u, 32));
+    }
+    if (STREAM) stream_out(y + s, buf, m);
+  }
+  if (STREAM) stream_fence();
+}
+
+// ------------------------------------------------------------------------------------------
+// Stochastic rounding: one Philox call serves four consecutive elements (block i >> 2).
+// cpd_cpu::philox_blocks (philox_simd.h: AVX-512, AVX2, SSE4.1 or NEON lanes, else scalar) writes
+// the words of kSrBlocks blocks in element order, words[4k + j] = random_word(4 (b0 + k) + j):
+// the words of cpd::philox4x32_10, bit for bit.
+constexpr int64_t kSrBlocks = 96;  // blocks per buffer: 384 words, 1.5 KiB, stays in L1 (a multiple of
+                                   // the vector Philox's 6 (SSE4.1), 12 (AVX2), 16 (NEON) and 32
+                                   // (AVX-512) blocks)
+
+// The blocks [blo, bhi) of a stochastic cast of n elements: the words of kSrBlocks blocks into a
+// buffer, then the cast of their 4 * kSrBlocks elements (a span on the fast path, a straight loop
+// on the generic one); the last, partial block (n % 4 elements) one element at a time.
+template <bool FAST, bool PLAIN, bool STREAM>
+void cast_sr_range(const float* x, float* y, int64_t n, int64_t blo, int64_t bhi, const cpd::Format& f, int sr_bits,
+                   uint64_t seed, uint64_t offset) {
+  const cpd::Format g = loop_format<PLAIN>(f);
+  const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+  const uint32_t c2 = (uint32_t)offset, c3 = (uint32_t)(offset >> 32);
+  const int64_t full_hi = std::min(bhi, n / 4);
+  alignas(64) uint32_t words[4 * kSrBlocks];
+  alignas(64) float buf[STREAM ? 4 * kSrBlocks : 1];
+  for (int64_t b0 = blo; b0 < full_hi; b0 += kSrBlocks) {
+    const int64_t nb = std::min(kSrBlocks, full_hi - b0);
+    cpd_cpu::philox_blocks((uint64_t)b0, nb, c2, c3, k0, k1, words);
+    const float* xb = x + 4 * b0;
+    float* dst = STREAM ? buf : y + 4 * b0;
+    if (FAST) {
+      cast_span_fast<cpd::STOCHASTIC>(xb, dst, 4 * nb, g, words, sr_bits);
+    } else {
+      for (int64_t i = 0; i < 4 * nb; ++i)
+        dst[i] = cpd::float_of(cpd::cast_bits_generic(cpd::bits_of(xb[i]), g, cpd::STOCHASTIC, words[i], sr_bits));
+    }
+    if (STREAM) stream_out(y + 4 * b0, buf, 4 * nb);
+  }
+  if (STREAM) stream_fence();
+  for (int64_t i = std::max(4 * full_hi, 4 * blo); i < std::min(4 * bhi, n); ++i) {  // the tail block
+    uint32_t r = cpd::random_word((uint64_t)i, seed, offset);
+    y[i] = cpd::float_of(cast_one<FAST>(cpd::bits_of(x[i]), g, cpd::STOCHASTIC, r, sr_bits));
+  }
+}
+
+}  // namespace cpd_cpu
+
+#endif  // CPD_CPU_CAST_LOOPS_H
