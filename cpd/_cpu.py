@@ -235,20 +235,23 @@ def _sources() -> list[Path]:
     each level and need not compile the tensor-core, wire and MX libraries three times; such a
     build has its own module name, and the ops of the libraries it lacks are missing)."""
     every = sorted((source_dir() / "cpu").glob("*.cpp"))
-    if os.environ.get("_CPD_CPU_CORE_ONLY") == "1":
-        return [p for p in every if p.name in CORE_SOURCES]
-    return every
+    return [p for p in every if p.name in CORE_SOURCES] if _core_only() else every
+
+
+def _core_only() -> bool:
+    return os.environ.get("_CPD_CPU_CORE_ONLY") == "1"
 
 
 def _module_name(flags: BuildFlags) -> str:
     h = hashlib.sha256()
     import torch
 
-    for p in _sources() + sorted((source_dir() / "cpu").glob("*.h")) + sorted(
+    sources = _sources()
+    for p in sources + sorted((source_dir() / "cpu").glob("*.h")) + sorted(
             (source_dir() / "include" / "cpd").glob("*.h")):
         h.update(p.read_bytes())
     h.update(repr(flags).encode())
-    h.update(" ".join(p.name for p in _sources()).encode())
+    h.update(" ".join(p.name for p in sources).encode())
     h.update(_compiler()[1].encode())
     if flags.arch == "native":  # a library for this CPU only
         h.update((platform.machine() + " ".join(sorted(_cpu_flags()))).encode())
@@ -363,7 +366,7 @@ def _build(flags: BuildFlags):
         build_dir.mkdir(parents=True, exist_ok=True)
         if not _built(name):
             omp = "" if flags.openmp else ", without OpenMP"
-            core = " (core only)" if len(_sources()) == len(CORE_SOURCES) else ""
+            core = " (core only)" if _core_only() else ""
             print(f"cpd: building cpd's CPU extension{core} for {describe(flags)}{omp} (one time, about a minute)…",
                   file=sys.stderr, flush=True)
         _state["flags"] = flags

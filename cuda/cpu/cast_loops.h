@@ -29,6 +29,7 @@
 
 #include "cpd/numerics.h"
 #include "philox_simd.h"
+#include "plain_format.h"  // plain_lane_format, plain_lanes
 
 #if defined(__AVX__) || defined(__SSE2__)
 #include <immintrin.h>
@@ -83,18 +84,13 @@ inline void stream_fence() {
 // ------------------------------------------------------------------------------------------
 // The format's conventions as constants (PLAIN).
 inline bool plain_format_applies(const cpd::Format& f) {
-  return f.fast && f.is_signed == 1u && f.uz == 0u && f.no_zero == 0u && f.subnormals == 1 && f.man >= 1 &&
-         f.man <= 22;
+  return f.fast && plain_lane_format(f) && f.man >= 1 && f.man <= 22;
 }
 
-// f with the fields plain_format_applies checked set to those constants (and the two that follow
-// from 1 <= man <= 22: parity_add = 0, lsb_bit = 1), so that the compiler folds them.
+// f with the fields plain_format_applies checked set to those constants (plain_lanes, and the two
+// that follow from 1 <= man <= 22: parity_add = 0, lsb_bit = 1), so that the compiler folds them.
 inline cpd::Format plain_format(const cpd::Format& f) {
-  cpd::Format h = f;
-  h.is_signed = 1u;
-  h.uz = 0u;
-  h.no_zero = 0u;
-  h.subnormals = 1;
+  cpd::Format h = plain_lanes(f);
   h.parity_add = 0u;
   h.lsb_bit = 1u;
   return h;

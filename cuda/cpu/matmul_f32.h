@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "cpd/numerics.h"
+#include "plain_format.h"  // plain_lane_format, plain_lanes
 
 #if defined(__F16C__) && defined(__AVX__)
 #include <immintrin.h>
@@ -52,7 +53,7 @@ constexpr int64_t kLanes = 64;  // outputs per tile (a multiple of 8)
 
 // The compiler folds a format field that holds a compile-time constant: the policies below run
 // their loops on a local copy of the format whose flush (FormatF::flush_below = 0: subnormals
-// on) or conventions (Format: signed, a zero of each sign, subnormals on; plain_lane_format)
+// on) or conventions (Format: signed, a zero of each sign, subnormals on; plain_format.h)
 // are set to the constants they hold for the common formats, when they do (a branch per pass),
 // so that those selects drop out of the loop. The same numerics functions on the same values.
 inline cpd::FormatF no_flush(const cpd::FormatF& g) {
@@ -61,18 +62,6 @@ inline cpd::FormatF no_flush(const cpd::FormatF& g) {
   return h;
 }
 
-inline bool plain_lane_format(const cpd::Format& f) {
-  return f.is_signed == 1u && f.uz == 0u && f.no_zero == 0u && f.subnormals == 1;
-}
-
-inline cpd::Format plain_lanes(const cpd::Format& f) {
-  cpd::Format h = f;
-  h.is_signed = 1u;
-  h.uz = 0u;
-  h.no_zero = 0u;
-  h.subnormals = 1;
-  return h;
-}
 
 // out[i] = R(x[i] + y[i]) (NEG: R(x[i] - y[i])) for the kLanes lanes; out may be x or y (each lane
 // reads its own index only, hence CPD_IVDEP). round(x): x[i] = R(x[i]), x a float32 result.

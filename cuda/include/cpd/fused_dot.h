@@ -122,14 +122,20 @@ CPD_FN u64 fd_cut(u64 P, int q, int frac, int emax) {
 
 CPD_FN u32 fd_canonical_nan(int out) { return out == FD_OUT_F16 ? 0x7fffe000u : 0x7fffffffu; }
 
-// Step 5: round S * 2^e (S signed, exact) to the output; float32 bits out.
-CPD_FN u32 fd_round_out(long long S, int e, const FusedDotSpec& s) {
-  if (S == 0) return 0u;
+// S * 2^e (S signed, nonzero, exact) as a Wide for round_wide.
+CPD_FN Wide fd_wide(long long S, int e) {
   Wide w;
   w.sign = S < 0 ? SIGN : 0u;
   w.S = (u64)(S < 0 ? -S : S);
   w.e = e;
   w.sticky = 0u;
+  return w;
+}
+
+// Step 5: round S * 2^e (S signed, exact) to the output; float32 bits out.
+CPD_FN u32 fd_round_out(long long S, int e, const FusedDotSpec& s) {
+  if (S == 0) return 0u;
+  Wide w = fd_wide(S, e);
   if (s.out != FD_OUT_F16 && top_bit64(w.S) + e >= 128) return w.sign | INF_BITS;  // past float32's range
   u32 r = round_wide(w, s.of, s.out == FD_OUT_F16 ? NEAREST : TOWARD_ZERO, 0u, 32);
   return (r & ~SIGN) == 0u ? 0u : r;  // a result that rounds to zero is +0
@@ -280,12 +286,7 @@ CPD_FN u32 fd_amd_pairwise_step(const FusedDotSpec& s, const float* a, long long
 // "asymmetric rounding" MMA-Sim reports for CDNA3.
 CPD_FN u32 fd_amd_round(long long T, int e, const FusedDotSpec& s) {
   if (T == 0) return 0u;
-  Wide w;
-  w.sign = T < 0 ? SIGN : 0u;
-  w.S = (u64)(T < 0 ? -T : T);
-  w.e = e;
-  w.sticky = 0u;
-  return round_wide(w, s.of, NEAREST, 0u, 32);
+  return round_wide(fd_wide(T, e), s.of, NEAREST, 0u, 32);
 }
 
 CPD_FN u32 fd_amd_rd_step(const FusedDotSpec& s, const float* a, long long as, const float* b, long long bs, int n,
