@@ -7,10 +7,15 @@
 // (seed, offset, i), so results do not depend on the thread count. The cast's per-thread loops
 // live in cast_loops.h (constant-folded loops for the common conventions, streaming stores for
 // large outputs, the fused Philox + cast pass).
-#include <torch/extension.h>
+// Light torch headers: torch/extension.h (the whole C++ frontend) takes about 30 s of CPU to
+// parse per source file, these about 6.
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/utils/pybind.h>  // PYBIND11_MODULE, and at::Tensor arguments from Python
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -63,7 +68,7 @@ void cast_mode(const float* x, float* y, int64_t n, const cpd::Format f, int64_t
 
 }  // namespace
 
-void cast_out(const torch::Tensor& x, torch::Tensor& out, int64_t exp, int64_t man, int64_t bias,
+void cast_out(const at::Tensor& x, at::Tensor& out, int64_t exp, int64_t man, int64_t bias,
               int64_t specials, bool subnormals, int64_t mode, bool saturate, int64_t sr_bits, int64_t seed,
               int64_t offset) {
   const cpd::Format f = format_of(exp, man, bias, specials, subnormals, saturate);
@@ -143,7 +148,7 @@ void decode_loop(const Code* c, float* y, int64_t n, const cpd::Format f) {
 
 // x: float32 values (already stochastically rounded by the caller when rounding is stochastic);
 // out: uint8 / int16 / int32 codes.
-void encode_out(const torch::Tensor& x, torch::Tensor& out, int64_t exp, int64_t man, int64_t bias,
+void encode_out(const at::Tensor& x, at::Tensor& out, int64_t exp, int64_t man, int64_t bias,
                 int64_t specials, bool subnormals, int64_t mode, bool saturate) {
   const cpd::Format f = format_of(exp, man, bias, specials, subnormals, saturate);
   const float* xp = x.data_ptr<float>();
@@ -156,7 +161,7 @@ void encode_out(const torch::Tensor& x, torch::Tensor& out, int64_t exp, int64_t
   }
 }
 
-void decode_out(const torch::Tensor& codes, torch::Tensor& out, int64_t exp, int64_t man, int64_t bias,
+void decode_out(const at::Tensor& codes, at::Tensor& out, int64_t exp, int64_t man, int64_t bias,
                 int64_t specials, bool subnormals) {
   const cpd::Format f = format_of(exp, man, bias, specials, subnormals);
   float* yp = out.data_ptr<float>();
@@ -171,7 +176,7 @@ void decode_out(const torch::Tensor& codes, torch::Tensor& out, int64_t exp, int
 
 // Random words of elements [start, start + n) for (seed, offset): exposes the generator so that
 // tests can check stochastic decisions exactly.
-void random_words(torch::Tensor& out, int64_t start, int64_t seed, int64_t offset) {
+void random_words(at::Tensor& out, int64_t start, int64_t seed, int64_t offset) {
   int32_t* p = out.data_ptr<int32_t>();
   for (int64_t i = 0; i < out.numel(); ++i)
     p[i] = (int32_t)cpd::random_word((uint64_t)(start + i), (uint64_t)seed, (uint64_t)offset);
@@ -180,7 +185,7 @@ void random_words(torch::Tensor& out, int64_t start, int64_t seed, int64_t offse
 // The vector Philox of this build (philox_simd.h), for the tests: out (int32, 4 * n) gets the
 // words of blocks b0 + i * stride, i < n, keyed by (seed, offset): in element order
 // (philox_blocks, stride 1 only) or one run of n words per word index (philox_strided).
-void philox_simd_out(torch::Tensor& out, int64_t b0, int64_t stride, int64_t n, int64_t seed, int64_t offset,
+void philox_simd_out(at::Tensor& out, int64_t b0, int64_t stride, int64_t n, int64_t seed, int64_t offset,
                      bool by_word) {
   TORCH_CHECK(out.numel() == 4 * n && out.is_contiguous(), "cpd: philox_simd_out wants 4 * n contiguous words");
   TORCH_CHECK(by_word || stride == 1, "cpd: element order is for stride 1");
@@ -202,12 +207,12 @@ int64_t stream_min_bytes(int64_t bytes) {
 std::string isa() { return std::string(cpd_cpu::isa_name()) + (cpd_cpu::kOpenMP ? "" : ", no OpenMP"); }
 
 // cuda/cpu/arith.cpp
-void arith_out(int64_t op, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c,
-               torch::Tensor& out, int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals,
+void arith_out(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+               at::Tensor& out, int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals,
                int64_t mode, bool saturate, int64_t sr_bits, int64_t seed, int64_t offset);
 
 // cuda/cpu/matmul.cpp
-void matmul_out(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& out, bool has_mul, int64_t mexp,
+void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool has_mul, int64_t mexp,
                 int64_t mman, int64_t mbias, int64_t mspecials, bool msubnormals, int64_t aexp, int64_t aman,
                 int64_t abias, int64_t aspecials, bool asubnormals, bool kahan, int64_t block, int64_t mode,
                 bool saturate, int64_t sr_bits, int64_t seed, int64_t offset, int64_t path);

@@ -10,76 +10,23 @@
 //     nearest goes from 55 to 24 AVX2 instructions per 8 elements). The same numerics
 //     functions on the same values.
 //   * STREAM: outputs of at least stream_min_bytes() are written with non-temporal (streaming)
-//     stores: each span of results is formed in an L1 buffer, then stored with
-//     _mm256_stream_ps / _mm_stream_ps from the first 64-byte line boundary of the output on,
-//     the partial lines at either end with ordinary stores (stream_out). An ordinary store
-//     first reads the line it writes (read for ownership), so a loop over a large tensor moves
-//     three units of memory traffic per element (read x, read y, write y) where streaming moves
-//     two. Below the threshold the output stays in cache for whoever reads it next, and
-//     ordinary stores win. Each range ends with a store fence (_mm_sfence), so the results are
-//     globally visible before parallel_for returns.
+//     stores (stream_store.h): each span of results is formed in an L1 buffer, then stored by
+//     stream_out; each range ends with stream_fence(), so the results are globally visible
+//     before parallel_for returns.
 //   * Stochastic rounding: the Philox words of kSrBlocks blocks go to a 1.5 KiB buffer (L1),
 //     then the cast of their elements reads them (one fused pass over x and y).
 #ifndef CPD_CPU_CAST_LOOPS_H
 #define CPD_CPU_CAST_LOOPS_H
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #include "cpd/numerics.h"
 #include "philox_simd.h"
 #include "plain_format.h"  // plain_lane_format, plain_lanes
-
-#if defined(__AVX__) || defined(__SSE2__)
-#include <immintrin.h>
-#define CPD_CPU_STREAM 1
-#else
-#define CPD_CPU_STREAM 0  // no streaming stores on this target: STREAM is never chosen
-#endif
+#include "stream_store.h"  // use_stream, stream_out, stream_fence
 
 namespace cpd_cpu {
-
-// ------------------------------------------------------------------------------------------
-// Streaming stores.
-constexpr bool kStreams = CPD_CPU_STREAM != 0;
-
-// Outputs of at least this many bytes are streamed (default 8 MiB: well past the L2 caches and a
-// fair share of an L3). A variable so that the tests can move it (cast.cpp: stream_min_bytes).
-inline std::atomic<int64_t>& stream_min_bytes() {
-  static std::atomic<int64_t> bytes{int64_t(8) << 20};
-  return bytes;
-}
-
-// Whether a call writing `bytes` bytes at y streams its stores (y must hold whole floats: it
-// always does for a float32 tensor).
-inline bool use_stream(const void* y, int64_t bytes) {
-  return kStreams && bytes >= stream_min_bytes().load(std::memory_order_relaxed) && ((uintptr_t)y & 3u) == 0;
-}
-
-// y[0 .. m) = buf[0 .. m): the 64-byte lines of y wholly inside the span with streaming
-// stores, the partial lines at either end with ordinary stores.
-inline void stream_out(float* __restrict y, const float* __restrict buf, int64_t m) {
-  int64_t i = std::min<int64_t>(m, (int64_t)((64u - ((uintptr_t)y & 63u)) & 63u) / 4);
-  for (int64_t k = 0; k < i; ++k) y[k] = buf[k];
-#if defined(__AVX__)
-  for (; i + 16 <= m; i += 16) {
-    _mm256_stream_ps(y + i, _mm256_loadu_ps(buf + i));
-    _mm256_stream_ps(y + i + 8, _mm256_loadu_ps(buf + i + 8));
-  }
-#elif CPD_CPU_STREAM
-  for (; i + 16 <= m; i += 16)
-    for (int k = 0; k < 16; k += 4) _mm_stream_ps(y + i + k, _mm_loadu_ps(buf + i + k));
-#endif
-  for (; i < m; ++i) y[i] = buf[i];
-}
-
-// After a range's last streaming store: orders them before whatever follows (the join).
-inline void stream_fence() {
-#if CPD_CPU_STREAM
-  _mm_sfence();
-#endif
-}
 
 // ------------------------------------------------------------------------------------------
 // The format's conventions as constants (PLAIN).

@@ -14,9 +14,12 @@
 //     for CDNA1/2's pairwise sums and Blackwell's mxf4nvf4 chunks.
 // Registered as torch.ops.cpd_fused_dot.matmul (a TORCH_LIBRARY of its own: the extension's
 // pybind module lives in cast.cpp) and called by cpd/tensor_core.py.
-#include <torch/extension.h>
-#include <torch/library.h>
+// Light torch headers (torch/extension.h takes about 30 s of CPU to parse per source file).
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <climits>
@@ -267,8 +270,8 @@ cpd::FusedDotSpec spec_of(int64_t group, int64_t frac, int64_t out, int64_t a_em
 // block scales (float32 values; both empty: none), one per `block` elements along K, whose
 // format's exponent floor is s_emin. a_man/a_emax, b_man/b_emax: the input formats' mantissa bits
 // and largest exponent (for the float32-carrier test). path: 0 auto, 1 generic, 2 float64.
-torch::Tensor fused_dot_matmul(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& sa,
-                               const torch::Tensor& sb, int64_t block, int64_t s_emin, int64_t group, int64_t frac,
+at::Tensor fused_dot_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa,
+                               const at::Tensor& sb, int64_t block, int64_t s_emin, int64_t group, int64_t frac,
                                int64_t out, int64_t a_emin, int64_t b_emin, int64_t zero_exp, int64_t algo,
                                int64_t ftz, int64_t a_man, int64_t a_emax, int64_t b_man, int64_t b_emax,
                                int64_t path) {
@@ -292,7 +295,7 @@ torch::Tensor fused_dot_matmul(const torch::Tensor& a, const torch::Tensor& b, c
     bs.nb = nb;
   }
   TORCH_CHECK(s.algo != cpd::FD_NV_CHUNK16 || scaled, "cpd: fused_dot chunk16 (mxf4nvf4) needs block scales");
-  torch::Tensor y = torch::empty({d.B, d.M, d.N}, a.options());
+  at::Tensor y = at::empty({d.B, d.M, d.N}, a.options());
   if (y.numel() == 0) return y;
   const float* ap = a.data_ptr<float>();
   const float* bp = b.data_ptr<float>();

@@ -23,7 +23,12 @@
 // The round-to-nearest hot case (full blocks of 16 or 32, the MX/NVFP4 float elements) takes the
 // AVX2 path of mx_avx2.h where the build has AVX2; large float32 results are streamed and fresh
 // outputs get huge pages (stream_store.h).
-#include <torch/extension.h>
+// Light torch headers (torch/extension.h takes about 30 s of CPU to parse per source file).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -320,7 +325,7 @@ void dispatch(const Job& J, const float* x, float* y, uint8_t* codes, uint8_t* s
   }
 }
 
-Job job_of(const torch::Tensor& x, at::IntArrayRef el, at::IntArrayRef sc, int64_t rule, bool is_int, int64_t block,
+Job job_of(const at::Tensor& x, at::IntArrayRef el, at::IntArrayRef sc, int64_t rule, bool is_int, int64_t block,
            double t, int64_t mode, int64_t seed, int64_t offset, int64_t pack) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(),
               "cpd_mx: x must be a contiguous 2-d float32 CPU tensor");
@@ -347,17 +352,17 @@ Job job_of(const torch::Tensor& x, at::IntArrayRef el, at::IntArrayRef sc, int64
 
 // The fake-quantized x (rows, n): decode(encode(x)) in one pass.
 // out: a contiguous float32 tensor of x's numel to write into, or an undefined tensor (None).
-torch::Tensor mx_cast(const torch::Tensor& x, at::IntArrayRef el, at::IntArrayRef sc, int64_t rule, bool is_int,
+at::Tensor mx_cast(const at::Tensor& x, at::IntArrayRef el, at::IntArrayRef sc, int64_t rule, bool is_int,
                       int64_t block, double t, int64_t mode, int64_t seed, int64_t offset,
-                      const std::optional<torch::Tensor>& out) {
+                      const std::optional<at::Tensor>& out) {
   const Job J = job_of(x, el, sc, rule, is_int, block, t, mode, seed, offset, 0);
-  torch::Tensor y;
+  at::Tensor y;
   if (out.has_value() && out->defined()) {
     TORCH_CHECK(out->scalar_type() == at::kFloat && out->is_contiguous() && out->numel() == x.numel() &&
                 out->device().is_cpu(), "cpd_mx: out must be a contiguous float32 CPU tensor of x's size");
     y = out->view({J.rows, J.n});
   } else {
-    y = torch::empty_like(x);
+    y = at::empty_like(x);
     cpd_cpu::advise_huge(y.data_ptr(), y.numel() * (int64_t)sizeof(float));
   }
   if (J.rows * J.n) dispatch<false>(J, x.data_ptr<float>(), y.data_ptr<float>(), nullptr, nullptr);
@@ -365,13 +370,13 @@ torch::Tensor mx_cast(const torch::Tensor& x, at::IntArrayRef el, at::IntArrayRe
 }
 
 // (codes (rows, row bytes) uint8, scale codes (rows, nblocks) uint8).
-std::tuple<torch::Tensor, torch::Tensor> mx_encode(const torch::Tensor& x, at::IntArrayRef el, at::IntArrayRef sc,
+std::tuple<at::Tensor, at::Tensor> mx_encode(const at::Tensor& x, at::IntArrayRef el, at::IntArrayRef sc,
                                                    int64_t rule, bool is_int, int64_t block, double t, int64_t mode,
                                                    int64_t seed, int64_t offset, int64_t pack) {
   const Job J = job_of(x, el, sc, rule, is_int, block, t, mode, seed, offset, pack);
-  auto opts = torch::TensorOptions().dtype(torch::kByte);
-  auto codes = torch::empty({J.rows, J.n ? J.row_bytes : 0}, opts);
-  auto scodes = torch::empty({J.rows, J.nb}, opts);
+  auto opts = at::TensorOptions().dtype(at::kByte);
+  auto codes = at::empty({J.rows, J.n ? J.row_bytes : 0}, opts);
+  auto scodes = at::empty({J.rows, J.nb}, opts);
   cpd_cpu::advise_huge(codes.data_ptr(), codes.numel());
   if (J.rows * J.n)
     dispatch<true>(J, x.data_ptr<float>(), nullptr, codes.data_ptr<uint8_t>(), scodes.data_ptr<uint8_t>());
@@ -379,7 +384,7 @@ std::tuple<torch::Tensor, torch::Tensor> mx_encode(const torch::Tensor& x, at::I
 }
 
 // codes (rows, row bytes) + scale codes (rows, nblocks) -> float32 (rows, n).
-torch::Tensor mx_decode(const torch::Tensor& codes, const torch::Tensor& scodes, at::IntArrayRef el,
+at::Tensor mx_decode(const at::Tensor& codes, const at::Tensor& scodes, at::IntArrayRef el,
                         at::IntArrayRef sc, bool is_int, int64_t block, double t, int64_t n, int64_t pack) {
   TORCH_CHECK(codes.scalar_type() == at::kByte && scodes.scalar_type() == at::kByte && codes.dim() == 2 &&
               scodes.dim() == 2 && codes.is_contiguous() && scodes.is_contiguous(),
@@ -389,7 +394,7 @@ torch::Tensor mx_decode(const torch::Tensor& codes, const torch::Tensor& scodes,
   const int64_t rows = codes.size(0), nb = (n + block - 1) / block, L = nb * block;
   TORCH_CHECK(scodes.size(0) == rows && scodes.size(1) == nb && codes.size(1) >= (n ? row_bytes_of(L, (int)pack) : 0),
               "cpd_mx: codes / scales do not match n = ", n, " and block = ", block);
-  auto y = torch::empty({rows, n}, torch::TensorOptions().dtype(torch::kFloat));
+  auto y = at::empty({rows, n}, at::TensorOptions().dtype(at::kFloat));
   if (rows * n == 0) return y;
   cpd_cpu::advise_huge(y.data_ptr(), y.numel() * (int64_t)sizeof(float));
   float table[256];

@@ -176,7 +176,16 @@ CPD_FN u32 round_normal_fast(u32 a, u32 sign, const Format& f, int mode, u32 ran
     u32 odd = ((a >> (23 - f.man)) + f.parity_add) & 1u;
     return t + (((u32)(dropped != 0) & (odd ^ 1u)) << (23 - f.man));
   } else if (mode == STOCHASTIC) {
-    return t + (sr_carry(dropped << f.sr_shift, rand, sr_bits) << (23 - f.man));
+    // t + (sr_carry(dropped << sr_shift, rand, sr_bits) << d0) in three integer steps. Let
+    // R = rand's top sr_bits bits (sr_carry's mask) and r = R >> sr_shift, R's part at or above
+    // bit sr_shift moved down to dropped's position (0 when d0 = 0, where qmask = 0). Then
+    // dropped + r >= 2^d0 exactly when sr_carry carries: with sr_bits >= d0 the mask leaves
+    // dropped << sr_shift whole and R's bits below sr_shift cannot reach the next multiple of
+    // 2^sr_shift; with sr_bits < d0 both sides compare the top sr_bits bits of dropped, and
+    // dropped's lower bits cannot reach the next multiple of 2^(d0 - sr_bits). So a + r carries
+    // into the kept bits exactly when round_mag rounds up, and & ~qmask truncates.
+    u32 r = ((rand & (~0u << (32 - sr_bits))) >> f.sr_shift) & f.qmask;
+    return (a + r) & ~f.qmask;
   } else {
     return t + (((u32)(dropped != 0) & away) << (23 - f.man));               // N2. directed
   }
