@@ -8,7 +8,11 @@ Invariants defended:
   saturate; on random pairs of bfloat16 codes (16-bit, the direct path);
 * the fused 8-bit hop (float32 add, one rounding, code read off the rounding) equals it on every
   pair of codes of ten 8-bit formats (IEEE, FN, finite, man 0..5, no subnormals, FNUZ), the pairs
-  of finite values in whole vector blocks, and so do the pair tables (``CPD_WIRE_HOP=table``);
+  of finite values in whole vector blocks, and so do the pair tables (``CPD_WIRE_HOP=table``) and
+  the scalar fused loop without the AVX2 + F16C path (``CPD_WIRE_HOP=scalar``); the vector path
+  also on lengths ending inside a 32-element step and a block, with zeros, subnormals, the
+  smallest normal, overflowing sums and inf/NaN codes in the vector steps and the tails, and
+  ``kernels.hop_path`` names the loop each format takes;
   the bucket encode equals ``cpd.cast`` + ``cpd.encode`` on every binade, kept pattern and tie;
 * the Kahan hop (ring role, with and without a received compensation and a carried one, and the
   sequential role of a hierarchical leader) equals ``cpd.primitives.Accumulator.merge`` on random code
@@ -112,8 +116,95 @@ def test_fused_hop_every_pair_equals_cpd_add(fmt, monkeypatch):
         monkeypatch.setenv("CPD_WIRE_HOP", "table")
         table = rb.clone()
         kernels.hop(ra, table, n, wf, mode, sat)
+        monkeypatch.setenv("CPD_WIRE_HOP", "scalar")  # the fused loop without its AVX2 + F16C path
+        scalar = rb.clone()
+        kernels.hop(ra, scalar, n, wf, mode, sat)
         monkeypatch.delenv("CPD_WIRE_HOP")
         assert _same(table, want, n, wf), (wf.fmt.name, mode, sat)
+        assert _same(scalar, want, n, wf), (wf.fmt.name, mode, sat)
+
+
+def _vector_build() -> bool:
+    """The loaded extension was compiled with AVX2 (every AVX2 CPU has F16C; -march=native)."""
+    from cpd import _cpu
+
+    ext = _cpu.extension()
+    return ext is not None and ext.isa().split(",")[0] in ("avx2+fma", "avx2", "avx512", "avx512+fp16")
+
+
+# The 8-bit formats of the vector hop (binary16 view: exp <= 5) and, for contrast, others.
+VECTOR8 = ["e4m3", "e5m2", "e4m3fn", cpd.FloatFormat(4, 3, specials="finite"), cpd.FloatFormat(2, 5),
+           cpd.FloatFormat(3, 4, bias=1), cpd.FloatFormat(5, 2, specials="fn"), cpd.FloatFormat(4, 3, bias=20)]
+
+
+@compiled
+def test_hop_path_names_the_loop(monkeypatch):
+    """kernels.hop_path says which loop runs: the vector path for the 8-bit formats with exp <= 5
+    (every deterministic mode), the scalar fused loop for wider exponents, pair tables for the
+    formats the fused loop leaves (no subnormals, FNUZ, sub-byte), add_bits per element above 8
+    bits; CPD_WIRE_HOP moves it."""
+    wf = lambda f: WireFormat(cpd.FloatFormat.parse(f))  # noqa: E731
+    vec = "vector" if _vector_build() else "scalar"
+    for f in VECTOR8:
+        wide = wf(f).fmt.exp == 5  # directed sums of exp-5 formats are not exact in float32: tables
+        for mode in MODES:
+            want = "tables" if wide and mode != Rounding.NEAREST else vec
+            assert kernels.hop_path(wf(f), mode, False) == want, (f, mode)
+    assert kernels.hop_path(wf("e4m3"), Rounding.NEAREST, True) == vec
+    assert kernels.hop_path(wf("e5m2"), Rounding.TOWARD_ZERO, False) == "tables"  # directed: sums not exact in fp32
+    assert kernels.hop_path(wf(cpd.FloatFormat(6, 1)), Rounding.NEAREST, False) == "scalar"
+    assert kernels.hop_path(wf(cpd.FloatFormat(7, 0)), Rounding.NEAREST, False) == "scalar"
+    assert kernels.hop_path(wf("e4m3fnuz"), Rounding.NEAREST, False) == "tables"
+    assert kernels.hop_path(wf(cpd.FloatFormat(3, 0)), Rounding.NEAREST, False) == "tables"
+    assert kernels.hop_path(wf("bf16"), Rounding.NEAREST, False) == "exact"
+    monkeypatch.setenv("CPD_WIRE_HOP", "scalar")
+    assert kernels.hop_path(wf("e4m3"), Rounding.NEAREST, False) == "scalar"
+    monkeypatch.setenv("CPD_WIRE_HOP", "table")
+    assert kernels.hop_path(wf("e4m3"), Rounding.NEAREST, False) == "tables"
+
+
+@compiled
+@pytest.mark.parametrize("fmt", VECTOR8 + [cpd.FloatFormat(6, 1)], ids=str)
+def test_fused_hop_tails_and_specials(fmt, monkeypatch):
+    """The vector hop (and the scalar loop) against cpd.add on lengths that end inside a 32-element
+    step and inside a 2048-element block, with the codes that steer its selects placed in the
+    vector steps and in the tails: ±0, the smallest subnormals, the largest subnormal and smallest
+    normal, the largest finite value (sums overflow: inf, NaN or saturation), and in some rows an
+    inf or NaN code, which sends that block (only) through the pair table."""
+    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    f = wf.fmt
+    vals = cpd.decode(torch.arange(256), f)
+    fin = torch.nonzero(torch.isfinite(vals)).flatten()
+    special = torch.nonzero(~torch.isfinite(vals)).flatten()
+    mag = vals.abs()
+    pos = (vals > 0) & torch.isfinite(vals)
+    sub = torch.nonzero(pos & (mag < 2.0 ** f.emin)).flatten()
+    top = int(torch.nonzero(pos & (mag == mag[pos].max())).flatten()[0])
+    steer = torch.tensor([0, 128, top, top | 128, 1, 129, int(torch.nonzero(pos & (mag == 2.0 ** f.emin))[0])]
+                         + (sub[-1:].tolist() if sub.numel() else []))
+    g = torch.Generator().manual_seed(7)
+    for n in (1, 5, 31, 32, 33, 63, 2047, 2048 + 33, 3 * 2048 + 17):
+        for with_special in (False, True):
+            a = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
+            b = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
+            k = min(n, steer.numel())
+            for at in {0, max(n - k, 0), max(n // 2 - k, 0)}:  # vector step, tail, middle
+                a[at:at + k] = steer[:k]
+                b[at:at + k] = torch.roll(steer, 2)[:k]
+            if with_special and special.numel():
+                a[n // 2] = special[0]
+                b[n - 1] = special[-1]
+            ra, rb = a.to(torch.uint8), b.to(torch.uint8)
+            for mode, sat in itertools.product(MODES, (False, True)):
+                want = rb.clone()
+                kernels.hop_reference(ra, want, n, wf, mode, sat)
+                for path in (None, "scalar"):
+                    if path:
+                        monkeypatch.setenv("CPD_WIRE_HOP", path)
+                    got = rb.clone()
+                    kernels.hop(ra, got, n, wf, mode, sat)
+                    monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
+                    assert _same(got, want, n, wf), (f.name, n, with_special, mode, sat, path)
 
 
 @compiled

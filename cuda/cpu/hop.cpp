@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "cpd/numerics.h"
+#include "hop_avx2.h"  // the AVX2 + F16C path of the 8-bit hop
 #include "parallel.h"  // cpd_cpu::parallel_for: threaded with or without OpenMP
 
 namespace {
@@ -222,10 +223,16 @@ std::shared_ptr<const Tables> tables_of(const Wire& w) {
 // table (add_bits and wire_code_bits of every pair, built on first need). Narrower codes keep the
 // tables: 1, 2 and 4 bits gather whole bytes, the others' pair tables are at most 16 KiB.
 // tests/test_wire_kernels.py checks every pair of codes against cpd.add.
-// CPD_WIRE_HOP=table forces the pair tables (for side-by-side timing in benchmarks/bench_wire.py).
+// Where AVX2 and F16C are compiled in, the formats of cpd::half_view_applies (8-bit, exp <= 5:
+// e4m3, e5m2, e4m3fn, ...) decode 16 codes per instruction and round 8 lanes per step instead
+// (cuda/cpu/hop_avx2.h); the loop below takes the elements past the last multiple of 32.
+// CPD_WIRE_HOP=table forces the pair tables, CPD_WIRE_HOP=scalar this loop without the AVX2 path
+// (for side-by-side timing in benchmarks/bench_wire.py, and for the tests of both paths).
+enum { HOP_AUTO = 0, HOP_TABLE = 1, HOP_SCALAR = 2 };
 int hop_env() {
   const char* e = std::getenv("CPD_WIRE_HOP");
-  return e && std::strcmp(e, "table") == 0 ? 1 : 0;
+  if (!e) return HOP_AUTO;
+  return std::strcmp(e, "table") == 0 ? HOP_TABLE : std::strcmp(e, "scalar") == 0 ? HOP_SCALAR : HOP_AUTO;
 }
 
 int fast_hop_applies(const Wire& w) {
@@ -254,31 +261,52 @@ u32 fast_hop_bytes(const uint8_t* __restrict r, const uint8_t* __restrict a, uin
 }
 
 template <int MODE>
-void fast_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, const float* dec) {
+void fast_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, const float* dec, bool vec) {
+#if CPD_HOP_AVX2
+  const std::unique_ptr<cpd_hop_avx2::Consts> vc(vec ? new cpd_hop_avx2::Consts(w.f) : nullptr);
+#else
+  (void)vec;
+#endif
   cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
     std::shared_ptr<const Tables> tab;
-    uint8_t out[kBlock];
+    alignas(32) uint8_t out[kBlock];
+    std::unique_ptr<float[]> buf;  // directed modes' float32 sums (cpd_hop_avx2::hop_directed)
     for (int64_t k = b0; k < b1; ++k) {
       const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
-      if (!fast_hop_bytes<MODE>(rp + e0, ap + e0, out, m, dec, w.f)) {
+      u32 special = 0;
+      int64_t done = 0;
+#if CPD_HOP_AVX2
+      if (vc) {
+        if (MODE == cpd::NEAREST) {
+          special = cpd_hop_avx2::hop_nearest(rp + e0, ap + e0, out, m, *vc);
+        } else {
+          if (!buf) buf.reset(new float[kBlock]);
+          special = cpd_hop_avx2::hop_directed<MODE>(rp + e0, ap + e0, out, m, *vc, w.f, buf.get());
+        }
+        done = m - m % 32;
+      }
+#endif
+      if (!special && done < m) special = fast_hop_bytes<MODE>(rp + e0 + done, ap + e0 + done, out + done, m - done, dec, w.f);
+      if (!special) {
         std::memcpy(ap + e0, out, m);
         continue;
       }
-      if (!tab) tab = tables_of(w);  // an inf or NaN operand in this block: the pair table
+      if (!tab) tab = tables_of(w);  // an inf or NaN operand (or field 31) in this block: the pair table
       const uint8_t* __restrict t = tab->add.data();
       for (int64_t i = 0; i < m; ++i) ap[e0 + i] = t[((u32)rp[e0 + i] << 8) | ap[e0 + i]];
     }
   });
 }
 
-void fast_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w) {
+void fast_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool allow_vec) {
   float dec[256];
   for (u32 c = 0; c < 256; ++c) dec[c] = cpd::float_of(value_of_code(c, w));
+  const bool vec = allow_vec && cpd_hop_avx2::applies(w.f, w.mode);
   switch (w.mode) {
-    case cpd::NEAREST: fast_hop_mode<cpd::NEAREST>(rp, ap, n, w, dec); break;
-    case cpd::TOWARD_ZERO: fast_hop_mode<cpd::TOWARD_ZERO>(rp, ap, n, w, dec); break;
-    case cpd::UP: fast_hop_mode<cpd::UP>(rp, ap, n, w, dec); break;
-    default: fast_hop_mode<cpd::DOWN>(rp, ap, n, w, dec); break;
+    case cpd::NEAREST: fast_hop_mode<cpd::NEAREST>(rp, ap, n, w, dec, vec); break;
+    case cpd::TOWARD_ZERO: fast_hop_mode<cpd::TOWARD_ZERO>(rp, ap, n, w, dec, vec); break;
+    case cpd::UP: fast_hop_mode<cpd::UP>(rp, ap, n, w, dec, vec); break;
+    default: fast_hop_mode<cpd::DOWN>(rp, ap, n, w, dec, vec); break;
   }
 }
 
@@ -458,9 +486,10 @@ void wire_hop(const torch::Tensor& recv, const torch::Tensor& recv_c, torch::Ten
   const uint8_t* rp = recv.data_ptr<uint8_t>();
   uint8_t* ap = acc.data_ptr<uint8_t>();
   if (n == 0) return;
-  if (!kahan && fast_hop_applies(w) && !hop_env()) {
+  const int path = hop_env();
+  if (!kahan && fast_hop_applies(w) && path != HOP_TABLE) {
     NoGil nogil;
-    fast_hop(rp, ap, n, w);
+    fast_hop(rp, ap, n, w, path == HOP_AUTO);
     return;
   }
   if (!kahan && w.bits <= 8 && !w.raw32) {
@@ -531,6 +560,18 @@ void wire_hop(const torch::Tensor& recv, const torch::Tensor& recv_c, torch::Ten
       store_codes(acp, e0, m, w, cac);
     }
   });
+}
+
+// Which loop wire_hop takes for a format, mode and saturate flag (plain hops, not Kahan), under the
+// current CPD_WIRE_HOP: 0 add_bits per element, 1 the pair tables, 2 the fused scalar loop, 3 the
+// fused AVX2 + F16C loop (tests and benchmarks/bench_wire.py ask, to know what they measure).
+int64_t wire_hop_path(int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t mode,
+                      bool saturate, int64_t bits, bool raw32) {
+  const Wire w = make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, false, raw32);
+  const int path = hop_env();
+  if (fast_hop_applies(w) && path != HOP_TABLE)
+    return path == HOP_AUTO && cpd_hop_avx2::applies(w.f, w.mode) ? 3 : 2;
+  return w.bits <= 8 && !w.raw32 ? 1 : 0;
 }
 
 namespace {
@@ -634,6 +675,7 @@ torch::Tensor wire_absmax(const torch::Tensor& x, const torch::Tensor& segs) {
 TORCH_LIBRARY(cpd_wire, m) {
   m.def("wire_encode", &wire_encode);
   m.def("wire_hop", &wire_hop);
+  m.def("wire_hop_path", &wire_hop_path);
   m.def("wire_decode", &wire_decode);
   m.def("wire_absmax", &wire_absmax);
 }
