@@ -12,7 +12,8 @@ Invariants defended:
   the scalar fused loop without the AVX2 + F16C path (``CPD_WIRE_HOP=scalar``); the vector path
   also on lengths ending inside a 32-element step and a block, with zeros, subnormals, the
   smallest normal, overflowing sums and inf/NaN codes in the vector steps and the tails, and
-  ``kernels.hop_path`` names the loop each format takes;
+  ``kernels.hop_path`` names the loop each format takes; the decode's binary16-view path equals
+  the public ops on every code, in whole blocks and tails, next to inf/NaN codes;
   the bucket encode equals ``cpd.cast`` + ``cpd.encode`` on every binade, kept pattern and tie;
 * the Kahan hop (ring role, with and without a received compensation and a carried one, and the
   sequential role of a hierarchical leader) equals ``cpd.primitives.Accumulator.merge`` on random code
@@ -287,6 +288,36 @@ def test_encode_and_decode_segments(fmt):
             nan = torch.isnan(o1)
             assert torch.equal(nan, torch.isnan(o2)), (wf.fmt.name, mode, sat, inv)
             assert torch.equal(o1[~nan].view(torch.int32), o2[~nan].view(torch.int32)), (wf.fmt.name, mode, sat, inv)
+
+
+@compiled
+@pytest.mark.parametrize("fmt", VECTOR8 + ["e4m3fnuz", cpd.FloatFormat(4, 3, subnormals=False)], ids=str)
+def test_decode_every_code(fmt, monkeypatch):
+    """The decode (binary16-view path for the formats of the vector hop, table otherwise) against
+    the public ops on every code: blocks of finite codes only, a block with the inf/NaN codes,
+    lengths ending inside a 16-element step, scale exponents that keep, shrink (to float32
+    subnormals: rounded once) and grow the values, with and without the 1/W factor."""
+    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    vals = cpd.decode(torch.arange(256), wf.fmt)
+    fin = torch.nonzero(torch.isfinite(vals)).flatten()
+    bad = torch.nonzero(~torch.isfinite(vals)).flatten()
+    codes = torch.cat([fin.repeat(2048 // fin.numel() + 1)[:2048], fin, bad, fin[:37]]).to(torch.uint8)
+    for n in (codes.numel(), 2048 + 15, 2048, 17, 3):
+        rows = [(0, n, 0)] if n < 64 else [(0, 1000, 0), (1000, 1100, -135), (2100, n - 2100, 20)] if n > 2100 \
+            else [(0, 1000, 3), (1000, n - 1000, -140)]
+        segs = kernels.segments(rows)
+        for inv, path in itertools.product((1.0, 0.25), (None, "scalar")):
+            if path:
+                monkeypatch.setenv("CPD_WIRE_HOP", path)
+            o1 = torch.full((n,), 7.0)
+            o2 = o1.clone()
+            nbad = kernels.decode(codes[:n], segs, o1, wf, inv)
+            monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
+            kernels.decode_reference(codes[:n], segs, o2, wf, inv)
+            assert nbad == kernels._count_nonfinite(o2, segs), (wf.fmt.name, n, inv, path)
+            nan = torch.isnan(o1)
+            assert torch.equal(nan, torch.isnan(o2)), (wf.fmt.name, n, inv, path)
+            assert torch.equal(o1[~nan].view(torch.int32), o2[~nan].view(torch.int32)), (wf.fmt.name, n, inv, path)
 
 
 @compiled

@@ -618,6 +618,12 @@ torch::Tensor wire_decode(const torch::Tensor& in, const torch::Tensor& segs, to
     table.resize((size_t)1 << w.bits);
     for (size_t c = 0; c < table.size(); ++c) table[c] = cpd::float_of(cpd::decode_bits((u32)c, w.fe));
   }
+  // 8-bit formats of the binary16 view: the codes' values 16 per instruction (hop_avx2.h)
+#if CPD_HOP_AVX2
+  const std::unique_ptr<cpd_hop_avx2::Consts> vc(
+      w.bits == 8 && !w.raw32 && cpd_hop_avx2::applies(w.fe, cpd::NEAREST) && hop_env() == HOP_AUTO
+          ? new cpd_hop_avx2::Consts(w.fe) : nullptr);
+#endif
   const uint8_t* ip = in.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const float finv = (float)inv;
@@ -631,12 +637,18 @@ torch::Tensor wire_decode(const torch::Tensor& in, const torch::Tensor& segs, to
       int64_t mine = 0;
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t e0 = b * kBlock, m = std::min(s.total, e0 + kBlock) - e0;
-        load_codes(ip, e0, m, w, codes);
-        if (!table.empty()) {
-          const float* __restrict t = table.data();
-          for (int64_t i = 0; i < m; ++i) vals[i] = t[codes[i]];
-        } else {
-          for (int64_t i = 0; i < m; ++i) vals[i] = cpd::float_of(value_of_code(codes[i], w));
+        bool done = false;
+#if CPD_HOP_AVX2
+        done = vc && cpd_hop_avx2::decode_block(ip + e0, m, vals, *vc, table.data());
+#endif
+        if (!done) {
+          load_codes(ip, e0, m, w, codes);
+          if (!table.empty()) {
+            const float* __restrict t = table.data();
+            for (int64_t i = 0; i < m; ++i) vals[i] = t[codes[i]];
+          } else {
+            for (int64_t i = 0; i < m; ++i) vals[i] = cpd::float_of(value_of_code(codes[i], w));
+          }
         }
         for_runs(s, e0, e0 + m, [&](int64_t j, int64_t i0, int64_t e, int64_t run) {
           float* dst = op + s.rows[3 * j] + i0;

@@ -175,6 +175,27 @@ inline u32 hop_directed(const uint8_t* __restrict r, const uint8_t* __restrict a
   return (u32)!_mm256_testz_si256(over, over);
 }
 
+// The wire decode's first step (cuda/cpu/hop.cpp, wire_decode) for the same formats: the float32
+// values of m codes (8 bits each) at `in`, vals[i] = decode_bits(in[i]) through the binary16 view
+// times 2^(15 - bias) (exact, cpd::half_view_applies), 16 per step, the last m % 16 through the
+// caller's table `dec`. Returns false, having written nothing useful, when a code's magnitude is
+// at or past half_view_limit (the caller then takes the table for the block).
+inline bool decode_block(const uint8_t* __restrict in, int64_t m, float* __restrict vals, const Consts& c,
+                         const float* __restrict dec) {
+  __m256i mx = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 16 <= m; i += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    mx = _mm256_max_epu8(mx, _mm256_castsi128_si256(_mm_and_si128(b, _mm256_castsi256_si128(c.mag7))));
+    const __m256i v = views16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8), c);
+    _mm256_storeu_ps(vals + i, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(v)), c.scale));
+    _mm256_storeu_ps(vals + i + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(v, 1)), c.scale));
+  }
+  for (; i < m; ++i) vals[i] = dec[in[i]];
+  const __m256i over = _mm256_subs_epu8(mx, c.limit_m1);
+  return _mm256_testz_si256(over, over);
+}
+
 #endif  // CPD_HOP_AVX2
 
 }  // namespace cpd_hop_avx2

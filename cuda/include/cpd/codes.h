@@ -110,8 +110,10 @@ CPD_FN u32 wire_code_bits(u32 v, const Format& fe) {
 // 8-bit format whose exponent field fits binary16's (exp <= 5, 2 <= man <= 10), put the code's
 // magnitude bits where binary16 keeps its exponent field (bits 10..14) and the top of its fraction:
 //     h = sign << 15 | mag << (10 - man).
-// For every code of field F < 31 (binary16's inf/NaN field) that decodes to a finite v, h is the
-// binary16 value v * 2^(bias - 15), exactly:
+// For the conventions with a zero of each sign and subnormals (IEEE, FN, finite: FNUZ's -0 code
+// is its NaN, and without subnormals field 0 is not 0.f 2^emin) and every code of field F < 31
+// (binary16's inf/NaN field) that decodes to a finite v, h is the binary16 value v * 2^(bias - 15),
+// exactly:
 //     F >= 1, fraction f:  v = 2^(F - bias) (1 + f 2^-man)   h = 2^(F - 15) (1 + f 2^-man)
 //     F = 0:               v = 2^(1 - bias) f 2^-man          h = binary16 subnormal 2^-14 f 2^-man
 // (the FN/finite conventions' largest binade is an ordinary field here: their NaN code is excluded
@@ -123,8 +125,8 @@ CPD_FN u32 wire_code_bits(u32 v, const Format& fe) {
 //     fl32(x + y) = fl32(view(x) + view(y)) * 2^(15 - bias)     exactly.
 // The hop thus adds exactly the float32 sums it would add from decoded values.
 CPD_FN int half_view_applies(const Format& f) {
-  return (int)(f.is_signed && f.exp + f.man == 7 && f.exp <= 5 && f.man >= 2 && f.man <= 10 && f.bias >= -95 &&
-               f.bias <= 117);
+  return (int)(f.is_signed && !f.uz && !f.no_zero && f.subnormals && f.specials <= SPECIALS_FINITE &&
+               f.exp + f.man == 7 && f.exp <= 5 && f.man >= 2 && f.man <= 10 && f.bias >= -95 && f.bias <= 117);
 }
 
 CPD_FN u32 half_bits_of_code(u32 code, const Format& f) {
