@@ -14,7 +14,8 @@ Invariants defended:
   smallest normal, overflowing sums and inf/NaN codes in the vector steps and the tails, and
   ``kernels.hop_path`` names the loop each format takes; the decode's binary16-view path equals
   the public ops on every code, in whole blocks and tails, next to inf/NaN codes;
-  the bucket encode equals ``cpd.cast`` + ``cpd.encode`` on every binade, kept pattern and tie;
+  the bucket encode equals ``cpd.cast`` + ``cpd.encode`` on every binade, kept pattern and tie
+  (also scaled by 2^s, in ragged runs: the vector encode of round to nearest);
 * the Kahan hop (ring role, with and without a received compensation and a carried one, and the
   sequential role of a hierarchical leader) equals ``cpd.primitives.Accumulator.merge`` on random code
   triples, including specials;
@@ -225,6 +226,13 @@ def test_encode_every_binade_and_tie(fmt):
         got = kernels.encode(x, segs, wf, mode, sat)
         want = kernels.encode_reference(x, segs, wf, mode, sat)
         assert _same(got, want, x.numel(), wf), (wf.fmt.name, mode, sat)
+    # scaled runs (the vector encode multiplies by 2^s in float32), ragged run boundaries
+    n = x.numel()
+    segs = kernels.segments([(0, 1000, -20), (1000, 2071, 7), (3071, n - 3071 - 5, -140), (n - 5, 5, 3)])
+    for sat in (False, True):
+        got = kernels.encode(x, segs, wf, Rounding.NEAREST, sat)
+        want = kernels.encode_reference(x, segs, wf, Rounding.NEAREST, sat)
+        assert _same(got, want, n, wf), (wf.fmt.name, "scaled", sat)
 
 
 @compiled

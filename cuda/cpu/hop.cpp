@@ -436,6 +436,17 @@ void wire_encode(const torch::Tensor& x, const torch::Tensor& segs, torch::Tenso
   const float* xp = x.data_ptr<float>();
   uint8_t* op = out.data_ptr<uint8_t>();
   const int64_t nblocks = (s.total + kBlock - 1) / kBlock;
+  // Round to nearest into 8-bit codes of the vector hop's formats: 32 values per step, bytes
+  // written directly (hop_avx2.h); a run with an inf/NaN scaled value, or whose scale is not a
+  // float32 power of two, takes the loops below and stores its own codes.
+#if CPD_HOP_AVX2
+  const std::unique_ptr<cpd_hop_avx2::Consts> vc(
+      w.bits == 8 && !w.raw32 && w.mode == cpd::NEAREST && cpd_hop_avx2::applies(w.f, cpd::NEAREST) &&
+              hop_env() == HOP_AUTO ? new cpd_hop_avx2::Consts(w.f) : nullptr);
+  const bool direct = vc != nullptr;
+#else
+  const bool direct = false;
+#endif
   NoGil nogil;
   cpd_cpu::parallel_for(0, nblocks, 8, [&](int64_t b0, int64_t b1) {
     u32 codes[kBlock];
@@ -444,6 +455,17 @@ void wire_encode(const torch::Tensor& x, const torch::Tensor& segs, torch::Tenso
       for_runs(s, e0, e1, [&](int64_t j, int64_t i0, int64_t e, int64_t run) {
         const float* src = xp + s.rows[3 * j] + i0;
         u32* dst = codes + (e - e0);
+#if CPD_HOP_AVX2
+        if (direct) {
+          const int64_t sc = s.rows[3 * j + 2];
+          if (sc >= -149 && sc <= 127 &&
+              cpd_hop_avx2::encode_nearest(src, run, std::ldexp(1.0f, (int)sc), sc != 0, op + e, *vc, w.f))
+            return;
+          encode_run_mode<true>(src, run, sc, w, dst);
+          store_codes(op, e, run, w, dst);
+          return;
+        }
+#endif
         if (w.raw32) {  // cpd.FP32: scaled and cast like any format (the cast of a finite float32 is itself)
           const double pd = std::ldexp(1.0, (int)s.rows[3 * j + 2]);
           for (int64_t i = 0; i < run; ++i)
@@ -454,7 +476,7 @@ void wire_encode(const torch::Tensor& x, const torch::Tensor& segs, torch::Tenso
           encode_run_mode<false>(src, run, s.rows[3 * j + 2], w, dst);
         }
       });
-      store_codes(op, e0, e1 - e0, w, codes);
+      if (!direct) store_codes(op, e0, e1 - e0, w, codes);
     }
   });
 }

@@ -23,7 +23,9 @@
 // A code whose magnitude is at least cpd::half_view_limit (inf, NaN, or binary16's field 31) is
 // not decoded by the view: the block reports it (an unsigned byte max of the magnitudes) and the
 // caller redoes the block through the pair table, as the scalar loop does for an inf/NaN sum.
-// Elements past the last multiple of 32 are the caller's (its scalar loop).
+// Elements past the last multiple of 32 are the caller's (its scalar loop). The bucket encode
+// (round to nearest) and the wire decode of the same formats use the same steps (encode_nearest,
+// decode_block).
 // tests/test_wire_kernels.py compares every pair of codes of the 8-bit formats with cpd.add, in
 // whole blocks, in tails and next to specials.
 #ifndef CPD_CPU_HOP_AVX2_H
@@ -194,6 +196,44 @@ inline bool decode_block(const uint8_t* __restrict in, int64_t m, float* __restr
   for (; i < m; ++i) vals[i] = dec[in[i]];
   const __m256i over = _mm256_subs_epu8(mx, c.limit_m1);
   return _mm256_testz_si256(over, over);
+}
+
+// The bucket encode's hot case (cuda/cpu/hop.cpp, wire_encode), round to nearest: out[i] = the
+// code of x[i] * p (p a float32 power of two, or 1 with scale false: the same single rounding of
+// the exact product as the scalar loop's) for m values, 32 per step as in hop_nearest, the last
+// m % 32 by cast_code_fast. Returns false when a scaled value is inf or NaN (out is then partly
+// written; the caller encodes the run again through the exact loop).
+inline bool encode_nearest(const float* __restrict x, int64_t m, float p, bool scale, uint8_t* __restrict out,
+                           const Consts& c, const cpd::Format g) {
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256 vp = _mm256_set1_ps(p);
+  __m256i mx = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 32 <= m; i += 32) {
+    __m256 s[4];
+    for (int k = 0; k < 4; ++k) {
+      s[k] = _mm256_loadu_ps(x + i + 8 * k);
+      if (scale) s[k] = _mm256_mul_ps(s[k], vp);
+      mx = _mm256_max_epu32(mx, _mm256_and_si256(_mm256_castps_si256(s[k]), c.abs_mask));
+    }
+    const __m256i codes = _mm256_packus_epi16(_mm256_packus_epi32(code8_nearest(s[0], c), code8_nearest(s[1], c)),
+                                              _mm256_packus_epi32(code8_nearest(s[2], c), code8_nearest(s[3], c)));
+    const __m256i signs = _mm256_packs_epi16(
+        _mm256_packs_epi32(_mm256_castps_si256(s[0]), _mm256_castps_si256(s[1])),
+        _mm256_packs_epi32(_mm256_castps_si256(s[2]), _mm256_castps_si256(s[3])));
+    const __m256i bytes = _mm256_or_si256(codes, _mm256_and_si256(signs, c.sign80));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permutevar8x32_epi32(bytes, perm));
+  }
+  __m128i h = _mm_max_epu32(_mm256_castsi256_si128(mx), _mm256_extracti128_si256(mx, 1));
+  h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xb1));
+  u32 special = (u32)((u32)_mm_cvtsi128_si32(h) >= cpd::INF_BITS);
+  for (; i < m; ++i) {
+    const u32 u = cpd::bits_of(scale ? x[i] * p : x[i]);
+    special |= (u32)((u & ~cpd::SIGN) >= cpd::INF_BITS);
+    out[i] = (uint8_t)cpd::cast_code_fast(u, g, cpd::NEAREST);
+  }
+  return !special;
 }
 
 #endif  // CPD_HOP_AVX2
