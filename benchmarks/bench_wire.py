@@ -1,5 +1,6 @@
 """Step time of low-bit gradient communication on a throttled network: DDP float32, torch's
-fp16_compress_hook, cpd E4M3 and cpd packed 4-bit ((3, 0)), as ratios to DDP float32.
+fp16_compress_hook, a no-op hook (the floor: no communication at all), cpd E4M3 and cpd packed
+4-bit ((3, 0)), as ratios to DDP float32.
 
 Method (rerun it anywhere you are root; traffic stays on a private loopback):
 
@@ -7,11 +8,13 @@ Method (rerun it anywhere you are root; traffic stays on a private loopback):
   (``unshare --net``), brings its loopback up and, unless RATE is ``unthrottled``, shapes it with
   ``tc qdisc add dev lo root tbf rate RATE burst 256kb latency 100ms``;
 * there it spawns N gloo processes (one CPU thread each) on 127.0.0.1; every process builds the same
-  MLP (three Linear layers, 4.7M weights, 18.9 MB of float32 gradients) under DDP four times, one
+  MLP (three Linear layers, 4.7M weights, 18.9 MB of float32 gradients) under DDP five times, one
   per variant, and times ``loss.backward()`` (backward + communication: DDP waits for every
   bucket's future at the end of backward) between barriers, variants interleaved rep by rep;
 * rank 0 prints the medians and their ratios to DDP float32, and the bytes a rank sends per step
-  (cpd: counted by the engine's StepReport; DDP/fp16: the ring model 2(W-1)/W n x itemsize).
+  (cpd: counted by the engine's StepReport; DDP/fp16: the ring model 2(W-1)/W n x itemsize);
+  the no-op hook's ratio is the floor: backward and DDP's bucketing alone, below which no
+  communication hook can go on the same machine.
 
     python benchmarks/bench_wire.py                      # RATE in 1gbit 10gbit unthrottled, N in 2 4
     python benchmarks/bench_wire.py --rates 1gbit --nproc 2 --reps 9
