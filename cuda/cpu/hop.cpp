@@ -11,10 +11,12 @@
 //   wire_absmax    per-layer max |x| (NaN wins) for the APS exponent exchange.
 //
 // Every value is computed by the numerics core (cpd/numerics.h: cast_bits, add_bits,
-// encode_value_bits, decode_bits); the hop of a format of <= 8 bits reads a table of
-// add_bits over every pair of codes (built once per format, rounding mode and saturate flag, by
-// those same functions), so it is a byte gather. The result equals cpd.add / cpd.encode /
-// cpd.decode bit for bit (tests/test_wire_kernels.py checks every pair of 8-bit codes).
+// encode_value_bits, decode_bits); the hop of a format of <= 8 bits is a float32 add rounded once
+// to the format (fast_hop: codes decoded through a table, or through their binary16 views in
+// hop_avx2.h's AVX2 + F16C path) or reads a table of add_bits over every pair of codes (built
+// once per format, rounding mode and saturate flag, by those same functions), a byte gather. The
+// result equals cpd.add / cpd.encode / cpd.decode bit for bit (tests/test_wire_kernels.py checks
+// every pair of 8-bit codes on every path).
 //
 // Wire layout (that of cpd.distributed.pack_codes): 8-bit codes one per byte; 1..7-bit codes as
 // a bit stream (low bits first, or high bits first with msb=true); 9..16-bit codes as int16,
