@@ -1,5 +1,6 @@
 """Step time of low-bit gradient communication on a throttled network: DDP float32, torch's
-fp16_compress_hook, cpd E4M3 and cpd packed 4-bit ((3, 0)), as ratios to DDP float32.
+fp16_compress_hook, a no-op hook (the floor: no communication at all), cpd E4M3 and cpd packed
+4-bit ((3, 0)), as ratios to DDP float32.
 
 Method (rerun it anywhere you are root; traffic stays on a private loopback):
 
@@ -7,11 +8,13 @@ Method (rerun it anywhere you are root; traffic stays on a private loopback):
   (``unshare --net``), brings its loopback up and, unless RATE is ``unthrottled``, shapes it with
   ``tc qdisc add dev lo root tbf rate RATE burst 256kb latency 100ms``;
 * there it spawns N gloo processes (one CPU thread each) on 127.0.0.1; every process builds the same
-  MLP (three Linear layers, 4.7M weights, 18.9 MB of float32 gradients) under DDP four times, one
+  MLP (three Linear layers, 4.7M weights, 18.9 MB of float32 gradients) under DDP five times, one
   per variant, and times ``loss.backward()`` (backward + communication: DDP waits for every
   bucket's future at the end of backward) between barriers, variants interleaved rep by rep;
 * rank 0 prints the medians and their ratios to DDP float32, and the bytes a rank sends per step
-  (cpd: counted by the engine's StepReport; DDP/fp16: the ring model 2(W-1)/W n x itemsize).
+  (cpd: counted by the engine's StepReport; DDP/fp16: the ring model 2(W-1)/W n x itemsize);
+  the no-op hook's ratio is the floor: backward and DDP's bucketing alone, below which no
+  communication hook can go on the same machine.
 
     python benchmarks/bench_wire.py                      # RATE in 1gbit 10gbit unthrottled, N in 2 4
     python benchmarks/bench_wire.py --rates 1gbit --nproc 2 --reps 9
@@ -40,7 +43,17 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("ddp float32", "torch fp16 hook", "cpd e4m3", "cpd e3m0 (4-bit)")
+VARIANTS = ("ddp float32", "torch fp16 hook", "no-op hook (floor)", "cpd e4m3", "cpd e3m0 (4-bit)")
+CPD_VARIANTS = VARIANTS[3:]
+
+
+def _noop_hook(state, bucket):
+    """The floor of any communication hook: DDP's bucketing and futures with no communication at
+    all (the bucket comes back unchanged). Its step is backward plus DDP's own overhead; no hook,
+    however little it sends, can be faster on the same machine."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
 
 
 def machine() -> str:
@@ -83,7 +96,10 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
     ddp = DDP(model(), **kw)
     ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     runs[VARIANTS[1]] = (ddp, None)
-    for name, fmt in zip(VARIANTS[2:], ("e4m3", cpd.FloatFormat(3, 0))):
+    ddp = DDP(model(), **kw)
+    ddp.register_comm_hook(None, _noop_hook)
+    runs[VARIANTS[2]] = (ddp, None)
+    for name, fmt in zip(CPD_VARIANTS, ("e4m3", cpd.FloatFormat(3, 0))):
         if opts.variants and name not in opts.variants:
             continue
         m = model()
@@ -118,9 +134,10 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
             if name == "backward alone":
                 res["backward_alone_s"] = statistics.median(times[name])
                 continue
-            sent = state.report.bytes_sent if state is not None else ring // (2 if "fp16" in name else 1)
+            sent = (state.report.bytes_sent if state is not None else 0 if "no-op" in name
+                    else ring // (2 if "fp16" in name else 1))
             res["variants"][name] = {"median_s": statistics.median(times[name]), "times": times[name], "sent": sent,
-                                     "counted": state is not None}
+                                     "counted": state is not None or "no-op" in name}
         if prof is not None:
             res["profile"] = prof.table(opts.reps)
         Path(out).write_text(json.dumps(res))
@@ -226,9 +243,15 @@ def inner(opts) -> int:
 # ------------------------------------------------------------------------------------ kernels
 def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
     """Single-thread throughput of the fused kernels (G elements/s; best of ``reps``, CPU time of the
-    calling thread, so that other load on a shared machine counts less), measured side by side. The e4m3 hop is timed on the codes of a gradient-like bucket (Gaussian values, APS
-    scaled) and on uniformly random codes of finite values (the pair tables' worst case), fused
-    (decode, float32 add, one rounding, code) and with the 64 KiB pair tables (``CPD_WIRE_HOP=table``)."""
+    calling thread, so that other load on a shared machine counts less), measured side by side.
+
+    The hop is timed for every kind of format it serves: the 8-bit formats of the vector path
+    (e4m3, e4m3fn, e5m2: binary16-view decode and 8-lane rounding, ``cuda/cpu/hop_avx2.h``), the same
+    formats through the scalar loop (``CPD_WIRE_HOP=scalar``: a float table per code) and through the
+    64 KiB pair tables (``CPD_WIRE_HOP=table``), on the codes of a gradient-like bucket (Gaussian
+    values, APS scaled) and on uniformly random codes of finite values; e4m3 in the directed modes;
+    the packed 4-bit (3, 0) and a 6-bit format (pair tables on whole bytes, on code pairs); bf16
+    (``add_bits`` per element)."""
     import cpd
     from cpd.distributed import kernels
     from cpd.distributed.layout import layout
@@ -237,18 +260,18 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, generator=g) * 2.0 ** -10
-    rows = ["| kernel | format | codes | ns / element | G elements / s (1 thread) |", "|---|---|---|---|---|"]
+    rows = ["| kernel | format | codes | path | ns / element | G elements / s (1 thread) |", "|---|---|---|---|---|---|"]
 
-    def rate(fn):  # CPU time of this thread (1 torch thread: the kernels run here), robust to other load
+    def rate(fn, m=n):  # CPU time of this thread (1 torch thread: the kernels run here), robust to other load
         fn()
         best = float("inf")
         for _ in range(reps):
             t0 = time.thread_time()
             fn()
             best = min(best, time.thread_time() - t0)
-        return best / n
+        return best / m
 
-    def hop_rate(buf, acc0, wf, variant):
+    def hop_rate(buf, acc0, m, wf, mode, variant):
         acc = acc0.clone()
         old = os.environ.pop("CPD_WIRE_HOP", None)
         if variant:
@@ -256,32 +279,47 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
         try:
             # each call restores the accumulator first (else sums grow to inf); the copy's own
             # time, measured alone, is taken off
-            both = rate(lambda: (acc.copy_(acc0), kernels.hop(buf, acc, n, wf, Rounding.NEAREST, False)))
-            return max(both - rate(lambda: acc.copy_(acc0)), 1e-12)
+            both = rate(lambda: (acc.copy_(acc0), kernels.hop(buf, acc, m, wf, mode, False)), m)
+            return max(both - rate(lambda: acc.copy_(acc0), m), 1e-12)
         finally:
             os.environ.pop("CPD_WIRE_HOP", None)
             if old is not None:
                 os.environ["CPD_WIRE_HOP"] = old
 
-    for fmt in (cpd.FloatFormat.parse("e4m3"), cpd.FloatFormat(3, 0)):
-        lay = layout(fmt, (n,), 1)
+    def row(kernel, fmt, codes, path, t):
+        rows.append(f"| {kernel} | {fmt} | {codes} | {path} | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
+
+    paths8 = (("vector (AVX2 + F16C)", None), ("scalar loop", "scalar"), ("pair tables", "table"))
+    for name in ("e4m3", "e4m3fn", "e5m2", "e3m0", "e3m2", "bf16"):
+        fmt = cpd.FloatFormat(3, 0) if name == "e3m0" else cpd.FloatFormat(3, 2, specials="finite") \
+            if name == "e3m2" else cpd.FloatFormat.parse(name)
+        m = n if fmt.bits <= 8 else n // 8  # the per-element path of wide formats is slow: fewer elements
+        lay = layout(fmt, (m,), 1)
         segs = lay.segments(0, [0], [fmt.emax + 7])
-        buf = kernels.encode(x, segs, lay.wf, Rounding.NEAREST, False)
-        acc = kernels.encode(torch.roll(x, 1), segs, lay.wf, Rounding.NEAREST, False)
-        out = torch.empty(n)
-        hops = [("hop (decode, add, encode)", "gradient", buf, acc, None)]
+        xs = x[:m]
+        buf = kernels.encode(xs, segs, lay.wf, Rounding.NEAREST, False)
+        acc = kernels.encode(torch.roll(xs, 1), segs, lay.wf, Rounding.NEAREST, False)
+        out = torch.empty(m)
+        if name in ("e4m3", "e3m0"):
+            t = rate(lambda: kernels.encode(xs, segs, lay.wf, Rounding.NEAREST, False, out=acc.clone()), m)
+            row("encode (scale, cast, pack)", fmt.name, "gradient", "", t)
+        hops = [("gradient", buf, acc, Rounding.NEAREST, "", None)]
         if fmt.bits == 8:
             fin = torch.nonzero(torch.isfinite(cpd.decode(torch.arange(256), fmt))).flatten()
-            ra, rb = (fin[torch.randint(0, fin.numel(), (n,), generator=g)].to(torch.uint8) for _ in range(2))
-            hops = [(f"hop, {name}", codes, a, b, var) for codes, a, b in (("gradient", buf, acc), ("uniform", ra, rb))
-                    for name, var in (("fused", None), ("pair tables", "table"))]
-        t = rate(lambda: kernels.encode(x, segs, lay.wf, Rounding.NEAREST, False, out=acc.clone()))
-        rows.append(f"| encode (scale, cast, pack) | {fmt.name} | gradient | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
-        for name, codes, a, b, variant in hops:
-            t = hop_rate(a, b, lay.wf, variant)
-            rows.append(f"| {name} | {fmt.name} | {codes} | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
-        t = rate(lambda: kernels.decode(buf, segs, out, lay.wf, 0.5))
-        rows.append(f"| decode (unscale, 1/W) | {fmt.name} | gradient | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
+            ra, rb = (fin[torch.randint(0, fin.numel(), (m,), generator=g)].to(torch.uint8) for _ in range(2))
+            hops = [(codes, a, b, Rounding.NEAREST, path, var) for codes, a, b in (("gradient", buf, acc),
+                                                                                  ("uniform", ra, rb))
+                    for path, var in paths8]
+            if name == "e4m3":
+                hops += [("gradient", buf, acc, mode, path, var) for mode in (Rounding.TOWARD_ZERO, Rounding.DOWN)
+                         for path, var in paths8[:2]]
+        for codes, a, b, mode, path, variant in hops:
+            t = hop_rate(a, b, m, lay.wf, mode, variant)
+            label = "hop (decode, add, encode)" + ("" if mode == Rounding.NEAREST else f", {mode.name.lower()}")
+            row(label, fmt.name, codes, path, t)
+        if name in ("e4m3", "e3m0"):
+            t = rate(lambda: kernels.decode(buf, segs, out, lay.wf, 0.5), m)
+            row("decode (unscale, 1/W)", fmt.name, "gradient", "", t)
     return "\n".join(rows)
 
 
@@ -336,8 +374,8 @@ def main(argv=None) -> int:
                    help="DDP's bucket_cap_mb for every variant alike (default: DDP's 25)")
     p.add_argument("--no-kernels", action="store_true", help="skip the single-thread kernel rates")
     p.add_argument("--kernels", action="store_true", help="only the single-thread kernel rates")
-    p.add_argument("--variants", nargs="+", choices=VARIANTS[2:],
-                   help="only these cpd variants (DDP float32 and the fp16 hook always run: the ratios' bases)")
+    p.add_argument("--variants", nargs="+", choices=CPD_VARIANTS,
+                   help="only these cpd variants (DDP float32, the fp16 hook and the no-op floor always run)")
     p.add_argument("--profile", action="store_true",
                    help="also time backward alone and break the cpd steps down (kernels, waits, hook)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)

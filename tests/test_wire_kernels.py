@@ -8,8 +8,14 @@ Invariants defended:
   saturate; on random pairs of bfloat16 codes (16-bit, the direct path);
 * the fused 8-bit hop (float32 add, one rounding, code read off the rounding) equals it on every
   pair of codes of ten 8-bit formats (IEEE, FN, finite, man 0..5, no subnormals, FNUZ), the pairs
-  of finite values in whole vector blocks, and so do the pair tables (``CPD_WIRE_HOP=table``);
-  the bucket encode equals ``cpd.cast`` + ``cpd.encode`` on every binade, kept pattern and tie;
+  of finite values in whole vector blocks, and so do the pair tables (``CPD_WIRE_HOP=table``) and
+  the scalar fused loop without the AVX2 + F16C path (``CPD_WIRE_HOP=scalar``); the vector path
+  also on lengths ending inside a 32-element step and a block, with zeros, subnormals, the
+  smallest normal, overflowing sums and inf/NaN codes in the vector steps and the tails, and
+  ``kernels.hop_path`` names the loop each format takes; the decode's binary16-view path equals
+  the public ops on every code, in whole blocks and tails, next to inf/NaN codes;
+  the bucket encode equals ``cpd.cast`` + ``cpd.encode`` on every binade, kept pattern and tie
+  (also scaled by 2^s, in ragged runs: the vector encode of round to nearest);
 * the Kahan hop (ring role, with and without a received compensation and a carried one, and the
   sequential role of a hierarchical leader) equals ``cpd.primitives.Accumulator.merge`` on random code
   triples, including specials;
@@ -112,8 +118,95 @@ def test_fused_hop_every_pair_equals_cpd_add(fmt, monkeypatch):
         monkeypatch.setenv("CPD_WIRE_HOP", "table")
         table = rb.clone()
         kernels.hop(ra, table, n, wf, mode, sat)
+        monkeypatch.setenv("CPD_WIRE_HOP", "scalar")  # the fused loop without its AVX2 + F16C path
+        scalar = rb.clone()
+        kernels.hop(ra, scalar, n, wf, mode, sat)
         monkeypatch.delenv("CPD_WIRE_HOP")
         assert _same(table, want, n, wf), (wf.fmt.name, mode, sat)
+        assert _same(scalar, want, n, wf), (wf.fmt.name, mode, sat)
+
+
+def _vector_build() -> bool:
+    """The loaded extension was compiled with AVX2 (every AVX2 CPU has F16C; -march=native)."""
+    from cpd import _cpu
+
+    ext = _cpu.extension()
+    return ext is not None and ext.isa().split(",")[0] in ("avx2+fma", "avx2", "avx512", "avx512+fp16")
+
+
+# The 8-bit formats of the vector hop (binary16 view: exp <= 5) and, for contrast, others.
+VECTOR8 = ["e4m3", "e5m2", "e4m3fn", cpd.FloatFormat(4, 3, specials="finite"), cpd.FloatFormat(2, 5),
+           cpd.FloatFormat(3, 4, bias=1), cpd.FloatFormat(5, 2, specials="fn"), cpd.FloatFormat(4, 3, bias=20)]
+
+
+@compiled
+def test_hop_path_names_the_loop(monkeypatch):
+    """kernels.hop_path says which loop runs: the vector path for the 8-bit formats with exp <= 5
+    (every deterministic mode), the scalar fused loop for wider exponents, pair tables for the
+    formats the fused loop leaves (no subnormals, FNUZ, sub-byte), add_bits per element above 8
+    bits; CPD_WIRE_HOP moves it."""
+    wf = lambda f: WireFormat(cpd.FloatFormat.parse(f))  # noqa: E731
+    vec = "vector" if _vector_build() else "scalar"
+    for f in VECTOR8:
+        wide = wf(f).fmt.exp == 5  # directed sums of exp-5 formats are not exact in float32: tables
+        for mode in MODES:
+            want = "tables" if wide and mode != Rounding.NEAREST else vec
+            assert kernels.hop_path(wf(f), mode, False) == want, (f, mode)
+    assert kernels.hop_path(wf("e4m3"), Rounding.NEAREST, True) == vec
+    assert kernels.hop_path(wf("e5m2"), Rounding.TOWARD_ZERO, False) == "tables"  # directed: sums not exact in fp32
+    assert kernels.hop_path(wf(cpd.FloatFormat(6, 1)), Rounding.NEAREST, False) == "scalar"
+    assert kernels.hop_path(wf(cpd.FloatFormat(7, 0)), Rounding.NEAREST, False) == "scalar"
+    assert kernels.hop_path(wf("e4m3fnuz"), Rounding.NEAREST, False) == "tables"
+    assert kernels.hop_path(wf(cpd.FloatFormat(3, 0)), Rounding.NEAREST, False) == "tables"
+    assert kernels.hop_path(wf("bf16"), Rounding.NEAREST, False) == "exact"
+    monkeypatch.setenv("CPD_WIRE_HOP", "scalar")
+    assert kernels.hop_path(wf("e4m3"), Rounding.NEAREST, False) == "scalar"
+    monkeypatch.setenv("CPD_WIRE_HOP", "table")
+    assert kernels.hop_path(wf("e4m3"), Rounding.NEAREST, False) == "tables"
+
+
+@compiled
+@pytest.mark.parametrize("fmt", VECTOR8 + [cpd.FloatFormat(6, 1)], ids=str)
+def test_fused_hop_tails_and_specials(fmt, monkeypatch):
+    """The vector hop (and the scalar loop) against cpd.add on lengths that end inside a 32-element
+    step and inside a 2048-element block, with the codes that steer its selects placed in the
+    vector steps and in the tails: ±0, the smallest subnormals, the largest subnormal and smallest
+    normal, the largest finite value (sums overflow: inf, NaN or saturation), and in some rows an
+    inf or NaN code, which sends that block (only) through the pair table."""
+    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    f = wf.fmt
+    vals = cpd.decode(torch.arange(256), f)
+    fin = torch.nonzero(torch.isfinite(vals)).flatten()
+    special = torch.nonzero(~torch.isfinite(vals)).flatten()
+    mag = vals.abs()
+    pos = (vals > 0) & torch.isfinite(vals)
+    sub = torch.nonzero(pos & (mag < 2.0 ** f.emin)).flatten()
+    top = int(torch.nonzero(pos & (mag == mag[pos].max())).flatten()[0])
+    steer = torch.tensor([0, 128, top, top | 128, 1, 129, int(torch.nonzero(pos & (mag == 2.0 ** f.emin))[0])]
+                         + (sub[-1:].tolist() if sub.numel() else []))
+    g = torch.Generator().manual_seed(7)
+    for n in (1, 5, 31, 32, 33, 63, 2047, 2048 + 33, 3 * 2048 + 17):
+        for with_special in (False, True):
+            a = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
+            b = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
+            k = min(n, steer.numel())
+            for at in {0, max(n - k, 0), max(n // 2 - k, 0)}:  # vector step, tail, middle
+                a[at:at + k] = steer[:k]
+                b[at:at + k] = torch.roll(steer, 2)[:k]
+            if with_special and special.numel():
+                a[n // 2] = special[0]
+                b[n - 1] = special[-1]
+            ra, rb = a.to(torch.uint8), b.to(torch.uint8)
+            for mode, sat in itertools.product(MODES, (False, True)):
+                want = rb.clone()
+                kernels.hop_reference(ra, want, n, wf, mode, sat)
+                for path in (None, "scalar"):
+                    if path:
+                        monkeypatch.setenv("CPD_WIRE_HOP", path)
+                    got = rb.clone()
+                    kernels.hop(ra, got, n, wf, mode, sat)
+                    monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
+                    assert _same(got, want, n, wf), (f.name, n, with_special, mode, sat, path)
 
 
 @compiled
@@ -133,6 +226,13 @@ def test_encode_every_binade_and_tie(fmt):
         got = kernels.encode(x, segs, wf, mode, sat)
         want = kernels.encode_reference(x, segs, wf, mode, sat)
         assert _same(got, want, x.numel(), wf), (wf.fmt.name, mode, sat)
+    # scaled runs (the vector encode multiplies by 2^s in float32), ragged run boundaries
+    n = x.numel()
+    segs = kernels.segments([(0, 1000, -20), (1000, 2071, 7), (3071, n - 3071 - 5, -140), (n - 5, 5, 3)])
+    for sat in (False, True):
+        got = kernels.encode(x, segs, wf, Rounding.NEAREST, sat)
+        want = kernels.encode_reference(x, segs, wf, Rounding.NEAREST, sat)
+        assert _same(got, want, n, wf), (wf.fmt.name, "scaled", sat)
 
 
 @compiled
@@ -196,6 +296,36 @@ def test_encode_and_decode_segments(fmt):
             nan = torch.isnan(o1)
             assert torch.equal(nan, torch.isnan(o2)), (wf.fmt.name, mode, sat, inv)
             assert torch.equal(o1[~nan].view(torch.int32), o2[~nan].view(torch.int32)), (wf.fmt.name, mode, sat, inv)
+
+
+@compiled
+@pytest.mark.parametrize("fmt", VECTOR8 + ["e4m3fnuz", cpd.FloatFormat(4, 3, subnormals=False)], ids=str)
+def test_decode_every_code(fmt, monkeypatch):
+    """The decode (binary16-view path for the formats of the vector hop, table otherwise) against
+    the public ops on every code: blocks of finite codes only, a block with the inf/NaN codes,
+    lengths ending inside a 16-element step, scale exponents that keep, shrink (to float32
+    subnormals: rounded once) and grow the values, with and without the 1/W factor."""
+    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    vals = cpd.decode(torch.arange(256), wf.fmt)
+    fin = torch.nonzero(torch.isfinite(vals)).flatten()
+    bad = torch.nonzero(~torch.isfinite(vals)).flatten()
+    codes = torch.cat([fin.repeat(2048 // fin.numel() + 1)[:2048], fin, bad, fin[:37]]).to(torch.uint8)
+    for n in (codes.numel(), 2048 + 15, 2048, 17, 3):
+        rows = [(0, n, 0)] if n < 64 else [(0, 1000, 0), (1000, 1100, -135), (2100, n - 2100, 20)] if n > 2100 \
+            else [(0, 1000, 3), (1000, n - 1000, -140)]
+        segs = kernels.segments(rows)
+        for inv, path in itertools.product((1.0, 0.25), (None, "scalar")):
+            if path:
+                monkeypatch.setenv("CPD_WIRE_HOP", path)
+            o1 = torch.full((n,), 7.0)
+            o2 = o1.clone()
+            nbad = kernels.decode(codes[:n], segs, o1, wf, inv)
+            monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
+            kernels.decode_reference(codes[:n], segs, o2, wf, inv)
+            assert nbad == kernels._count_nonfinite(o2, segs), (wf.fmt.name, n, inv, path)
+            nan = torch.isnan(o1)
+            assert torch.equal(nan, torch.isnan(o2)), (wf.fmt.name, n, inv, path)
+            assert torch.equal(o1[~nan].view(torch.int32), o2[~nan].view(torch.int32)), (wf.fmt.name, n, inv, path)
 
 
 @compiled

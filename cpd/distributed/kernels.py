@@ -29,7 +29,7 @@ from ..primitives import Accumulator
 from ..rounding import Rounding
 from .wire import WireFormat, pack_codes, unpack_codes
 
-__all__ = ["encode", "hop", "decode", "absmax", "compiled", "segments"]
+__all__ = ["encode", "hop", "hop_path", "decode", "absmax", "compiled", "segments"]
 
 
 def segments(rows) -> torch.Tensor:
@@ -139,6 +139,19 @@ def hop(recv: torch.Tensor, acc: torch.Tensor, n: int, wf: WireFormat, rounding:
         return
     hop_reference(recv, acc, n, wf, rounding, saturate, kahan=kahan, recv_c=recv_c, acc_c=acc_c, carry=carry,
                   sequential=sequential)
+
+
+def hop_path(wf: WireFormat, rounding: Rounding, saturate: bool) -> str:
+    """Which CPU loop :func:`hop` runs for a plain (not Kahan) hop of this format (under the current
+    ``CPD_WIRE_HOP``): ``"vector"`` (the 8-bit formats of ``cuda/cpu/hop_avx2.h`` where AVX2 and F16C
+    are compiled in), ``"scalar"`` (the fused 8-bit loop: decode through a float table, float32 add,
+    one rounding), ``"tables"`` (a table of every pair of codes), ``"exact"`` (``add_bits`` per
+    element) or ``"reference"`` (no extension: the public ops)."""
+    ops = _ops()
+    if ops is None:
+        return "reference"
+    k = ops.wire_hop_path(*_fargs(wf.fmt), rounding.code, saturate, wf.bits, wf.raw32)
+    return ("exact", "tables", "scalar", "vector")[k]
 
 
 def hop_reference(recv, acc, n, wf: WireFormat, rounding: Rounding, saturate: bool, *, kahan=False, recv_c=None,

@@ -11,10 +11,12 @@
 //   wire_absmax    per-layer max |x| (NaN wins) for the APS exponent exchange.
 //
 // Every value is computed by the numerics core (cpd/numerics.h: cast_bits, add_bits,
-// encode_value_bits, decode_bits); the hop of a format of <= 8 bits reads a table of
-// add_bits over every pair of codes (built once per format, rounding mode and saturate flag, by
-// those same functions), so it is a byte gather. The result equals cpd.add / cpd.encode /
-// cpd.decode bit for bit (tests/test_wire_kernels.py checks every pair of 8-bit codes).
+// encode_value_bits, decode_bits); the hop of a format of <= 8 bits is a float32 add rounded once
+// to the format (fast_hop: codes decoded through a table, or through their binary16 views in
+// hop_avx2.h's AVX2 + F16C path) or reads a table of add_bits over every pair of codes (built
+// once per format, rounding mode and saturate flag, by those same functions), a byte gather. The
+// result equals cpd.add / cpd.encode / cpd.decode bit for bit (tests/test_wire_kernels.py checks
+// every pair of 8-bit codes on every path).
 //
 // Wire layout (that of cpd.distributed.pack_codes): 8-bit codes one per byte; 1..7-bit codes as
 // a bit stream (low bits first, or high bits first with msb=true); 9..16-bit codes as int16,
@@ -39,6 +41,7 @@
 #include <vector>
 
 #include "cpd/numerics.h"
+#include "hop_avx2.h"  // the AVX2 + F16C path of the 8-bit hop
 #include "parallel.h"  // cpd_cpu::parallel_for: threaded with or without OpenMP
 
 namespace {
@@ -222,10 +225,16 @@ std::shared_ptr<const Tables> tables_of(const Wire& w) {
 // table (add_bits and wire_code_bits of every pair, built on first need). Narrower codes keep the
 // tables: 1, 2 and 4 bits gather whole bytes, the others' pair tables are at most 16 KiB.
 // tests/test_wire_kernels.py checks every pair of codes against cpd.add.
-// CPD_WIRE_HOP=table forces the pair tables (for side-by-side timing in benchmarks/bench_wire.py).
+// Where AVX2 and F16C are compiled in, the formats of cpd::half_view_applies (8-bit, exp <= 5:
+// e4m3, e5m2, e4m3fn, ...) decode 16 codes per instruction and round 8 lanes per step instead
+// (cuda/cpu/hop_avx2.h); the loop below takes the elements past the last multiple of 32.
+// CPD_WIRE_HOP=table forces the pair tables, CPD_WIRE_HOP=scalar this loop without the AVX2 path
+// (for side-by-side timing in benchmarks/bench_wire.py, and for the tests of both paths).
+enum { HOP_AUTO = 0, HOP_TABLE = 1, HOP_SCALAR = 2 };
 int hop_env() {
   const char* e = std::getenv("CPD_WIRE_HOP");
-  return e && std::strcmp(e, "table") == 0 ? 1 : 0;
+  if (!e) return HOP_AUTO;
+  return std::strcmp(e, "table") == 0 ? HOP_TABLE : std::strcmp(e, "scalar") == 0 ? HOP_SCALAR : HOP_AUTO;
 }
 
 int fast_hop_applies(const Wire& w) {
@@ -254,31 +263,52 @@ u32 fast_hop_bytes(const uint8_t* __restrict r, const uint8_t* __restrict a, uin
 }
 
 template <int MODE>
-void fast_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, const float* dec) {
+void fast_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, const float* dec, bool vec) {
+#if CPD_HOP_AVX2
+  const std::unique_ptr<cpd_hop_avx2::Consts> vc(vec ? new cpd_hop_avx2::Consts(w.f) : nullptr);
+#else
+  (void)vec;
+#endif
   cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
     std::shared_ptr<const Tables> tab;
-    uint8_t out[kBlock];
+    alignas(32) uint8_t out[kBlock];
+    std::unique_ptr<float[]> buf;  // directed modes' float32 sums (cpd_hop_avx2::hop_directed)
     for (int64_t k = b0; k < b1; ++k) {
       const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
-      if (!fast_hop_bytes<MODE>(rp + e0, ap + e0, out, m, dec, w.f)) {
+      u32 special = 0;
+      int64_t done = 0;
+#if CPD_HOP_AVX2
+      if (vc) {
+        if (MODE == cpd::NEAREST) {
+          special = cpd_hop_avx2::hop_nearest(rp + e0, ap + e0, out, m, *vc);
+        } else {
+          if (!buf) buf.reset(new float[kBlock]);
+          special = cpd_hop_avx2::hop_directed<MODE>(rp + e0, ap + e0, out, m, *vc, w.f, buf.get());
+        }
+        done = m - m % 32;
+      }
+#endif
+      if (!special && done < m) special = fast_hop_bytes<MODE>(rp + e0 + done, ap + e0 + done, out + done, m - done, dec, w.f);
+      if (!special) {
         std::memcpy(ap + e0, out, m);
         continue;
       }
-      if (!tab) tab = tables_of(w);  // an inf or NaN operand in this block: the pair table
+      if (!tab) tab = tables_of(w);  // an inf or NaN operand (or field 31) in this block: the pair table
       const uint8_t* __restrict t = tab->add.data();
       for (int64_t i = 0; i < m; ++i) ap[e0 + i] = t[((u32)rp[e0 + i] << 8) | ap[e0 + i]];
     }
   });
 }
 
-void fast_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w) {
+void fast_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool allow_vec) {
   float dec[256];
   for (u32 c = 0; c < 256; ++c) dec[c] = cpd::float_of(value_of_code(c, w));
+  const bool vec = allow_vec && cpd_hop_avx2::applies(w.f, w.mode);
   switch (w.mode) {
-    case cpd::NEAREST: fast_hop_mode<cpd::NEAREST>(rp, ap, n, w, dec); break;
-    case cpd::TOWARD_ZERO: fast_hop_mode<cpd::TOWARD_ZERO>(rp, ap, n, w, dec); break;
-    case cpd::UP: fast_hop_mode<cpd::UP>(rp, ap, n, w, dec); break;
-    default: fast_hop_mode<cpd::DOWN>(rp, ap, n, w, dec); break;
+    case cpd::NEAREST: fast_hop_mode<cpd::NEAREST>(rp, ap, n, w, dec, vec); break;
+    case cpd::TOWARD_ZERO: fast_hop_mode<cpd::TOWARD_ZERO>(rp, ap, n, w, dec, vec); break;
+    case cpd::UP: fast_hop_mode<cpd::UP>(rp, ap, n, w, dec, vec); break;
+    default: fast_hop_mode<cpd::DOWN>(rp, ap, n, w, dec, vec); break;
   }
 }
 
@@ -408,6 +438,17 @@ void wire_encode(const torch::Tensor& x, const torch::Tensor& segs, torch::Tenso
   const float* xp = x.data_ptr<float>();
   uint8_t* op = out.data_ptr<uint8_t>();
   const int64_t nblocks = (s.total + kBlock - 1) / kBlock;
+  // Round to nearest into 8-bit codes of the vector hop's formats: 32 values per step, bytes
+  // written directly (hop_avx2.h); a run with an inf/NaN scaled value, or whose scale is not a
+  // float32 power of two, takes the loops below and stores its own codes.
+#if CPD_HOP_AVX2
+  const std::unique_ptr<cpd_hop_avx2::Consts> vc(
+      w.bits == 8 && !w.raw32 && w.mode == cpd::NEAREST && cpd_hop_avx2::applies(w.f, cpd::NEAREST) &&
+              hop_env() == HOP_AUTO ? new cpd_hop_avx2::Consts(w.f) : nullptr);
+  const bool direct = vc != nullptr;
+#else
+  const bool direct = false;
+#endif
   NoGil nogil;
   cpd_cpu::parallel_for(0, nblocks, 8, [&](int64_t b0, int64_t b1) {
     u32 codes[kBlock];
@@ -416,6 +457,17 @@ void wire_encode(const torch::Tensor& x, const torch::Tensor& segs, torch::Tenso
       for_runs(s, e0, e1, [&](int64_t j, int64_t i0, int64_t e, int64_t run) {
         const float* src = xp + s.rows[3 * j] + i0;
         u32* dst = codes + (e - e0);
+#if CPD_HOP_AVX2
+        if (direct) {
+          const int64_t sc = s.rows[3 * j + 2];
+          if (sc >= -149 && sc <= 127 &&
+              cpd_hop_avx2::encode_nearest(src, run, std::ldexp(1.0f, (int)sc), sc != 0, op + e, *vc, w.f))
+            return;
+          encode_run_mode<true>(src, run, sc, w, dst);
+          store_codes(op, e, run, w, dst);
+          return;
+        }
+#endif
         if (w.raw32) {  // cpd.FP32: scaled and cast like any format (the cast of a finite float32 is itself)
           const double pd = std::ldexp(1.0, (int)s.rows[3 * j + 2]);
           for (int64_t i = 0; i < run; ++i)
@@ -426,7 +478,7 @@ void wire_encode(const torch::Tensor& x, const torch::Tensor& segs, torch::Tenso
           encode_run_mode<false>(src, run, s.rows[3 * j + 2], w, dst);
         }
       });
-      store_codes(op, e0, e1 - e0, w, codes);
+      if (!direct) store_codes(op, e0, e1 - e0, w, codes);
     }
   });
 }
@@ -458,9 +510,10 @@ void wire_hop(const torch::Tensor& recv, const torch::Tensor& recv_c, torch::Ten
   const uint8_t* rp = recv.data_ptr<uint8_t>();
   uint8_t* ap = acc.data_ptr<uint8_t>();
   if (n == 0) return;
-  if (!kahan && fast_hop_applies(w) && !hop_env()) {
+  const int path = hop_env();
+  if (!kahan && fast_hop_applies(w) && path != HOP_TABLE) {
     NoGil nogil;
-    fast_hop(rp, ap, n, w);
+    fast_hop(rp, ap, n, w, path == HOP_AUTO);
     return;
   }
   if (!kahan && w.bits <= 8 && !w.raw32) {
@@ -533,6 +586,18 @@ void wire_hop(const torch::Tensor& recv, const torch::Tensor& recv_c, torch::Ten
   });
 }
 
+// Which loop wire_hop takes for a format, mode and saturate flag (plain hops, not Kahan), under the
+// current CPD_WIRE_HOP: 0 add_bits per element, 1 the pair tables, 2 the fused scalar loop, 3 the
+// fused AVX2 + F16C loop (tests and benchmarks/bench_wire.py ask, to know what they measure).
+int64_t wire_hop_path(int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t mode,
+                      bool saturate, int64_t bits, bool raw32) {
+  const Wire w = make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, false, raw32);
+  const int path = hop_env();
+  if (fast_hop_applies(w) && path != HOP_TABLE)
+    return path == HOP_AUTO && cpd_hop_avx2::applies(w.f, w.mode) ? 3 : 2;
+  return w.bits <= 8 && !w.raw32 ? 1 : 0;
+}
+
 namespace {
 // dst = v / 2^s (float64 division, then float32) times inv; returns how many results are inf/NaN.
 // The quotient is the exact v * 2^-s, so for -149 <= -s <= 127 (2^-s a float32 number) the
@@ -577,6 +642,12 @@ torch::Tensor wire_decode(const torch::Tensor& in, const torch::Tensor& segs, to
     table.resize((size_t)1 << w.bits);
     for (size_t c = 0; c < table.size(); ++c) table[c] = cpd::float_of(cpd::decode_bits((u32)c, w.fe));
   }
+  // 8-bit formats of the binary16 view: the codes' values 16 per instruction (hop_avx2.h)
+#if CPD_HOP_AVX2
+  const std::unique_ptr<cpd_hop_avx2::Consts> vc(
+      w.bits == 8 && !w.raw32 && cpd_hop_avx2::applies(w.fe, cpd::NEAREST) && hop_env() == HOP_AUTO
+          ? new cpd_hop_avx2::Consts(w.fe) : nullptr);
+#endif
   const uint8_t* ip = in.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const float finv = (float)inv;
@@ -590,12 +661,18 @@ torch::Tensor wire_decode(const torch::Tensor& in, const torch::Tensor& segs, to
       int64_t mine = 0;
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t e0 = b * kBlock, m = std::min(s.total, e0 + kBlock) - e0;
-        load_codes(ip, e0, m, w, codes);
-        if (!table.empty()) {
-          const float* __restrict t = table.data();
-          for (int64_t i = 0; i < m; ++i) vals[i] = t[codes[i]];
-        } else {
-          for (int64_t i = 0; i < m; ++i) vals[i] = cpd::float_of(value_of_code(codes[i], w));
+        bool done = false;
+#if CPD_HOP_AVX2
+        done = vc && cpd_hop_avx2::decode_block(ip + e0, m, vals, *vc, table.data());
+#endif
+        if (!done) {
+          load_codes(ip, e0, m, w, codes);
+          if (!table.empty()) {
+            const float* __restrict t = table.data();
+            for (int64_t i = 0; i < m; ++i) vals[i] = t[codes[i]];
+          } else {
+            for (int64_t i = 0; i < m; ++i) vals[i] = cpd::float_of(value_of_code(codes[i], w));
+          }
         }
         for_runs(s, e0, e0 + m, [&](int64_t j, int64_t i0, int64_t e, int64_t run) {
           float* dst = op + s.rows[3 * j] + i0;
@@ -634,6 +711,7 @@ torch::Tensor wire_absmax(const torch::Tensor& x, const torch::Tensor& segs) {
 TORCH_LIBRARY(cpd_wire, m) {
   m.def("wire_encode", &wire_encode);
   m.def("wire_hop", &wire_hop);
+  m.def("wire_hop_path", &wire_hop_path);
   m.def("wire_decode", &wire_decode);
   m.def("wire_absmax", &wire_absmax);
 }

@@ -104,6 +104,45 @@ CPD_FN u32 wire_code_bits(u32 v, const Format& fe) {
   return encode_value_bits(cast_bits(v, fe, NEAREST, 0u, 32), fe);
 }
 
+// ------------------------------------------------------------------------------------------
+// The binary16 view of a code, for the wire's vector hop (cuda/cpu/hop_avx2.h, which decodes 16
+// codes per instruction with the F16C conversion instead of a table gather per code). For a signed
+// 8-bit format whose exponent field fits binary16's (exp <= 5, 2 <= man <= 10), put the code's
+// magnitude bits where binary16 keeps its exponent field (bits 10..14) and the top of its fraction:
+//     h = sign << 15 | mag << (10 - man).
+// For the conventions with a zero of each sign and subnormals (IEEE, FN, finite: FNUZ's -0 code
+// is its NaN, and without subnormals field 0 is not 0.f 2^emin) and every code of field F < 31
+// (binary16's inf/NaN field) that decodes to a finite v, h is the binary16 value v * 2^(bias - 15),
+// exactly:
+//     F >= 1, fraction f:  v = 2^(F - bias) (1 + f 2^-man)   h = 2^(F - 15) (1 + f 2^-man)
+//     F = 0:               v = 2^(1 - bias) f 2^-man          h = binary16 subnormal 2^-14 f 2^-man
+// (the FN/finite conventions' largest binade is an ordinary field here: their NaN code is excluded
+// by being non-finite). The conversion of binary16 to float32 is exact, and scaling by a power of
+// two commutes with float32 rounding away from float32's subnormals and overflow: the views lie in
+// {0} and [2^-24, 2^16), their float32 sum in {0} and [2^-24, 2^17], and a sum of two values of
+// the format is 0 or a multiple of 2^(emin - man) = 2^(1 - bias - man) >= 2^(-9 - bias), so for
+// -95 <= bias <= 117 every quantity stays a float32 normal (or zero) and
+//     fl32(x + y) = fl32(view(x) + view(y)) * 2^(15 - bias)     exactly.
+// The hop thus adds exactly the float32 sums it would add from decoded values.
+CPD_FN int half_view_applies(const Format& f) {
+  return (int)(f.is_signed && !f.uz && !f.no_zero && f.subnormals && f.specials <= SPECIALS_FINITE &&
+               f.exp + f.man == 7 && f.exp <= 5 && f.man >= 2 && f.man <= 10 && f.bias >= -95 && f.bias <= 117);
+}
+
+CPD_FN u32 half_bits_of_code(u32 code, const Format& f) {
+  return ((code & f.sign_code) << (15 - f.exp - f.man)) | ((code & f.code_mag_mask) << (10 - f.man));
+}
+
+// The smallest code magnitude the view does not serve: the first that decodes to inf or NaN or,
+// for exp = 5, lies in field 31; 1 << (exp + man) when there is none. In every convention of
+// cast_code_applies (IEEE, FN, finite) those magnitudes are the top ones, so a magnitude below the
+// limit is a finite value the view gives exactly.
+CPD_FN u32 half_view_limit(const Format& f) {
+  for (u32 m = 0; m <= f.code_mag_mask; ++m)
+    if ((decode_bits(m, f) & ~SIGN) >= INF_BITS || (m >> f.man) >= 31u) return m;
+  return f.code_mag_mask + 1u;
+}
+
 }  // namespace cpd
 
 #endif  // CPD_CODES_H
