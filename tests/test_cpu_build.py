@@ -196,3 +196,14 @@ def test_a_killed_build_does_not_hang_the_next(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(ce, "load", fake_load)
     assert _cpu._build(flags) == "module"
     assert _flock_free(build_dir / "cpd.flock")  # released after the build
+
+
+def test_sources_include_light_torch_headers():
+    """Every first build (a user's, and each ISA level the suite builds) compiles every source:
+    torch/extension.h (the whole C++ frontend) takes about 30 s of CPU to parse per file, the
+    headers the sources use (ATen/core/Tensor.h, ATen/ops/*.h, torch/library.h, and the pybind
+    caster in cast.cpp) about 6. Nothing in cuda/cpu includes it."""
+    sources = sorted((_cpu.source_dir() / "cpu").glob("*.*"))
+    assert {p.name for p in sources} >= set(_cpu.CORE_SOURCES)
+    heavy = [p.name for p in sources if "<torch/extension.h>" in p.read_text()]
+    assert heavy == [], heavy

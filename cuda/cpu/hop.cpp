@@ -25,7 +25,15 @@
 //
 // Registered as torch.ops.cpd_wire.* (cpd/distributed/kernels.py wraps them). The ops release
 // the GIL (the communication thread runs them while backward goes on).
-#include <torch/extension.h>
+// Python.h first (the GIL is released around the wire loops), then light torch headers
+// (torch/extension.h takes about 30 s of CPU to parse per source file).
+#include <Python.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -320,7 +328,7 @@ struct Segs {
   int64_t total;
 };
 
-Segs segs_of(const torch::Tensor& segs) {
+Segs segs_of(const at::Tensor& segs) {
   TORCH_CHECK(segs.scalar_type() == at::kLong && segs.dim() == 2 && segs.size(1) == 3 && segs.is_contiguous(),
               "cpd_wire: segments must be a contiguous int64 tensor of shape (k, 3)");
   Segs s;
@@ -350,7 +358,7 @@ void for_runs(const Segs& s, int64_t e0, int64_t e1, F&& fn) {
   }
 }
 
-void check_bytes(const torch::Tensor& t, const char* name, int64_t need) {
+void check_bytes(const at::Tensor& t, const char* name, int64_t need) {
   TORCH_CHECK(t.scalar_type() == at::kByte && t.is_contiguous() && t.device().is_cpu(), "cpd_wire: ", name,
               " must be a contiguous uint8 CPU tensor");
   TORCH_CHECK(t.numel() >= need, "cpd_wire: ", name, " has ", t.numel(), " bytes, need ", need);
@@ -425,7 +433,7 @@ void encode_run_mode(const float* x, int64_t m, int64_t s, const Wire& w, u32* c
 }  // namespace
 
 // out[bytes] <- the wire codes of x[segments] (scaled by 2^s and cast, or raw float32 bits).
-void wire_encode(const torch::Tensor& x, const torch::Tensor& segs, torch::Tensor out, int64_t exp, int64_t man,
+void wire_encode(const at::Tensor& x, const at::Tensor& segs, at::Tensor out, int64_t exp, int64_t man,
                  int64_t bias, int64_t specials, bool subnormals, int64_t mode, bool saturate, int64_t bits, bool msb,
                  bool raw32) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
@@ -493,7 +501,7 @@ void wire_encode(const torch::Tensor& x, const torch::Tensor& segs, torch::Tenso
 //                         x is merged the same way (the leader's sum of a hierarchical group).
 // Each add is add_bits (exact sum rounded once to the format, the caller's mode and saturate);
 // the results are stored as wire codes. cpd.collectives._Acc.merge is the specification.
-void wire_hop(const torch::Tensor& recv, const torch::Tensor& recv_c, torch::Tensor acc, torch::Tensor acc_c,
+void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, at::Tensor acc_c,
               int64_t n, int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t mode,
               bool saturate, int64_t bits, bool msb, bool raw32, bool kahan, bool has_recv_c, bool carry,
               int64_t role) {
@@ -627,7 +635,7 @@ int64_t finish(const float* v, float* dst, int64_t m, int64_t s, float inv) {
 
 // out[segment offsets] <- decode(codes) / 2^s (in double, then float32), times `inv` when inv != 1.
 // Returns the number of inf/NaN results (a 0-d int64 tensor): the overflow check, fused.
-torch::Tensor wire_decode(const torch::Tensor& in, const torch::Tensor& segs, torch::Tensor out, int64_t exp,
+at::Tensor wire_decode(const at::Tensor& in, const at::Tensor& segs, at::Tensor out, int64_t exp,
                           int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t bits, bool msb,
                           bool raw32, double inv) {
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.device().is_cpu(),
@@ -684,15 +692,15 @@ torch::Tensor wire_decode(const torch::Tensor& in, const torch::Tensor& segs, to
       bad += mine;
     });
   }
-  return torch::full({}, bad.load(), torch::kLong);
+  return at::full({}, bad.load(), at::kLong);
 }
 
 // Per segment (rows: offset, length, unused): max |x| as float32 (NaN if any NaN, inf if any inf).
-torch::Tensor wire_absmax(const torch::Tensor& x, const torch::Tensor& segs) {
+at::Tensor wire_absmax(const at::Tensor& x, const at::Tensor& segs) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
               "cpd_wire: x must be a contiguous float32 CPU tensor");
   const Segs s = segs_of(segs);
-  auto out = torch::zeros({s.k}, torch::kFloat);
+  auto out = at::zeros({s.k}, at::kFloat);
   const u32* xp = reinterpret_cast<const u32*>(x.data_ptr<float>());
   u32* op = reinterpret_cast<u32*>(out.data_ptr<float>());
   NoGil nogil;
