@@ -194,7 +194,7 @@ inline void kahan_lanes(float*& s, float* c, const float* p, float* y, float*& t
 // constant but the format's; top[i] keeps the largest |s| (float32 bits) lane i has held, for the
 // guard (cpd::lane_guard_bits), which the caller checks once per tile.
 template <bool Y_FORMED>
-inline void kahan_guarded_lanes(float* s, float* c, const float* p, uint32_t* top, const cpd::Format h) {
+inline void kahan_guarded_v(float* s, float* c, const float* p, uint32_t* top, const cpd::Format h) {
   const auto add = [&h](float x, float y, int) {
     return cpd::float_of(cpd::round_lane_guarded(cpd::bits_of(cpd::fadd(x, y)), h));
   };
@@ -207,6 +207,14 @@ inline void kahan_guarded_lanes(float* s, float* c, const float* p, uint32_t* to
     const uint32_t a = cpd::bits_of(si) & ~cpd::SIGN;
     top[i] = top[i] > a ? top[i] : a;
   }
+}
+
+// With man >= 1 the rounding's even bit is the last kept mantissa bit: parity_add = 0 and
+// lsb_bit = 1 as constants (plain_format.h), so that their operations drop out of the loop.
+template <bool Y_FORMED>
+inline void kahan_guarded_lanes(float* s, float* c, const float* p, uint32_t* top, const cpd::Format& f) {
+  if (f.man >= 1) kahan_guarded_v<Y_FORMED>(s, c, p, top, mantissa_lanes(f));
+  else kahan_guarded_v<Y_FORMED>(s, c, p, top, f);
 }
 
 struct Tile {
