@@ -283,8 +283,9 @@ F32_PAIRS = [(F52, F510), (cpd.E4M3, cpd.FP16), (cpd.E4M3FN, cpd.FP16), (cpd.E2M
 
 
 # matmul_out's path argument: automatic (binary16 lanes where they apply), float32 lanes (round_f
-# where it applies), float32 lanes on integer-lane rounding only
-LANE_PATHS = (0, 3, 4)
+# where it applies), float32 lanes on integer-lane rounding only, float32 lanes with Kahan's steps on
+# guarded lanes (matmul_f32.h kahan_guarded_lanes)
+LANE_PATHS = (0, 3, 4, 5)
 
 
 def _bits_mismatch(x, y):

@@ -46,12 +46,15 @@ struct Dims {
 
 // Calls tile(a_row, b_batch, y_row, o0, j0, jt) for every tile of up to kTile outputs of one row
 // (outputs j0 .. j0 + jt of that row; o0 the flat index of the first), split over the threads.
+// Column blocks outermost: the rows of one block of kTile columns run one after another, so
+// that block of b (K x kTile floats: 128 KiB for K = 512) stays in the core's L2 cache between
+// them instead of all of b streaming through it for every row.
 template <class Tile>
 void for_each_tile(const float* a, const float* b, float* y, const Dims& d, const Tile& tile) {
-  const int64_t tiles = (d.N + kTile - 1) / kTile, tasks = d.B * d.M * tiles;
+  const int64_t rows = d.B * d.M, tasks = rows * ((d.N + kTile - 1) / kTile);
   cpd_cpu::parallel_for(0, tasks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
-      const int64_t row = t / tiles, j0 = (t % tiles) * kTile, bi = row / d.M;
+      const int64_t row = t % rows, j0 = (t / rows) * kTile, bi = row / d.M;
       tile(a + row * d.K, b + bi * d.K * d.N, y + row * d.N, row * d.N + j0, j0, std::min(kTile, d.N - j0));
     }
   });
@@ -118,40 +121,48 @@ inline AccKind f32_kind(bool has_mul, const cpd::Format& mf, const cpd::Format& 
   return cpd::lane_normal_only(af) ? ACC_I_NORMAL : ACC_I;
 }
 
-template <class Acc, bool FUSED, bool KAHAN, bool BLOCK>
+// GUARD: Kahan's steps on guarded lanes, a tile whose guard trips run again on Acc's lanes
+// (matmul_f32.h f32_tile; the same bits either way).
+template <class Acc, bool FUSED, bool KAHAN, bool BLOCK, bool GUARD>
 void f32_matmul_v(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mf, const Acc& acc,
                   const cpd::Format& af) {
   for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t, int64_t j0, int64_t jt) {
     const cpd_cpu::Tile t{d.K, d.L, jt};
-    cpd_cpu::f32_tile<Acc, FUSED, KAHAN, BLOCK>(ar, bm + j0, d.N, yr + j0, t, mf, acc, af);
+    if (!cpd_cpu::f32_tile<Acc, FUSED, KAHAN, BLOCK, GUARD>(ar, bm + j0, d.N, yr + j0, t, mf, acc, af))
+      cpd_cpu::f32_tile<Acc, FUSED, KAHAN, BLOCK>(ar, bm + j0, d.N, yr + j0, t, mf, acc, af);
   });
 }
 
 template <class Acc>
-void f32_matmul(const float* a, const float* b, float* y, const Dims& d, bool fused, bool kahan,
+void f32_matmul(const float* a, const float* b, float* y, const Dims& d, bool fused, bool kahan, bool guard,
                 const cpd::FormatF& mf, const Acc& acc, const cpd::Format& af) {
-  switch ((fused ? 4 : 0) | (kahan ? 2 : 0) | (d.L ? 1 : 0)) {
-    case 0: f32_matmul_v<Acc, false, false, false>(a, b, y, d, mf, acc, af); break;
-    case 1: f32_matmul_v<Acc, false, false, true>(a, b, y, d, mf, acc, af); break;
-    case 2: f32_matmul_v<Acc, false, true, false>(a, b, y, d, mf, acc, af); break;
-    case 3: f32_matmul_v<Acc, false, true, true>(a, b, y, d, mf, acc, af); break;
-    case 4: f32_matmul_v<Acc, true, false, false>(a, b, y, d, mf, acc, af); break;
-    case 5: f32_matmul_v<Acc, true, false, true>(a, b, y, d, mf, acc, af); break;
-    case 6: f32_matmul_v<Acc, true, true, false>(a, b, y, d, mf, acc, af); break;
-    default: f32_matmul_v<Acc, true, true, true>(a, b, y, d, mf, acc, af); break;
+  switch ((guard && kahan ? 8 : 0) | (fused ? 4 : 0) | (kahan ? 2 : 0) | (d.L ? 1 : 0)) {
+    case 0: f32_matmul_v<Acc, false, false, false, false>(a, b, y, d, mf, acc, af); break;
+    case 1: f32_matmul_v<Acc, false, false, true, false>(a, b, y, d, mf, acc, af); break;
+    case 2: f32_matmul_v<Acc, false, true, false, false>(a, b, y, d, mf, acc, af); break;
+    case 3: f32_matmul_v<Acc, false, true, true, false>(a, b, y, d, mf, acc, af); break;
+    case 4: f32_matmul_v<Acc, true, false, false, false>(a, b, y, d, mf, acc, af); break;
+    case 5: f32_matmul_v<Acc, true, false, true, false>(a, b, y, d, mf, acc, af); break;
+    case 6: f32_matmul_v<Acc, true, true, false, false>(a, b, y, d, mf, acc, af); break;
+    case 7: f32_matmul_v<Acc, true, true, true, false>(a, b, y, d, mf, acc, af); break;
+    case 10: f32_matmul_v<Acc, false, true, false, true>(a, b, y, d, mf, acc, af); break;
+    case 11: f32_matmul_v<Acc, false, true, true, true>(a, b, y, d, mf, acc, af); break;
+    case 14: f32_matmul_v<Acc, true, true, false, true>(a, b, y, d, mf, acc, af); break;
+    default: f32_matmul_v<Acc, true, true, true, true>(a, b, y, d, mf, acc, af); break;
   }
 }
 
 void f32_dispatch(AccKind kind, const float* a, const float* b, float* y, const Dims& d, bool has_mul, bool kahan,
-                  const cpd::Format& mf, const cpd::Format& af) {
+                  bool guard, const cpd::Format& mf, const cpd::Format& af) {
   const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);  // unused when fused
+  const bool fused = !has_mul;
   switch (kind) {
 #if CPD_CPU_F16_LANES
-    case ACC_H: f32_matmul(a, b, y, d, !has_mul, kahan, mg, cpd_cpu::AccH{}, af); break;
+    case ACC_H: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccH{}, af); break;
 #endif
-    case ACC_F: f32_matmul(a, b, y, d, !has_mul, kahan, mg, cpd_cpu::AccF{cpd::make_format_f(af)}, af); break;
-    case ACC_I_NORMAL: f32_matmul(a, b, y, d, !has_mul, kahan, mg, cpd_cpu::AccI<1>{af}, af); break;
-    default: f32_matmul(a, b, y, d, !has_mul, kahan, mg, cpd_cpu::AccI<0>{af}, af); break;
+    case ACC_F: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccF{cpd::make_format_f(af)}, af); break;
+    case ACC_I_NORMAL: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccI<1>{af}, af); break;
+    default: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccI<0>{af}, af); break;
   }
 }
 
@@ -301,38 +312,47 @@ void generic_matmul(const float* a, const float* b, float* y, const Dims& d, con
   });
 }
 
-// Whether x[0 .. n) holds a NaN (one vectorized pass per span, in parallel).
-bool any_nan(const float* x, int64_t n) {
+// Whether x[0 .. n) holds a magnitude whose float32 bits are at least lo: a NaN for
+// lo = INF_BITS + 1, an infinity or NaN for lo = INF_BITS (one vectorized pass per span, in
+// parallel).
+bool any_at_least(const float* x, int64_t n, uint32_t lo) {
   std::atomic<bool> found{false};
-  cpd_cpu::parallel_for(0, n, 1 << 16, [&](int64_t lo, int64_t hi) {
-    uint32_t nan = 0;
-    for (int64_t i = lo; i < hi; ++i) nan |= (uint32_t)((cpd::bits_of(x[i]) & ~cpd::SIGN) > cpd::INF_BITS);
-    if (nan) found = true;
+  cpd_cpu::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
+    uint32_t hit = 0;
+    for (int64_t i = i0; i < i1; ++i) hit |= (uint32_t)((cpd::bits_of(x[i]) & ~cpd::SIGN) >= lo);
+    if (hit) found = true;
   });
   return found;
 }
+
+bool any_nan(const float* x, int64_t n) { return any_at_least(x, n, cpd::INF_BITS + 1u); }
 
 enum { LANES_GENERIC = 0, LANES_H16 = 16, LANES_F32 = 32, LANES_F64 = 64 };
 
 struct Plan {
   int lanes;     // LANES_*
   AccKind acc;   // the float32-lane variant (LANES_F32, and LANES_H16 off AVX512-FP16)
+  bool guard;    // Kahan's steps may take the guarded lanes (add_lane_guard_applies; matmul_out
+                 // checks Kahan and finite operands)
 };
 
 // Which loop runs. path: 0 automatic; 1 generic; 2 float64 lanes (no float32 or binary16 lanes);
 // 3 float32 lanes without binary16 rounding (round_f where it applies, else integer lanes);
-// 4 float32 lanes on integer-lane rounding only. Then binary16 lanes, float32 lanes, float64
-// lanes (nearest; stochastic with formats of man <= 19), or the generic one, whichever applies
-// first (paths 2-4 are for the tests, which compare every loop with the generic one).
+// 4 float32 lanes on integer-lane rounding only; 5 as 3, Kahan's steps on guarded lanes where
+// they apply. Then binary16 lanes, float32 lanes, float64 lanes (nearest; stochastic with formats
+// of man <= 19), or the generic one, whichever applies first (paths 2-5 are for the tests, which
+// compare every loop with the generic one). Automatic takes the guarded lanes for Kahan's steps
+// where they apply, except into binary16 (F16C's conversion is the faster rounding there).
 Plan plan_for(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode, int64_t path) {
-  if (path == 0 && h16_applies(has_mul, mf, af, mode)) return {LANES_H16, ACC_H};
-  if (path == 0 || path == 3 || path == 4) {
+  if (path == 0 && h16_applies(has_mul, mf, af, mode)) return {LANES_H16, ACC_H, false};
+  if (path == 0 || path == 3 || path == 4 || path == 5) {
     const AccKind kind = f32_kind(has_mul, mf, af, mode, path == 0, path == 4);
-    if (kind != ACC_NONE) return {kind == ACC_H ? LANES_H16 : LANES_F32, kind};
+    const bool guard = (path == 5 || (path == 0 && kind != ACC_H)) && cpd::add_lane_guard_applies(af, mode);
+    if (kind != ACC_NONE) return {kind == ACC_H ? LANES_H16 : LANES_F32, kind, guard};
   }
   if (path != 1 && (mode == cpd::NEAREST || (mode == cpd::STOCHASTIC && af.man <= 19 && (!has_mul || mf.man <= 19))))
-    return {LANES_F64, ACC_NONE};
-  return {LANES_GENERIC, ACC_NONE};
+    return {LANES_F64, ACC_NONE, false};
+  return {LANES_GENERIC, ACC_NONE, false};
 }
 
 }  // namespace
@@ -350,7 +370,8 @@ int64_t matmul_lanes(bool has_mul, int64_t mexp, int64_t mman, int64_t mbias, in
 
 // out[b, i, j] = the accumulation of a[b, i, :] . b[b, :, j] (numerics.h, "Accumulation").
 // a: (B, M, K), b: (B, K, N), out: (B, M, N), contiguous float32. path: 0 automatic, 1 generic,
-// 2 float64 lanes, 3 float32 lanes without binary16, 4 float32 integer lanes (see plan_for).
+// 2 float64 lanes, 3 float32 lanes without binary16, 4 float32 integer lanes, 5 as 3 with guarded
+// Kahan lanes (see plan_for).
 void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool has_mul, int64_t mexp,
                 int64_t mman, int64_t mbias, int64_t mspecials, bool msubnormals, int64_t aexp, int64_t aman,
                 int64_t abias, int64_t aspecials, bool asubnormals, bool kahan, int64_t block, int64_t mode,
@@ -384,7 +405,10 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
   }
 #endif
   if (lanes == LANES_H16 || lanes == LANES_F32) {
-    f32_dispatch(plan.acc, ap, bp, yp, d, has_mul, kahan, mf, af);
+    // guarded lanes: finite operands only (no NaN payload reaches their rounding)
+    const bool guard = plan.guard && kahan && !any_at_least(ap, a.numel(), cpd::INF_BITS) &&
+                       !any_at_least(bp, b.numel(), cpd::INF_BITS);
+    f32_dispatch(plan.acc, ap, bp, yp, d, has_mul, kahan, guard, mf, af);
     return;
   }
   if (lanes == LANES_F64 && mode == cpd::NEAREST) {

@@ -189,19 +189,53 @@ inline void kahan_lanes(float*& s, float* c, const float* p, float* y, float*& t
   std::swap(s, t);
 }
 
+// Kahan's step on guarded lanes (cpd::round_lane_guarded, for cpd::add_lane_guard_applies(af)):
+// the four roundings in one pass over the tile, each a handful of integer operations with no
+// constant but the format's; top[i] keeps the largest |s| (float32 bits) lane i has held, for the
+// guard (cpd::lane_guard_bits), which the caller checks once per tile.
+template <bool Y_FORMED>
+inline void kahan_guarded_v(float* s, float* c, const float* p, uint32_t* top, const cpd::Format h) {
+  const auto add = [&h](float x, float y, int) {
+    return cpd::float_of(cpd::round_lane_guarded(cpd::bits_of(cpd::fadd(x, y)), h));
+  };
+  CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) {
+    float si = s[i], ci = c[i];
+    if (Y_FORMED) cpd::kahan_finish(si, ci, p[i], add);
+    else cpd::kahan_step(si, ci, p[i], add);
+    s[i] = si;
+    c[i] = ci;
+    const uint32_t a = cpd::bits_of(si) & ~cpd::SIGN;
+    top[i] = top[i] > a ? top[i] : a;
+  }
+}
+
+// With man >= 1 the rounding's even bit is the last kept mantissa bit: parity_add = 0 and
+// lsb_bit = 1 as constants (plain_format.h), so that their operations drop out of the loop.
+template <bool Y_FORMED>
+inline void kahan_guarded_lanes(float* s, float* c, const float* p, uint32_t* top, const cpd::Format& f) {
+  if (f.man >= 1) kahan_guarded_v<Y_FORMED>(s, c, p, top, mantissa_lanes(f));
+  else kahan_guarded_v<Y_FORMED>(s, c, p, top, f);
+}
+
 struct Tile {
   int64_t K, L, jt;  // steps, block length (0: none), live lanes
 };
 
 // One tile: outputs out[0 .. jt) of a row (arow: its K values of a; b: row k of b at b + k * ldb).
 // FUSED: no mul format, each step rounds x + a*b once (af: acc, for the midpoint redo).
-template <class Acc, bool FUSED, bool KAHAN, bool BLOCK>
-void f32_tile(const float* __restrict arow, const float* __restrict b, int64_t ldb, float* __restrict out,
+// GUARD (with KAHAN, for cpd::add_lane_guard_applies(af), finite operands only): Kahan's steps on
+// guarded lanes (kahan_guarded_lanes) and the products by mul_f_finite; returns false, with out
+// untouched, when the guard saw a sum out of its range (the caller then runs the tile unguarded).
+template <class Acc, bool FUSED, bool KAHAN, bool BLOCK, bool GUARD = false>
+bool f32_tile(const float* __restrict arow, const float* __restrict b, int64_t ldb, float* __restrict out,
               const Tile& d, const cpd::FormatF& mf0, const Acc& acc, const cpd::Format& af) {
+  static_assert(!GUARD || KAHAN, "guarded lanes are Kahan's");
   const cpd::FormatF mf = mf0;
+  const cpd::Format ag = af;
   alignas(64) float s0[kLanes], c[kLanes], bs[kLanes], p[kLanes], y[kLanes], t0[kLanes];
-  alignas(64) uint32_t tie[kLanes];
+  alignas(64) uint32_t tie[kLanes], top[kLanes];
   for (int64_t i = 0; i < kLanes; ++i) s0[i] = c[i] = bs[i] = p[i] = y[i] = t0[i] = 0.0f;
+  for (int64_t i = 0; i < kLanes; ++i) top[i] = 0u;
   float* s = s0;  // the running sums; Kahan's steps swap s and t (kahan_lanes)
   float* t = t0;
   const int64_t jt = d.jt;
@@ -229,29 +263,44 @@ void f32_tile(const float* __restrict arow, const float* __restrict b, int64_t l
       }
       if (BLOCK) {
         for (int64_t i = 0; i < kLanes; ++i) bs[i] = p[i];
+      } else if (GUARD) {
+        kahan_guarded_lanes<true>(s, c, p, top, ag);  // p is y = -c + a*b
       } else if (KAHAN) {
         kahan_lanes<true>(s, c, p, y, t, acc);  // p is y = -c + a*b
       } else {
         for (int64_t i = 0; i < kLanes; ++i) s[i] = p[i];
       }
     } else {
-      if (mf.flush_below == 0u) {
+      if (GUARD && mf.flush_below == 0u) {
+        const cpd::FormatF mh = no_flush(mf);
+        for (int64_t i = 0; i < jt; ++i) p[i] = cpd::float_of(cpd::mul_f_finite(av, br[i], mh));
+      } else if (GUARD) {
+        for (int64_t i = 0; i < jt; ++i) p[i] = cpd::float_of(cpd::mul_f_finite(av, br[i], mf));
+      } else if (mf.flush_below == 0u) {
         const cpd::FormatF mh = no_flush(mf);
         for (int64_t i = 0; i < jt; ++i) p[i] = cpd::float_of(cpd::mul_f(av, br[i], mh));
       } else {
         for (int64_t i = 0; i < jt; ++i) p[i] = cpd::float_of(cpd::mul_f(av, br[i], mf));
       }
       if (BLOCK) acc.template add<false>(bs, bs, p);
+      else if (GUARD) kahan_guarded_lanes<false>(s, c, p, top, ag);
       else if (KAHAN) kahan_lanes<false>(s, c, p, y, t, acc);
       else acc.template add<false>(s, s, p);
     }
     if (BLOCK && ((k + 1) % d.L == 0 || k + 1 == d.K)) {
-      if (KAHAN) kahan_lanes<false>(s, c, bs, y, t, acc);
+      if (GUARD) kahan_guarded_lanes<false>(s, c, bs, top, ag);
+      else if (KAHAN) kahan_lanes<false>(s, c, bs, y, t, acc);
       else acc.template add<false>(s, s, bs);
       for (int64_t i = 0; i < kLanes; ++i) bs[i] = 0.0f;
     }
   }
+  if (GUARD) {
+    uint32_t m = 0u;
+    for (int64_t i = 0; i < kLanes; ++i) m = m > top[i] ? m : top[i];
+    if (m >= cpd::lane_guard_bits(ag)) return false;
+  }
   for (int64_t i = 0; i < jt; ++i) out[i] = s[i];  // values of acc: exact
+  return true;
 }
 
 }  // namespace cpd_cpu

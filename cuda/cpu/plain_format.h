@@ -25,6 +25,15 @@ inline cpd::Format plain_lanes(const cpd::Format& f) {
   return h;
 }
 
+// For fast formats with 1 <= man <= 22: the nearest rounding's even bit is the last kept
+// mantissa bit (cast.h round_normal_fast: parity_add = 0, lsb_bit = 1).
+inline cpd::Format mantissa_lanes(const cpd::Format& f) {
+  cpd::Format h = f;
+  h.parity_add = 0u;
+  h.lsb_bit = 1u;
+  return h;
+}
+
 }  // namespace cpd_cpu
 
 #endif  // CPD_CPU_PLAIN_FORMAT_H

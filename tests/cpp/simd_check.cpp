@@ -9,7 +9,11 @@
 //     top 16 bits are anything and low bits are a few patterns (ties, near-ties, subnormals,
 //     overflow, infinities; NaN compared as NaN);
 //   * the integer-lane rounding (AccI, round_lane_i) equals cast_bits_generic for BF16 and FP16
-//     on the same values.
+//     on the same values;
+//   * Kahan's step on guarded lanes (kahan_guarded_lanes, round_lane_guarded) equals Kahan's step
+//     with cpd::add_bits (the exact sum, rounded once) on every lane, step after step, for sums
+//     inside the guard: random values of the format at spread magnitudes, ties, zeros of both
+//     signs and the format's subnormals, for (6,7), BF16, FP16, E4M3 and an FN format.
 // Build and run from the repository root, e.g.
 //   g++ -std=c++17 -O2 -march=x86-64-v3 -ffp-contract=off -fno-fast-math -I cuda/include -I cuda/cpu \
 //       tests/cpp/simd_check.cpp -o /tmp/simd_check && /tmp/simd_check
@@ -94,6 +98,41 @@ static void check_rounding(const char* what, const Acc& acc, const cpd::Format& 
   }
 }
 
+// Kahan's step on guarded lanes against Kahan's step with add_bits, lane by lane, 300 steps.
+static void check_kahan_guarded(const char* what, const cpd::Format& f) {
+  constexpr int64_t L = cpd_cpu::kLanes;
+  alignas(64) float s[L] = {}, c[L] = {}, p[L];
+  alignas(64) u32 top[L] = {};
+  u32 rs[L] = {}, rc[L] = {};
+  u64 state = 0x9E3779B97F4A7C15ull;
+  const u32 guard = cpd::lane_guard_bits(f);
+  const int emin = f.emin, emax = (int)(f.max_bits >> 23) - 127;
+  for (int step = 0; step < 300; ++step) {
+    for (int64_t i = 0; i < L; ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      const u32 r = (u32)(state >> 32);
+      // magnitudes from the subnormals up to 2^(emax - 9), so that 300 steps stay inside the guard
+      const int span = emax - 9 - (emin - f.man);
+      const int e = emin - f.man + (int)((r >> 8) % (u32)(span > 1 ? span : 1));
+      u32 x = cpd::compose(1u << 23 | (r & 0x7fffffu) << 0, e - 23) | (r & 1u ? cpd::SIGN : 0u);
+      if ((r >> 4) % 16u == 0u) x = (r & 2u) ? cpd::SIGN : 0u;  // zeros of both signs
+      x = cpd::cast_bits_generic(x, f, cpd::NEAREST, 0u, 32);
+      p[i] = cpd::float_of(x);
+      // the reference: y = p - c, t = s + y, c = (t - s) - y, s = t, each add_bits
+      const auto add = [&f](u32 a, u32 b) { return cpd::add_bits(a, b, f, cpd::NEAREST, 0u, 32); };
+      const u32 y = add(x, rc[i] ^ cpd::SIGN), t = add(rs[i], y);
+      rc[i] = add(add(t, rs[i] ^ cpd::SIGN), y ^ cpd::SIGN);
+      rs[i] = t;
+    }
+    cpd_cpu::kahan_guarded_lanes<false>(s, c, p, top, f);
+    for (int64_t i = 0; i < L; ++i) {
+      if (cpd::bits_of(s[i]) != rs[i]) fail(what, (u64)step, cpd::bits_of(s[i]), rs[i]);
+      if (cpd::bits_of(c[i]) != rc[i]) fail(what, (u64)step, cpd::bits_of(c[i]), rc[i]);
+      if (top[i] >= guard) fail(what, (u64)step, top[i], guard);
+    }
+  }
+}
+
 int main() {
   std::printf("simd_check: %s\n", cpd_cpu::isa_name());
   check_philox();
@@ -108,6 +147,11 @@ int main() {
   check_rounding("AccI bf16 normal-only", cpd_cpu::AccI<1>{bf16}, bf16);
   check_rounding("AccI bf16", cpd_cpu::AccI<0>{bf16}, bf16);
   if (!cpd::lane_normal_only(bf16) || cpd::lane_normal_only(fp16)) fail("lane_normal_only", 0, 0, 0);
+  check_kahan_guarded("guarded kahan e6m7", cpd::make_format(6, 7, 31, cpd::SPECIALS_IEEE, 1, 0));
+  check_kahan_guarded("guarded kahan bf16", bf16);
+  check_kahan_guarded("guarded kahan fp16", fp16);
+  check_kahan_guarded("guarded kahan e4m3", cpd::make_format(4, 3, 7, cpd::SPECIALS_IEEE, 1, 0));
+  check_kahan_guarded("guarded kahan e5m4 fn", cpd::make_format(5, 4, 15, cpd::SPECIALS_FN, 1, 0));
   std::printf("%s (%d mismatches)\n", failures ? "FAILED" : "ok", failures);
   return failures ? 1 : 0;
 }

@@ -270,13 +270,21 @@ CPD_FN u32 round_f(u32 u, const FormatF& g) {
 
 // mul_bits(x, y, f, NEAREST) for nearest_f_applies(f), on magnitudes: h = fl32(x*y) gives E and
 // the sign, and is the NaN a non-finite product gives (mul_bits casts fl32(x*y) then).
-CPD_FN u32 mul_f(float x, float y, const FormatF& g) {
-  u32 h = bits_of(fmul(x, y));
+CPD_FN u32 mul_f_round(float x, float y, u32 h, const FormatF& g) {
   float c = float_of(round_f_c(h & ~SIGN, g));
   float ax = float_of(bits_of(x) & ~SIGN), ay = float_of(bits_of(y) & ~SIGN);
-  u32 r = round_f_finish(h, bits_of(fsub(ffma(ax, ay, c), c)), g);
+  return round_f_finish(h, bits_of(fsub(ffma(ax, ay, c), c)), g);
+}
+
+CPD_FN u32 mul_f(float x, float y, const FormatF& g) {
+  u32 h = bits_of(fmul(x, y));
+  u32 r = mul_f_round(x, y, h, g);
   return (h & ~SIGN) > INF_BITS ? h : r;  // the very NaN mul_bits gives, whatever the FMA propagated
 }
+
+// mul_f for finite x and y: their product is never NaN, so the NaN select drops out (an
+// overflow to infinity is round_f_finish's, as in mul_f).
+CPD_FN u32 mul_f_finite(float x, float y, const FormatF& g) { return mul_f_round(x, y, bits_of(fmul(x, y)), g); }
 
 // add_bits(x, y, f, NEAREST) for nearest_f_applies(f) and add_fast_applies(f) with x and y values
 // of f: fl32(x + y) rounded (add_bits_fast's identity).
@@ -327,6 +335,37 @@ template <int NORMAL_ONLY>
 CPD_FN u32 round_lane_i(u32 u, const Format& f) {
   return NORMAL_ONLY ? cast_bits_fast_normal(u, f, NEAREST, 0u, 32) : cast_bits_fast(u, f, NEAREST, 0u, 32);
 }
+
+// Guarded lanes (the CPU matmul's Kahan steps): the same sums rounded by region N's integer
+// rounding alone, on the signed bits, with no range handling at all:
+//     round_lane_guarded(u) = (u + half - 1 + even) & ~qmask       (cast_bits_fast's step N2)
+// which is add_bits(x, y, f, NEAREST) for u = fl32(x + y), x and y values of f, whenever
+// |x + y| < f's overflow threshold T (max + half its quantum), for add_lane_guard_applies(f):
+//   * |x + y| >= 2^emin: as for add_lane_applies (Figueroa; the carry out of the mantissa is
+//     the next binade, and below T it never reaches max's binade + 1); the sign bit, above the
+//     exponent field, is left alone, so -0 and the sign of every result come out as add_bits's;
+//   * |x + y| < 2^emin: x + y is a multiple of f's finest quantum 2^(emin - man) below 2^emin,
+//     i.e. a subnormal of f (subnormals on) held exactly by fl32; its float32 encoding has its
+//     d0 = 23 - man low bits clear (a normal float32 has at most man significant bits there; a
+//     float32 subnormal is a multiple of 2^(emin - man) >= 2^(-126 - man), i.e. of 2^d0
+//     encoding units), so the rounding leaves it alone.
+// Nothing else is handled: overflow, infinities and NaN come out wrong or unchanged (a NaN whose
+// payload fills the top of the mantissa can even carry into the sign). Callers keep every step
+// inside the range by a guard: the CPU's Kahan lanes (cuda/cpu/matmul_f32.h) check that each
+// new sum t has |t| < G = 2^(emax - 2) (lane_guard_bits) and take the exact lanes for the whole
+// tile when one does not. That suffices, by induction over the steps (s = the previous t, so
+// |s| < G; c the previous compensation, exact): the guard also holds for NaN and infinities
+// (bits above G's); y = p - c rounded: were |p - c| >= T, y would be >= 2^(emax + 1) and
+// |s + y| > G, so t >= G; t = s + y rounded: likewise; then |s + y| < G, so |y| < 2G, and
+// t - s (< 2G) and (t - s) - y (< 4G = 2^emax <= max) are inside the range. Products (values of
+// f) and the inputs must be free of NaN payloads (the callers check the operands are finite).
+CPD_FN int add_lane_guard_applies(const Format& f, int mode) {
+  return (int)(add_lane_applies(f, mode) && plain_convention(f) && f.subnormals);
+}
+
+CPD_FN u32 lane_guard_bits(const Format& f) { return (f.max_bits & INF_BITS) - (2u << 23); }
+
+CPD_FN u32 round_lane_guarded(u32 u, const Format& f) { return round_normal_fast(u, 0u, f, NEAREST, 0u, 32); }
 
 // 1 when the magnitude a (float32 bits, sign clear, finite) lies exactly halfway between two
 // neighbours of f's grid, for fast formats with 1 <= man <= 22 (midpoints are float32 values).
