@@ -5,7 +5,7 @@
 //   decode: the 32 received and the 32 own codes are widened to 16-bit lanes as their binary16
 //     views (cpd::half_bits_of_code: an unpack puts the code in the high byte, an arithmetic shift
 //     by man - 2 and a mask leave sign << 15 | mag << (10 - man)) and converted to float32 by
-//     vcvtph2ps, exactly: 16 codes per instruction, where the scalar loop gathers one float from
+//     vcvtph2ps, exactly: 8 codes per conversion, where the scalar loop gathers one float from
 //     a table per code (two loads and an insert: 184 of the 309 instructions per 32 elements of
 //     GCC's vectorization of that loop);
 //   add: the two views added in float32 and multiplied by 2^(15 - bias): exactly the float32 sum

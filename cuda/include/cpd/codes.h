@@ -105,8 +105,8 @@ CPD_FN u32 wire_code_bits(u32 v, const Format& fe) {
 }
 
 // ------------------------------------------------------------------------------------------
-// The binary16 view of a code, for the wire's vector hop (cuda/cpu/hop_avx2.h, which decodes 16
-// codes per instruction with the F16C conversion instead of a table gather per code). For a signed
+// The binary16 view of a code, for the wire's vector hop (cuda/cpu/hop_avx2.h, which decodes codes
+// 8 per F16C conversion instead of a table gather per code). For a signed
 // 8-bit format whose exponent field fits binary16's (exp <= 5, 2 <= man <= 10), put the code's
 // magnitude bits where binary16 keeps its exponent field (bits 10..14) and the top of its fraction:
 //     h = sign << 15 | mag << (10 - man).
