@@ -23,7 +23,7 @@
 
 #include "cpd/numerics.h"
 #include "philox_simd.h"
-#include "plain_format.h"  // plain_lane_format, plain_lanes
+#include "plain_format.h"  // plain_lane_format, plain_lanes, mantissa_lanes
 #include "stream_store.h"  // use_stream, stream_out, stream_fence
 
 namespace cpd_cpu {
@@ -35,13 +35,8 @@ inline bool plain_format_applies(const cpd::Format& f) {
 }
 
 // f with the fields plain_format_applies checked set to those constants (plain_lanes, and the two
-// that follow from 1 <= man <= 22: parity_add = 0, lsb_bit = 1), so that the compiler folds them.
-inline cpd::Format plain_format(const cpd::Format& f) {
-  cpd::Format h = plain_lanes(f);
-  h.parity_add = 0u;
-  h.lsb_bit = 1u;
-  return h;
-}
+// that follow from 1 <= man <= 22: mantissa_lanes), so that the compiler folds them.
+inline cpd::Format plain_format(const cpd::Format& f) { return mantissa_lanes(plain_lanes(f)); }
 
 template <bool PLAIN>
 inline cpd::Format loop_format(const cpd::Format& f) {

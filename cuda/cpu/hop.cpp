@@ -234,7 +234,7 @@ std::shared_ptr<const Tables> tables_of(const Wire& w) {
 // tables: 1, 2 and 4 bits gather whole bytes, the others' pair tables are at most 16 KiB.
 // tests/test_wire_kernels.py checks every pair of codes against cpd.add.
 // Where AVX2 and F16C are compiled in, the formats of cpd::half_view_applies (8-bit, exp <= 5:
-// e4m3, e5m2, e4m3fn, ...) decode 16 codes per instruction and round 8 lanes per step instead
+// e4m3, e5m2, e4m3fn, ...) decode codes 8 per F16C conversion and round 8 lanes per step instead
 // (cuda/cpu/hop_avx2.h); the loop below takes the elements past the last multiple of 32.
 // CPD_WIRE_HOP=table forces the pair tables, CPD_WIRE_HOP=scalar this loop without the AVX2 path
 // (for side-by-side timing in benchmarks/bench_wire.py, and for the tests of both paths).
@@ -308,10 +308,10 @@ void fast_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, con
   });
 }
 
-void fast_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool allow_vec) {
+// vec: the AVX2 + F16C path (cpd_hop_avx2::applies(w.f, w.mode) holds).
+void fast_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool vec) {
   float dec[256];
   for (u32 c = 0; c < 256; ++c) dec[c] = cpd::float_of(value_of_code(c, w));
-  const bool vec = allow_vec && cpd_hop_avx2::applies(w.f, w.mode);
   switch (w.mode) {
     case cpd::NEAREST: fast_hop_mode<cpd::NEAREST>(rp, ap, n, w, dec, vec); break;
     case cpd::TOWARD_ZERO: fast_hop_mode<cpd::TOWARD_ZERO>(rp, ap, n, w, dec, vec); break;
@@ -321,6 +321,17 @@ void fast_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool all
 }
 
 // ---- segments: [k, 3] int64 rows (offset in the float32 tensor, length, scale exponent)
+// The loop a plain (not Kahan) hop of w takes under the current CPD_WIRE_HOP (wire_hop runs it,
+// wire_hop_path reports it): add_bits per element, the pair tables, the fused scalar loop, or the
+// fused loop with the AVX2 + F16C path.
+enum HopLoop { LOOP_ADD = 0, LOOP_TABLE = 1, LOOP_FUSED = 2, LOOP_FUSED_AVX2 = 3 };
+int hop_loop(const Wire& w) {
+  const int env = hop_env();
+  if (fast_hop_applies(w) && env != HOP_TABLE)
+    return env == HOP_AUTO && cpd_hop_avx2::applies(w.f, w.mode) ? LOOP_FUSED_AVX2 : LOOP_FUSED;
+  return w.bits <= 8 && !w.raw32 ? LOOP_TABLE : LOOP_ADD;
+}
+
 struct Segs {
   const int64_t* rows;
   int64_t k;
@@ -518,13 +529,13 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
   const uint8_t* rp = recv.data_ptr<uint8_t>();
   uint8_t* ap = acc.data_ptr<uint8_t>();
   if (n == 0) return;
-  const int path = hop_env();
-  if (!kahan && fast_hop_applies(w) && path != HOP_TABLE) {
+  const int loop = kahan ? LOOP_ADD : hop_loop(w);
+  if (loop == LOOP_FUSED || loop == LOOP_FUSED_AVX2) {
     NoGil nogil;
-    fast_hop(rp, ap, n, w, path == HOP_AUTO);
+    fast_hop(rp, ap, n, w, loop == LOOP_FUSED_AVX2);
     return;
   }
-  if (!kahan && w.bits <= 8 && !w.raw32) {
+  if (loop == LOOP_TABLE) {
     const auto tab = tables_of(w);
     NoGil nogil;
     if (!tab->bytes.empty()) {  // whole bytes: one gather per byte (padding bits stay codes of +0 + +0)
@@ -599,11 +610,7 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
 // fused AVX2 + F16C loop (tests and benchmarks/bench_wire.py ask, to know what they measure).
 int64_t wire_hop_path(int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t mode,
                       bool saturate, int64_t bits, bool raw32) {
-  const Wire w = make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, false, raw32);
-  const int path = hop_env();
-  if (fast_hop_applies(w) && path != HOP_TABLE)
-    return path == HOP_AUTO && cpd_hop_avx2::applies(w.f, w.mode) ? 3 : 2;
-  return w.bits <= 8 && !w.raw32 ? 1 : 0;
+  return hop_loop(make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, false, raw32));
 }
 
 namespace {
@@ -650,7 +657,7 @@ at::Tensor wire_decode(const at::Tensor& in, const at::Tensor& segs, at::Tensor 
     table.resize((size_t)1 << w.bits);
     for (size_t c = 0; c < table.size(); ++c) table[c] = cpd::float_of(cpd::decode_bits((u32)c, w.fe));
   }
-  // 8-bit formats of the binary16 view: the codes' values 16 per instruction (hop_avx2.h)
+  // 8-bit formats of the binary16 view: the codes' values 16 per step (hop_avx2.h)
 #if CPD_HOP_AVX2
   const std::unique_ptr<cpd_hop_avx2::Consts> vc(
       w.bits == 8 && !w.raw32 && cpd_hop_avx2::applies(w.fe, cpd::NEAREST) && hop_env() == HOP_AUTO

@@ -47,6 +47,13 @@ namespace cpd_hop_avx2 {
 
 using cpd::u32;
 
+// The code a magnitude past f's largest finite value rounds to to nearest (cast_code_fast's
+// overflow: inf, the FN NaN, or the largest finite code when saturating or finite).
+inline u32 overflow_code(const cpd::Format& f) {
+  const u32 max_code = (f.max_bits >> (23 - f.man)) - f.code_adj;
+  return f.outward_bits == cpd::INF_BITS ? f.inf_code : f.outward_bits > cpd::INF_BITS ? f.nan_code : max_code;
+}
+
 // Whether this path takes a hop of format f (with the caller's saturate flag) in mode `mode`
 // (the caller has checked cpd::cast_code_applies and the fast hop's exactness conditions).
 inline bool applies(const cpd::Format& f, int mode) {
@@ -54,8 +61,7 @@ inline bool applies(const cpd::Format& f, int mode) {
   if (!cpd::half_view_applies(f) || !cpd::cast_code_applies(f)) return false;
   if (mode == cpd::TOWARD_ZERO || mode == cpd::UP || mode == cpd::DOWN) return true;
   if (mode != cpd::NEAREST) return false;
-  const u32 d0 = 23u - (u32)f.man, max_code = (f.max_bits >> d0) - f.code_adj;
-  const u32 out = f.outward_bits == cpd::INF_BITS ? f.inf_code : f.outward_bits > cpd::INF_BITS ? f.nan_code : max_code;
+  const u32 max_code = (f.max_bits >> (23 - f.man)) - f.code_adj, out = overflow_code(f);
   return out == max_code || out == max_code + 1u;  // the overflow select is a min
 #else
   (void)f;
@@ -73,13 +79,11 @@ struct Consts {
   __m128i d0, view_shift;
   explicit Consts(const cpd::Format& f) {
     const int d0i = 23 - f.man;
-    const u32 max_code = (f.max_bits >> d0i) - f.code_adj;
-    const u32 out = f.outward_bits == cpd::INF_BITS ? f.inf_code : f.outward_bits > cpd::INF_BITS ? f.nan_code : max_code;
     abs_mask = _mm256_set1_epi32(0x7fffffff);
     half_adj = _mm256_set1_epi32((int)(f.half_m1 - (f.code_adj << d0i)));  // mod 2^32
     one = _mm256_set1_epi32(1);
     min_normal = _mm256_set1_epi32((int)f.min_normal_bits);
-    out_code = _mm256_set1_epi32((int)out);
+    out_code = _mm256_set1_epi32((int)overflow_code(f));
     subc_bits = _mm256_set1_epi32((int)cpd::bits_of(f.sub_c));
     subc = _mm256_set1_ps(f.sub_c);
     scale = _mm256_set1_ps(std::ldexp(1.0f, 15 - f.bias));
@@ -130,27 +134,39 @@ inline __m256i code8_nearest(__m256 s, const Consts& c) {
   return _mm256_min_epu32(_mm256_blendv_epi8(n_code, s_code, is_sub), c.out_code);
 }
 
+// out[0 .. 32) = the codes of the 32 finite float32 values s[0..3] (elements 0-7, 8-15, 16-23,
+// 24-31), rounded to nearest: the magnitudes' codes packed to bytes, the sign bits from the
+// values themselves by signed saturating packs (the same lane order), then the 128-bit lanes'
+// dwords back in order.
+inline void store_codes32(const __m256 s[4], uint8_t* __restrict out, const Consts& c) {
+  const __m256i codes = _mm256_packus_epi16(_mm256_packus_epi32(code8_nearest(s[0], c), code8_nearest(s[1], c)),
+                                            _mm256_packus_epi32(code8_nearest(s[2], c), code8_nearest(s[3], c)));
+  const __m256i signs = _mm256_packs_epi16(
+      _mm256_packs_epi32(_mm256_castps_si256(s[0]), _mm256_castps_si256(s[1])),
+      _mm256_packs_epi32(_mm256_castps_si256(s[2]), _mm256_castps_si256(s[3])));  // negative stays negative
+  const __m256i bytes = _mm256_or_si256(codes, _mm256_and_si256(signs, c.sign80));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(bytes, order));
+}
+
+// Whether a code magnitude folded into mx (unsigned byte max) is at or past half_view_limit.
+inline bool past_limit(__m256i mx, const Consts& c) {
+  const __m256i over = _mm256_subs_epu8(mx, c.limit_m1);  // nonzero where a magnitude >= limit
+  return !_mm256_testz_si256(over, over);
+}
+
 // One block of m elements, round to nearest: out[i] = the code of the sum of r[i] and a[i], for the
 // first m - m % 32; returns nonzero when a code of the block is at or past half_view_limit (the
 // caller then redoes the whole block).
 inline u32 hop_nearest(const uint8_t* __restrict r, const uint8_t* __restrict a, uint8_t* __restrict out, int64_t m,
                        const Consts& c) {
-  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   __m256i mx = _mm256_setzero_si256();
   __m256 s[4], x[4], y[4];
   for (int64_t i = 0; i + 32 <= m; i += 32) {
     sums32(r + i, a + i, c, mx, s, x, y);
-    // packs of (0-7, 8-15) and (16-23, 24-31), then the 128-bit lanes' dwords back in order
-    const __m256i codes = _mm256_packus_epi16(_mm256_packus_epi32(code8_nearest(s[0], c), code8_nearest(s[1], c)),
-                                              _mm256_packus_epi32(code8_nearest(s[2], c), code8_nearest(s[3], c)));
-    const __m256i signs = _mm256_packs_epi16(
-        _mm256_packs_epi32(_mm256_castps_si256(s[0]), _mm256_castps_si256(s[1])),
-        _mm256_packs_epi32(_mm256_castps_si256(s[2]), _mm256_castps_si256(s[3])));  // negative stays negative
-    const __m256i bytes = _mm256_or_si256(codes, _mm256_and_si256(signs, c.sign80));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permutevar8x32_epi32(bytes, perm));
+    store_codes32(s, out + i, c);
   }
-  const __m256i over = _mm256_subs_epu8(mx, c.limit_m1);  // nonzero where a magnitude >= limit
-  return (u32)!_mm256_testz_si256(over, over);
+  return (u32)past_limit(mx, c);
 }
 
 // The same for a directed mode: the float32 sums through buf (m floats) to cast_code_fast.
@@ -173,8 +189,7 @@ inline u32 hop_directed(const uint8_t* __restrict r, const uint8_t* __restrict a
     }
   }
   for (int64_t i = 0; i < mv; ++i) out[i] = (uint8_t)cpd::cast_code_fast(cpd::bits_of(buf[i]), g, MODE);
-  const __m256i over = _mm256_subs_epu8(mx, c.limit_m1);
-  return (u32)!_mm256_testz_si256(over, over);
+  return (u32)past_limit(mx, c);
 }
 
 // The wire decode's first step (cuda/cpu/hop.cpp, wire_decode) for the same formats: the float32
@@ -194,8 +209,7 @@ inline bool decode_block(const uint8_t* __restrict in, int64_t m, float* __restr
     _mm256_storeu_ps(vals + i + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(v, 1)), c.scale));
   }
   for (; i < m; ++i) vals[i] = dec[in[i]];
-  const __m256i over = _mm256_subs_epu8(mx, c.limit_m1);
-  return _mm256_testz_si256(over, over);
+  return !past_limit(mx, c);
 }
 
 // The bucket encode's hot case (cuda/cpu/hop.cpp, wire_encode), round to nearest: out[i] = the
@@ -205,7 +219,6 @@ inline bool decode_block(const uint8_t* __restrict in, int64_t m, float* __restr
 // written; the caller encodes the run again through the exact loop).
 inline bool encode_nearest(const float* __restrict x, int64_t m, float p, bool scale, uint8_t* __restrict out,
                            const Consts& c, const cpd::Format g) {
-  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   const __m256 vp = _mm256_set1_ps(p);
   __m256i mx = _mm256_setzero_si256();
   int64_t i = 0;
@@ -216,13 +229,7 @@ inline bool encode_nearest(const float* __restrict x, int64_t m, float p, bool s
       if (scale) s[k] = _mm256_mul_ps(s[k], vp);
       mx = _mm256_max_epu32(mx, _mm256_and_si256(_mm256_castps_si256(s[k]), c.abs_mask));
     }
-    const __m256i codes = _mm256_packus_epi16(_mm256_packus_epi32(code8_nearest(s[0], c), code8_nearest(s[1], c)),
-                                              _mm256_packus_epi32(code8_nearest(s[2], c), code8_nearest(s[3], c)));
-    const __m256i signs = _mm256_packs_epi16(
-        _mm256_packs_epi32(_mm256_castps_si256(s[0]), _mm256_castps_si256(s[1])),
-        _mm256_packs_epi32(_mm256_castps_si256(s[2]), _mm256_castps_si256(s[3])));
-    const __m256i bytes = _mm256_or_si256(codes, _mm256_and_si256(signs, c.sign80));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permutevar8x32_epi32(bytes, perm));
+    store_codes32(s, out + i, c);
   }
   __m128i h = _mm_max_epu32(_mm256_castsi256_si128(mx), _mm256_extracti128_si256(mx, 1));
   h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
