@@ -10,7 +10,8 @@ Method (rerun it anywhere you are root; traffic stays on a private loopback):
 * there it spawns N gloo processes (one CPU thread each) on 127.0.0.1; every process builds the same
   MLP (three Linear layers, 4.7M weights, 18.9 MB of float32 gradients) under DDP five times, one
   per variant, and times ``loss.backward()`` (backward + communication: DDP waits for every
-  bucket's future at the end of backward) between barriers, variants interleaved rep by rep;
+  bucket's future at the end of backward) between barriers, variants interleaved rep by rep, on
+  a new batch every rep (so the APS scales move from step to step as in training);
 * rank 0 prints the medians and their ratios to DDP float32, and the bytes a rank sends per step
   (cpd: counted by the engine's StepReport; DDP/fp16: the ring model 2(W-1)/W n x itemsize);
   the no-op hook's ratio is the floor: backward and DDP's bucketing alone, below which no
@@ -107,11 +108,15 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
         state = cpd.distributed.APSHookState(fmt, "ring", model=m, timeout=600)
         ddp.register_comm_hook(state, cpd.distributed.aps_hook)
         runs[name] = (ddp, state)
-    x = torch.randn(opts.batch, w, generator=torch.Generator().manual_seed(rank))
-    y = torch.randint(0, 10, (opts.batch,), generator=torch.Generator().manual_seed(rank))
     times = {k: [] for k in runs}
+    ahead = {k: [0, 0] for k in runs}  # cpd: elements encoded ahead of the exponent exchange, and again
     for rep in range(opts.reps + 2):
-        for name, (ddp, _) in runs.items():
+        # a new batch every rep (the same for every variant): the gradients, their maxima and so
+        # the APS scales vary from step to step as in training
+        gen = torch.Generator().manual_seed(1000 * rep + rank)
+        x = torch.randn(opts.batch, w, generator=gen)
+        y = torch.randint(0, 10, (opts.batch,), generator=gen)
+        for name, (ddp, state) in runs.items():
             ddp.zero_grad()
             loss = torch.nn.functional.cross_entropy(ddp(x), y)
             dist.barrier()
@@ -125,6 +130,9 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
             dist.barrier()
             if rep >= 2:  # two warm-up rounds (bucket rebuild, kernel tables, first messages)
                 times[name].append(t)
+                if state is not None:
+                    ahead[name][0] += state.report.encoded_ahead
+                    ahead[name][1] += state.report.reencoded
     if rank == 0:
         n = sum(p.numel() for p in model().parameters())
         ring = cpd.distributed.float32_ring_bytes([n], world)
@@ -137,7 +145,7 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
             sent = (state.report.bytes_sent if state is not None else 0 if "no-op" in name
                     else ring // (2 if "fp16" in name else 1))
             res["variants"][name] = {"median_s": statistics.median(times[name]), "times": times[name], "sent": sent,
-                                     "counted": state is not None or "no-op" in name}
+                                     "counted": state is not None or "no-op" in name, "ahead": ahead[name]}
         if prof is not None:
             res["profile"] = prof.table(opts.reps)
         Path(out).write_text(json.dumps(res))
@@ -167,7 +175,7 @@ class _Profile:
         for fn in ("wait", "all_reduce_max", "batch", "all_gather", "isend", "irecv"):
             self._wrap(Transport, fn, f"transport {fn}")
         import cpd.distributed.reduce_format as rf
-        for fn in ("reduce", "exponents", "_stream"):
+        for fn in ("reduce", "exponents", "_encode_ahead", "_stream"):
             self._wrap(rf.FormatReducer, fn, f"reducer {fn}")
         for fn in ("ring", "layout"):
             self._wrap(rf, fn, f"reduce_format.{fn}")
@@ -401,6 +409,13 @@ def main(argv=None) -> int:
                 results.append(r)
                 print(f"  done: {rate} N={n} ({r['wall_s']:.0f} s, compiled kernels: {r['kernels']})", flush=True)
     print(table(results))
+    for r in results:
+        for name, v in r["variants"].items():
+            a, again = v.get("ahead", (0, 0))
+            if a:
+                print(f"  {r['rate']} N={r['world']} {name}: {a / r['reps']:.0f} elements per step encoded ahead of the "
+                      f"exponent exchange, {100 * again / a:.1f}% of them again (their agreed scale was not the "
+                      "previous step's)")
     for r in results:
         if "profile" in r:
             print(f"\nprofile, {r['rate']} N={r['world']} (rank 0, ms per step; backward alone "

@@ -144,6 +144,9 @@ def emulate(layers: dict, case: dict, world: int, with_report: bool = False):
             if k in kw["fp32_layers"]:
                 out[k] = cpd.allreduce(x, cpd.FP32, algorithm="sequential")
                 continue
+            if not bool(torch.isfinite(x).all()):  # inf/NaN: the float32 sum, visible (as aps_allreduce)
+                out[k] = x.sum(0)
+                continue
             s = cpd.aps_exponent(x, fmt, world) or 0
             low = cpd.cast((x.double() * 2.0 ** s).float(), fmt)
             out[k] = (cpd.allreduce(low, cpd.FP32, algorithm="sequential", inputs_in_fmt=True).double()
@@ -944,3 +947,87 @@ def test_stalled_rank_mid_ring(tmp_path):
     for rank, r in enumerate(res):
         assert r["error"] is not None and "cpd.distributed" in r["error"], (rank, r)
         assert r["seconds"] < 3 * r["timeout"] + 10, (rank, r)
+
+
+# ------------------------------------------------------------------------------------ encoding ahead
+def _ahead_grads(rank: int, world: int, step: int) -> dict:
+    """Step ``step``'s gradients of the Toy on rank ``rank``: steps 0-2 the same (the guess holds),
+    from step 3 on layer a 32x larger and layer c 64x smaller (their agreed scales move), at step 4
+    layer c all zero (status "zero"), from step 5 on c back, at step 6 a NaN in layer b on the last
+    rank (the layers on the wire change), steps 7 and 8 as step 5."""
+    g = synthetic(rank, 0)
+    if step >= 3:
+        g["a"] = g["a"] * 32.0
+        g["c"] = g["c"] / 64.0
+    if step == 4:
+        g["c"] = torch.zeros_like(g["c"])
+    if step == 6 and rank == world - 1:
+        g["b"] = g["b"].clone()
+        g["b"][2] = float("nan")
+    return g
+
+
+def job_ahead(rank: int, world: int, cases: list) -> list:
+    """Each case: nine DDP steps whose scales hold, move, meet a zero layer and an inf/NaN step;
+    every step's averages against the emulator, and the report's encoded_ahead / reencoded."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    out = []
+    for case in cases:
+        model = Toy()
+        ddp = DDP(model)
+        state = _hook_state(case, model)
+        ddp.register_comm_hook(state, cpd.distributed.aps_hook)
+        steps = []
+        for step in range(9):
+            exp = state.loss_scaler.scale_exp if state.loss_scaler is not None else case.get("scale_exp", 0)
+            model.zero_grad()
+            ddp(_ahead_grads(rank, world, step)).backward()
+            every = {k: [_ahead_grads(r, world, step)[k] for r in range(world)] for k in SIZES}
+            ref = emulate(every, dict(case, scale_exp=exp), world)
+            got = {k: p.grad.clone() for k, p in model.named_parameters()}
+            rep = state.report
+            steps.append({"equal": {k: _same(got[k], ref[k]) for k in SIZES}, "found_inf": state.found_inf,
+                          "ahead": rep.encoded_ahead, "again": rep.reencoded, "sent": rep.bytes_sent})
+        out.append({"case": case, "steps": steps})
+    return out
+
+
+JOBS["ahead"] = job_ahead
+
+AHEAD_CASES = [dict(fmt="e4m3"), dict(fmt=E43), dict(fmt="e5m2", kahan=True), dict(fmt="e5m2", scaling="loss",
+                                                                                      scale_exp=4),
+               dict(fmt="e4m3", algorithm="one_rounding"), dict(fmt="e5m2", algorithm="hierarchical", group_size=1)]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_encode_ahead_follows_the_agreed_scales(tmp_path, world):
+    """The stream encoded before the exponent exchange with the previous step's scales (APS) or the
+    known one (loss scaling) gives the emulator's bits every step: when the guess holds nothing is
+    encoded again, when a layer's scale moves only that layer is (8-bit codes: in place; packed
+    4-bit: whole chunks), a layer that became all zero keeps its codes, and a step whose layers on
+    the wire change (inf/NaN) encodes the stream again; the next step has no guess for the layer
+    that was left out, and the one after guesses again. A layer that was all zero keeps the guess
+    it had before."""
+    n = {k: math.prod(s) for k, s in SIZES.items()}
+    total = sum(n.values())
+    for rank, cases in enumerate(spawn("ahead", world, tmp_path, AHEAD_CASES)):
+        for r in cases:
+            case, st = r["case"], r["steps"]
+            for i, s in enumerate(st):
+                assert all(s["equal"].values()), (world, rank, case, i, s)
+                assert s["found_inf"] == (i == 6), (world, rank, case, i, s)
+            aps = case.get("scaling", "aps") == "aps"
+            eight = case["fmt"] != E43
+            if aps:
+                assert st[0]["ahead"] == 0, (case, st[0])  # no guess yet
+                assert st[7]["ahead"] == 0, (case, st[7])  # b was left out at step 6: no guess for it
+                assert st[3]["again"] == (n["a"] + n["c"] if eight else st[3]["ahead"]) > 0, (case, st[3])
+                hits = (2, 4, 5, 8)
+            else:
+                assert st[0]["ahead"] == total, (case, st[0])
+                hits = (0, 1, 2, 3, 4, 5, 7, 8)
+            for i in hits:
+                assert st[i]["ahead"] == total and st[i]["again"] == 0, (case, i, st[i])
+            assert st[6]["ahead"] == st[6]["again"] == total, (case, st[6])
+            assert len({s["sent"] for k, s in enumerate(st) if k != 6}) == 1, (case, st)  # bytes do not depend on it

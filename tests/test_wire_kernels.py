@@ -23,6 +23,9 @@ Invariants defended:
   ``cpd.encode`` + ``pack_codes`` segment by segment, scales far outside float32's range and
   overflow to inf / NaN included; the decode (unpack, decode, / 2^s, * 1/W) equals the public ops;
 * the per-segment absmax is the largest magnitude, NaN when any NaN, 0 for an empty segment;
+  so is the encode's ``amax=`` (the maxima found in the encode's own pass), on segments that
+  cross blocks and threads, with inf, NaN, -0 and empty segments, for every kind of format
+  (vector 8-bit, packed 4-bit, 16-bit, float32), and the codes are those of the plain encode;
 * the CUDA twin (cuda/kernels/hop.cu) compiles through NVRTC for sm_70/80/90 on any machine and,
   on a GPU (tests marked ``cuda``), gives the CPU kernels' bytes for the same inputs.
 """
@@ -334,6 +337,43 @@ def test_absmax():
     segs = kernels.segments([(0, 3, 0), (0, 4, 0), (4, 2, 0), (6, 1, 0), (2, 0, 0), (7, 1, 0)])
     got = kernels.absmax(x, segs)
     assert got[:2] == [3.0, float("inf")] and got[2] != got[2] and got[3:] == [0.0, 0.0, 7.0]
+
+
+def _absmax_oracle(x: torch.Tensor, segs: torch.Tensor) -> list:
+    out = []
+    for off, n, _ in segs.tolist():
+        v = x[off:off + n].double()
+        out.append(0.0 if n == 0 else float("nan") if bool(torch.isnan(v).any()) else float(v.abs().max()))
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("fmt", ["e4m3", cpd.FloatFormat(3, 0), "bf16", "fp32"])
+def test_encode_finds_the_maxima_of_its_segments(fmt, threads):
+    wf = WireFormat(cpd.FP32 if fmt == "fp32" else cpd.FloatFormat.parse(fmt) if isinstance(fmt, str) else fmt)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(20000, generator=g) * 2.0 ** torch.randint(-30, 10, (20000,), generator=g)
+    x[4100] = -3.0e6  # the largest magnitude, negative, deep inside a segment that spans blocks
+    x[9000] = float("inf")
+    x[12001] = float("nan")
+    x[15000:15008] = -0.0
+    segs = kernels.segments([(0, 5000, -3), (5000, 0, 0), (5000, 4001, 2), (11000, 1500, 0), (15000, 8, 5),
+                             (15008, 4992, -7), (3, 1, 0)])
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        amax = torch.full((segs.shape[0],), 7.0)
+        got = kernels.encode(x, segs, wf, Rounding.NEAREST, False, amax=amax)
+        plain = kernels.encode(x, segs, wf, Rounding.NEAREST, False)
+    finally:
+        torch.set_num_threads(old)
+    want = _absmax_oracle(x, segs)
+    assert [v != v for v in amax.tolist()] == [v != v for v in want], (amax, want)
+    assert [v for v in amax.tolist() if v == v] == [v for v in want if v == v], (amax, want)
+    assert torch.equal(got, plain)
+    assert want[0] == 3.0e6 and want[2] == float("inf") and want[3] != want[3] and want[4] == 0.0
+    with pytest.raises(ValueError, match="amax"):
+        kernels.encode(x, segs, wf, Rounding.NEAREST, False, amax=torch.zeros(2))
 
 
 @pytest.mark.parametrize("arch", ["sm_70", "sm_80", "sm_90"])

@@ -58,20 +58,31 @@ def _fargs(fmt: FloatFormat):
 
 # ------------------------------------------------------------------------------------ encode
 def encode(x: torch.Tensor, segs: torch.Tensor, wf: WireFormat, rounding: Rounding, saturate: bool,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, amax: torch.Tensor | None = None) -> torch.Tensor:
     """Wire bytes of ``x[segments]`` scaled, cast and encoded (``out``: a uint8 tensor of at least
-    ``wf.nbytes(total)`` bytes, written from byte 0)."""
+    ``wf.nbytes(total)`` bytes, written from byte 0).
+
+    ``amax`` (a float32 CPU tensor with one entry per segment) also receives each segment's
+    :func:`absmax` of the unscaled values, from the same pass over ``x`` on the compiled CPU path
+    (the bucket is read from memory once for both)."""
     total = int(segs[:, 1].sum()) if segs.numel() else 0
     if out is None:
         out = torch.empty(wf.nbytes(total), dtype=torch.uint8, device=x.device)
+    if amax is not None and (amax.dtype != torch.float32 or amax.device.type != "cpu" or
+                             amax.numel() != segs.shape[0] or not amax.is_contiguous()):
+        raise ValueError(f"encode: amax must be a contiguous float32 CPU tensor of {segs.shape[0]} entries (one per "
+                         f"segment), got {amax.dtype} of {amax.numel()} on {amax.device}")
+    ops = None if x.is_cuda else _ops()
+    if ops is not None:
+        ops.wire_encode(x, segs, out, *_fargs(wf.fmt), rounding.code, saturate, wf.bits, False, wf.raw32,
+                        amax if amax is not None and amax.numel() else x.new_zeros(0))
+        return out
+    if amax is not None and amax.numel():
+        amax.copy_(torch.tensor(absmax(x, segs), dtype=torch.float32))
     if x.is_cuda:
         from . import cuda_kernels
 
         cuda_kernels.encode(x, segs, out, wf, rounding, saturate)
-        return out
-    ops = _ops()
-    if ops is not None:
-        ops.wire_encode(x, segs, out, *_fargs(wf.fmt), rounding.code, saturate, wf.bits, False, wf.raw32)
         return out
     data = encode_reference(x, segs, wf, rounding, saturate)
     out[:data.numel()] = data

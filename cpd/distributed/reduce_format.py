@@ -6,6 +6,16 @@
 2. **Streams**: the low-precision layers (scaled by ``2**s``, cast, encoded: one fused
    :func:`.kernels.encode` per chunk, straight from the bucket) and the float32 layers
    (``fp32_layers``, the hybrid phase), each in its chunk-major :class:`~.layout.Layout`.
+
+   **Encoding ahead.** The exchange needs every layer's max |g| before any scale is known, and the
+   encode needs the scales: two passes over the bucket. When the scales can be told in advance
+   (``scaling="loss"`` or None: they do not depend on the gradients; ``"aps"``: the scales this
+   bucket's layers agreed on in the previous step, a guess) the low-precision stream is encoded
+   *before* the exchange, in the pass that finds the maxima (:func:`.kernels.encode` with
+   ``amax=``), so the bucket is read once. After the exchange only the layers whose agreed scale
+   differs from the guess are encoded again (the whole stream when the layers on the wire
+   differ), so the codes are always those of the agreed scales: the result does not depend on
+   the guess, only the time does (:attr:`StepReport.encoded_ahead`, :attr:`StepReport.reencoded`).
 3. **Reduce** each stream in the configured order (:mod:`.orders`), then one fused
    :func:`.kernels.decode` per chunk writes ``sum / 2**s`` (times ``inv``) back into the layers'
    positions. inf/NaN layers: the float32 sum over the ranks (an all_gather), visible, flagged.
@@ -13,7 +23,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import struct
 
 import torch
 
@@ -21,7 +33,7 @@ from ..formats import FP32
 from ..ops import cast
 from ..primitives import ceil_log2
 from . import kernels
-from .layout import SUB_CHUNK, layout
+from .layout import SUB_CHUNK, Layout, layout
 from .orders import Sums, hierarchical, one_rounding, ring
 from .report import StepReport
 from .transport import Transport
@@ -36,6 +48,23 @@ ZERO = -(2**31) + 2
 NONFINITE = 2**31 - 1
 
 
+@dataclasses.dataclass(frozen=True)
+class _Ahead:
+    """The low-precision stream of a bucket, encoded before the exponent exchange."""
+
+    #: The stream's layers (indices into the bucket) and the scale each was encoded with.
+    low: tuple
+    scales: tuple
+    lay: Layout
+    buf: torch.Tensor
+    #: This rank's max |g| of each of those layers (from the same pass).
+    mags: dict
+
+
+def _float_of_bits(b: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", b))[0]
+
+
 class FormatReducer:
     """Sums the ranks' gradients of one bucket as the emulator would (a format on the wire)."""
 
@@ -47,14 +76,60 @@ class FormatReducer:
         #: Sub-chunk size in elements (the pipelining unit of a ring hop; a multiple of 8).
         self.sub_chunk = SUB_CHUNK
         self._buffers: dict = {}
+        #: Per bucket (its layer names and sizes): the scales its low-precision layers agreed on in
+        #: the last exchange, the next exchange's guess (APS).
+        self._agreed: dict = {}
+        #: Encode ahead of the exponent exchange where the scales can be told (see the module's
+        #: docstring); False: always find the maxima first, then encode (the same bits).
+        self.encode_ahead = True
 
-    def exponents(self, flat: torch.Tensor, present: list[bool], offsets: list[int], sizes: list[int]):
-        """This rank's exponent codes, MAX-exchanged; (codes, bytes this rank sent for them)."""
+    def _parts(self) -> int:
+        return self.tp.world // (self.cfg.group_size if self.cfg.algorithm == "hierarchical" else 1)
+
+    def _encode_ahead(self, flat, present, names, sizes, offsets, *, step: int, scale_exp) -> _Ahead | None:
+        """Encode the low-precision stream before the exchange, with the scales it will most
+        likely agree on, finding the layers' max |g| in the same pass; None when no guess exists
+        (the first step of a bucket with APS, the hybrid phase, no low-precision layer)."""
+        cfg = self.cfg
+        if not self.encode_ahead or step < cfg.hybrid_steps:
+            return None
+        low = tuple(i for i in range(len(sizes)) if present[i] and not cfg.is_fp32_layer(names[i]))
+        if not low:
+            return None
+        if cfg.scaling == "aps":
+            last = self._agreed.get((tuple(names), tuple(sizes)))
+            if last is None or any(i not in last for i in low):
+                return None
+            scales = tuple(last[i] for i in low)
+        else:
+            scales = ((scale_exp or 0) if cfg.scaling == "loss" else 0,) * len(low)
+        lay = layout(cfg.fmt, tuple(sizes[i] for i in low), self._parts(), self.sub_chunk)
+        offs = [offsets[i] for i in low]
+        buf = self._buffer(lay.nbytes, flat.device)
+        top = dict.fromkeys(low, 0)  # max magnitude bits per layer (NaN's bits above inf's)
+        for c in range(lay.parts):
+            lo, hi = lay.chunk(c)
+            if hi <= lo:
+                continue
+            segs = lay.segments(c, offs, scales)
+            amax = torch.empty(segs.shape[0], dtype=torch.float32)
+            kernels.encode(flat, segs, lay.wf, cfg.rounding, cfg.saturate, out=buf[lo:hi], amax=amax)
+            for (k, _, _), b in zip(lay.rows[c], amax.view(torch.int32).tolist()):
+                top[low[k]] = max(top[low[k]], b)
+        return _Ahead(low, scales, lay, buf, {i: _float_of_bits(b) for i, b in top.items()})
+
+    def exponents(self, flat: torch.Tensor, present: list[bool], offsets: list[int], sizes: list[int],
+                  known: dict | None = None):
+        """This rank's exponent codes, MAX-exchanged; (codes, bytes this rank sent for them).
+        ``known``: max |g| of some layers, already found (by the encode ahead)."""
         w = self.tp.world
-        segs = torch.tensor([[o, n, 0] for o, n in zip(offsets, sizes)], dtype=torch.int64).reshape(-1, 3)
-        mags = kernels.absmax(flat, segs)
+        mags = dict(known or {})
+        rest = [i for i in range(len(sizes)) if present[i] and i not in mags]
+        segs = torch.tensor([[offsets[i], sizes[i], 0] for i in rest], dtype=torch.int64).reshape(-1, 3)
+        mags.update(zip(rest, kernels.absmax(flat, segs)))
         codes = []
-        for m, here in zip(mags, present):
+        for i, here in enumerate(present):
+            m = mags.get(i, 0.0)
             if not here:
                 codes.append(NONE)
             elif not math.isfinite(m):
@@ -82,7 +157,8 @@ class FormatReducer:
         for n in sizes[:-1]:
             offsets.append(offsets[-1] + n)
         sent0, recv0 = tp.sent, tp.received
-        ex, exp_bytes = self.exponents(flat, present, offsets, sizes)
+        ahead = self._encode_ahead(flat, present, names, sizes, offsets, step=step, scale_exp=scale_exp)
+        ex, exp_bytes = self.exponents(flat, present, offsets, sizes, ahead.mags if ahead is not None else None)
         all_fp32 = step < cfg.hybrid_steps
         rep = StepReport(step=step, world=w, rank=tp.pos, algorithm=cfg.algorithm, fmt=cfg.fmt.name, buckets=1)
         low, f32, nonfinite, scales = [], [], [], {}
@@ -105,6 +181,16 @@ class FormatReducer:
                 rep.status[name], rep.scale_exp[name] = "lowp", s
                 low.append(i)
                 scales[i] = s
+        if cfg.scaling == "aps":  # the next exchange's guess (an all-zero layer keeps its last one)
+            key = (tuple(names), tuple(sizes))
+            last = self._agreed.get(key, {})
+            if len(self._agreed) >= 64:  # a handful of buckets; forget the rest
+                self._agreed.clear()
+            self._agreed[key] = {i: last.get(i, 0) if ex[i] == ZERO else scales[i] for i in low}
+        if ahead is not None:
+            rep.encoded_ahead = sum(sizes[i] for i in ahead.low)
+            if ahead.low != tuple(low):  # other layers on the wire: the stream is encoded again
+                rep.reencoded, ahead = rep.encoded_ahead, None
         if out is None:
             out = torch.empty_like(flat)
         elif roundoff and out.data_ptr() == flat.data_ptr():
@@ -113,9 +199,13 @@ class FormatReducer:
             if e == NONE:
                 out[offsets[i]:offsets[i] + sizes[i]] = 0.0
         overflow = False  # possible without APS: a non-finite sum (counted by the fused decode)
+        zero = frozenset(i for i in low if ex[i] == ZERO)
         for fmt, layers in ((cfg.fmt, low), (FP32, f32)):
             if layers:
-                overflow |= self._stream(fmt, layers, flat, out, offsets, sizes, scales, inv) > 0
+                bad, again = self._stream(fmt, layers, flat, out, offsets, sizes, scales, inv,
+                                          ahead if fmt is cfg.fmt else None, zero)
+                overflow |= bad > 0
+                rep.reencoded += again
         for i in nonfinite:  # the float32 sum over the ranks (the emulator's x.sum(0)): visible, flagged
             x = flat[offsets[i]:offsets[i] + sizes[i]]
             rows = tp.all_gather(x) if w > 1 else [x]
@@ -132,22 +222,42 @@ class FormatReducer:
         rep.float32_bytes = float32_ring_bytes([n for n, e in zip(sizes, ex) if e != NONE], w, tp.pos)
         return out, rep
 
-    def _stream(self, fmt, layers, flat, out, offsets, sizes, scales, inv) -> int:
+    def _stream(self, fmt, layers, flat, out, offsets, sizes, scales, inv, ahead: _Ahead | None = None,
+                zero=frozenset()) -> tuple[int, int]:
         """Encode, reduce and decode the layers ``layers`` of one wire format; returns the number
-        of inf/NaN results."""
+        of inf/NaN results and of elements encoded again. ``ahead``: these layers, already encoded
+        with guessed scales (the layers of ``zero`` are all ±0 on every rank: right at any scale)."""
         cfg, tp = self.cfg, self.tp
         alg = cfg.algorithm
         k = cfg.group_size if alg == "hierarchical" else 1
         lay = layout(fmt, tuple(sizes[i] for i in layers), tp.world // k, self.sub_chunk)
         offs = [offsets[i] for i in layers]
         sc = [scales.get(i, 0) for i in layers]
-        buf = self._buffer(lay.nbytes, flat.device)
-        bad = [0]
+        buf = self._buffer(lay.nbytes, flat.device) if ahead is None else ahead.buf
+        bad, again = [0], [0]
 
         def prepare(c: int) -> None:  # the fused encode of chunk c, straight from the bucket
             lo, hi = lay.chunk(c)
-            if hi > lo:
+            if hi <= lo:
+                return
+            if ahead is None:
                 kernels.encode(flat, lay.segments(c, offs, sc), lay.wf, cfg.rounding, cfg.saturate, out=buf[lo:hi])
+                return
+            # encoded ahead: again only the layers whose agreed scale is not the guess (in place
+            # where their codes fill whole bytes, else the whole chunk)
+            pos, stale = 0, []
+            for kk, _, m in lay.rows[c]:
+                if sc[kk] != ahead.scales[kk] and layers[kk] not in zero:
+                    stale.append((pos, pos + m))
+                pos += m
+            if not stale:
+                return
+            if lay.wf.bits % 8:
+                stale = [(0, lay.lengths[c])]
+            for a, b in stale:
+                kernels.encode(flat, lay.segments(c, offs, sc, a, b), lay.wf, cfg.rounding, cfg.saturate,
+                               out=buf[lo + lay.wf.nbytes(a):lo + lay.wf.nbytes(b)])
+                again[0] += b - a
 
         def final(c: int, j: int, data: torch.Tensor) -> None:  # the fused decode of one final sub-chunk
             if data.numel():
@@ -168,7 +278,7 @@ class FormatReducer:
         else:
             lay32 = layout(FP32, lay.sizes, lay.parts, lay.sub)  # final's bytes are float32 sums
             one_rounding(tp, lay, buf, scratch=scratch, prepare=prepare, final=final)
-        return bad[0]
+        return bad[0], again[0]
 
     def _buffer(self, nbytes: int, device, slot: int = 0) -> torch.Tensor:
         """A buffer of ``nbytes`` (uninitialized) for ``slot`` (0: the stream; others: receives of

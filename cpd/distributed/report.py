@@ -50,6 +50,13 @@ class StepReport:
     roundoff: object = None
     #: Bytes this rank sent for the optional round-off report.
     diagnostic_bytes: int = 0
+    #: Elements encoded ahead of the exponent exchange, in the same pass that found their
+    #: layers' max |g|, with the scales the previous step agreed (APS) or the known scale
+    #: (loss scaling, none): see docs/distributed.md, "Encoding ahead".
+    encoded_ahead: int = 0
+    #: Of those, elements encoded again after the exchange because their layer's agreed scale
+    #: differed from the guess (or the layers on the wire did).
+    reencoded: int = 0
 
     @property
     def payload_bytes(self) -> int:
@@ -74,7 +81,7 @@ class StepReport:
     def add(self, other: "StepReport") -> None:
         """Fold the report of another bucket of the same step into this one."""
         for f in ("bytes_sent", "bytes_received", "exponent_bytes", "length_bytes", "float32_bytes", "buckets",
-                  "diagnostic_bytes"):
+                  "diagnostic_bytes", "encoded_ahead", "reencoded"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         if other.roundoff is not None:
             self.roundoff.layers.update(other.roundoff.layers)

@@ -441,12 +441,30 @@ void encode_run_mode(const float* x, int64_t m, int64_t s, const Wire& w, u32* c
   }
 }
 
+// The largest magnitude bits of x[0, m) (sign cleared: NaN bits are above inf's, so NaN wins).
+inline u32 magnitude_max(const float* __restrict x, int64_t m) {
+  const u32* __restrict p = reinterpret_cast<const u32*>(x);
+  u32 r = 0;
+  for (int64_t i = 0; i < m; ++i) r = std::max(r, p[i] & ~cpd::SIGN);
+  return r;
+}
+
+inline void atomic_max(std::atomic<u32>& a, u32 v) {
+  u32 cur = a.load(std::memory_order_relaxed);
+  while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+
 }  // namespace
 
-// out[bytes] <- the wire codes of x[segments] (scaled by 2^s and cast, or raw float32 bits).
+// out[bytes] <- the wire codes of x[segments] (scaled by 2^s and cast, or raw float32 bits). With a
+// non-empty `amax` (float32, one entry per segment) the same pass also writes each segment's
+// max |x| of the unscaled values (NaN if any NaN, as wire_absmax): the run is read for its maximum
+// just before it is encoded, while it sits in L1, so the bucket is read from memory once for both
+// (the exchange's speculative encode, cpd/distributed/reduce_format.py).
 void wire_encode(const at::Tensor& x, const at::Tensor& segs, at::Tensor out, int64_t exp, int64_t man,
                  int64_t bias, int64_t specials, bool subnormals, int64_t mode, bool saturate, int64_t bits, bool msb,
-                 bool raw32) {
+                 bool raw32, at::Tensor amax) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
               "cpd_wire: x must be a contiguous float32 CPU tensor");
   const Wire w = make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, msb, raw32);
@@ -454,6 +472,12 @@ void wire_encode(const at::Tensor& x, const at::Tensor& segs, at::Tensor out, in
   for (int64_t j = 0; j < s.k; ++j)
     TORCH_CHECK(s.rows[3 * j] >= 0 && s.rows[3 * j] + s.rows[3 * j + 1] <= x.numel(), "cpd_wire: segment out of x");
   check_bytes(out, "out", nbytes_of(s.total, w.bits));
+  const bool want_max = amax.numel() > 0;
+  TORCH_CHECK(!want_max || (amax.scalar_type() == at::kFloat && amax.is_contiguous() && amax.device().is_cpu() &&
+                            amax.numel() == s.k),
+              "cpd_wire: amax must be empty or a contiguous float32 CPU tensor with one entry per segment");
+  std::vector<std::atomic<u32>> maxima(want_max ? s.k : 0);
+  for (auto& a : maxima) a.store(0, std::memory_order_relaxed);
   const float* xp = x.data_ptr<float>();
   uint8_t* op = out.data_ptr<uint8_t>();
   const int64_t nblocks = (s.total + kBlock - 1) / kBlock;
@@ -476,6 +500,7 @@ void wire_encode(const at::Tensor& x, const at::Tensor& segs, at::Tensor out, in
       for_runs(s, e0, e1, [&](int64_t j, int64_t i0, int64_t e, int64_t run) {
         const float* src = xp + s.rows[3 * j] + i0;
         u32* dst = codes + (e - e0);
+        if (want_max) atomic_max(maxima[j], magnitude_max(src, run));
 #if CPD_HOP_AVX2
         if (direct) {
           const int64_t sc = s.rows[3 * j + 2];
@@ -500,6 +525,10 @@ void wire_encode(const at::Tensor& x, const at::Tensor& segs, at::Tensor out, in
       if (!direct) store_codes(op, e0, e1 - e0, w, codes);
     }
   });
+  if (want_max) {
+    u32* mp = reinterpret_cast<u32*>(amax.data_ptr<float>());
+    for (int64_t j = 0; j < s.k; ++j) mp[j] = maxima[j].load(std::memory_order_relaxed);
+  }
 }
 
 // One hop over n elements, in place on the accumulator:
@@ -708,16 +737,14 @@ at::Tensor wire_absmax(const at::Tensor& x, const at::Tensor& segs) {
               "cpd_wire: x must be a contiguous float32 CPU tensor");
   const Segs s = segs_of(segs);
   auto out = at::zeros({s.k}, at::kFloat);
-  const u32* xp = reinterpret_cast<const u32*>(x.data_ptr<float>());
+  const float* xp = x.data_ptr<float>();
   u32* op = reinterpret_cast<u32*>(out.data_ptr<float>());
   NoGil nogil;
   for (int64_t j = 0; j < s.k; ++j) {
     const int64_t off = s.rows[3 * j], len = s.rows[3 * j + 1];
     TORCH_CHECK(off >= 0 && off + len <= x.numel(), "cpd_wire: segment out of x");
     op[j] = at::parallel_reduce(0, len, 1 << 16, (u32)0, [&](int64_t lo, int64_t hi, u32 m) {
-      const u32* __restrict p = xp + off;
-      for (int64_t i = lo; i < hi; ++i) m = std::max(m, p[i] & ~cpd::SIGN);  // NaN bits > inf bits
-      return m;
+      return std::max(m, magnitude_max(xp + off + lo, hi - lo));
     }, [](u32 a, u32 b) { return std::max(a, b); });
   }
   return out;
