@@ -87,7 +87,8 @@ for fmt in formats:                                  # one training run per form
             opt.step()
     if rank == 0:
         torch.save(model.state_dict(), os.path.join(out, f"weights_{fmt}.pt"))
-        json.dump([{"sent": r.bytes_sent, "float32": r.float32_bytes, "exponents": r.exponent_bytes}
+        json.dump([{"sent": r.bytes_sent, "float32": r.float32_bytes, "exponents": r.exponent_bytes,
+                    "ahead": r.encoded_ahead, "again": r.reencoded}
                    for r in state.history], open(os.path.join(out, f"bytes_{fmt}.json"), "w"))
         print(state.report)
 dist.barrier()                  # every rank done before the groups are torn down
@@ -185,3 +186,21 @@ for f in FORMATS:
 # * A rank that raises or dies makes the others raise `cpd.distributed.CommunicationError` after
 #   at most `timeout` seconds; mismatched configurations raise a `ValueError` on every rank when
 #   the state is created.
+
+# %% [markdown]
+# ## 5. Encoding ahead of the exponent exchange
+#
+# The APS scales are agreed on in an exponent exchange, yet the hook encodes most of each bucket
+# *before* it, with the scales that bucket agreed on in the previous step, in the same pass over
+# the gradients that finds their maxima (one read of the bucket instead of two). Layers whose
+# agreed scale moved are encoded again; the codes that travel are always those of the agreed
+# scales, so the weights above are the emulator's whatever the guess. Each `StepReport` says how
+# many elements were encoded ahead and how many again (the first step has no guess; packed 4-bit
+# codes share bytes across layers, so a moved scale re-encodes whole chunks):
+
+# %%
+print(f"{'format':8s} {'encoded ahead':>14s} {'encoded again':>14s}")
+for f in FORMATS:
+    rows = json.loads((OUT / f"bytes_{f}.json").read_text())
+    ahead, again = sum(r["ahead"] for r in rows), sum(r["again"] for r in rows)
+    print(f"{f:8s} {ahead:14,d} {again:14,d}")
