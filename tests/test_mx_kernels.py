@@ -369,3 +369,65 @@ def test_streamed_and_huge_outputs_around_the_threshold(numel, threads):
         assert torch.equal(bits(fresh[rows]), bits(torch_cast(x[rows], mx.MXFP8_E4M3, "nearest")))
         w = torch_encode(x[rows], mx.MXFP8_E4M3, "nearest")
         assert torch.equal(enc.codes[rows], w[0]) and torch.equal(enc.scales[rows], w[1])
+
+
+AMAX_VECTOR = [mx.NVFP4, mx.BlockFormat(cpd.E2M1, 16, scale=cpd.E4M3FN, scale_rule="amax"),
+               mx.BlockFormat(cpd.E2M1, 32, scale=cpd.E4M3FN, scale_rule="amax", tensor_scale=True),
+               mx.BlockFormat(cpd.E4M3FN, 16, scale=cpd.E4M3FN, scale_rule="amax")]
+
+
+def amax_sweep(fmt, specials: bool) -> torch.Tensor:
+    """Whole blocks whose block scale quotient fl(fl(amax / max_elem) / T) is every positive scale
+    value s, every midpoint between neighbours (ties of the scale's rounding) and points just off
+    them, below the smallest scale and past the largest; with ``specials`` also NaN, inf and zero
+    blocks at every position of a group of 8 blocks (the vector scale computes 8 at a time).
+    Two-level formats get T = 3 (the largest block, 2 * max_scale * max_elem * 1.5, over
+    max_scale * max_elem): amax = 1.5 s max_elem, so the quotients are s / 2 exactly, ties
+    included; the points a few float32 ulps off the ties make a division by T done any other way
+    (times fl(1/3)) show."""
+    bs, sc = fmt.block_size, fmt.scale
+    vals = sorted(float(v) for v in cpd.decode(torch.arange(1 << sc.bits), sc).tolist() if v == v and 0 < v < math.inf)
+    mids = [(a + b) / 2 for a, b in zip(vals, vals[1:])]
+    near = [m * (1 + j * 2.0 ** -23) for m in mids for j in (-3, -2, -1, 1, 2, 3)]  # a float32 ulp or so off
+    amaxes = vals + mids + near + [vals[0] / 4, vals[0] / 1000, vals[-1] * 2]
+    g = torch.Generator().manual_seed(len(amaxes) + bs)
+    body = torch.rand(len(amaxes), bs - 1, generator=g) * 2 - 1
+    x = torch.cat([torch.tensor(amaxes).unsqueeze(1), body * torch.tensor(amaxes).unsqueeze(1)], 1)
+    x = x * (fmt.element.max * (1.5 if fmt.tensor_scale else 1.0))
+    x[1::2] = -x[1::2].flip(1)
+    if specials:
+        odd = x[:24].clone()
+        for i, v in enumerate((math.nan, math.inf, 0.0, -math.inf, math.nan, 0.0, math.inf, math.nan)):
+            odd[i * 3 + i % 3, i % bs] = v
+            if v == 0.0:
+                odd[i * 3 + i % 3] = 0.0
+        x = torch.cat([odd, x])
+    x = torch.cat([x, x[:(-len(x)) % 8 + 5]])  # not a whole number of groups of 8
+    return x.reshape(-1, 4 * bs) if len(x) % 4 == 0 else x.reshape(-1, bs)
+
+
+@compiled
+@pytest.mark.parametrize("fmt", AMAX_VECTOR, ids=lambda f: f.name)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_amax_rule_scales_in_vectors(fmt, threads):
+    """The amax rule's scales, 8 blocks at a time on the AVX2 path (NVFP4 and its relatives):
+    every scale value, midpoint and neighbour, tiny and saturating blocks, NaN/inf/zero blocks at
+    every position of a group of 8, against the pure-torch path (cast, encode packed and not,
+    decode) and, on the finite blocks, the exact oracle."""
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        for specials in (False, True):
+            x = amax_sweep(fmt, specials)
+            want = torch_cast(x, fmt, "nearest")
+            assert torch.equal(bits(mx.cast(x, fmt)), bits(want)), (fmt.name, specials)
+            for packed in (True, False):
+                enc = mx.encode(x, fmt, pack=packed)
+                w = torch_encode(x, fmt, "nearest", packed=packed)
+                assert torch.equal(enc.codes, w[0]) and torch.equal(enc.scales, w[1]), (fmt.name, specials, packed)
+                assert torch.equal(bits(mx.decode(enc)), bits(want)), (fmt.name, specials, packed)
+            if not specials:
+                ref = mx_oracle.quantize(x.numpy().reshape(-1), fmt, "nearest").astype(np.float32).reshape(x.shape)
+                assert np.array_equal(mx.cast(x, fmt).numpy().view(np.int32), ref.view(np.int32)), fmt.name
+    finally:
+        torch.set_num_threads(old)

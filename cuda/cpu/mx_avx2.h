@@ -6,7 +6,8 @@
 //     lanes); the scale's exponent e straight from amax's exponent field under the floor rule
 //     (a normal amax: floor(log2 amax) = field - 127), else block_scale_bits; S, 2^-e, the
 //     divisor and the scale code are read from per-call tables indexed by e (the power-of-two
-//     rules), or computed (the amax rule);
+//     rules), or computed for 8 blocks at a time in vectors (the amax rule of NVFP4:
+//     amax_scales8, the core's division, cast and encode of the scale on 8 lanes);
 //   per 8 elements: cpd::cast_bits_fast's nearest-even steps (region N: add half - 1 + even bit,
 //     mask; region S: (a + C) - C; select on a < 2^emin; saturate to max_bits) on q = x * 2^-e
 //     (or x / d); the cast multiplies back (fl(P * d)), the encode computes the code as
@@ -172,6 +173,51 @@ inline Scale scale_of(u32 amax, const cpd::BlockSpec& b, const Pow2Tables& tab) 
   return r;
 }
 
+// The amax rule (NVFP4) for 8 blocks at once: block_scale_bits' S = max(cast(fl(fl(amax /
+// max_elem) / T)), smallest), d = fl(S * T) and S's code, the core's scalar expressions on 8
+// lanes (IEEE division and multiplication are correctly rounded in vectors too; cast8 / code8
+// are cast_bits_fast / cast_code_fast to nearest, saturating). Blocks with an inf/NaN amax, or
+// whose fl(amax / max_elem / T) overflows, take the scalar scale_of. Applies where the scale
+// format is one cast8 serves (amax_scales_apply).
+inline bool amax_scales_apply(const cpd::BlockSpec& b) {
+  return b.rule == cpd::RULE_AMAX && cpd::cast_code_applies(b.sc) && b.sc.outward_bits == b.sc.max_bits;
+}
+
+struct AmaxScales {
+  Consts c;  // of the scale format
+  __m256 max_elem, t;
+  __m256i smallest, inf_m1;
+  explicit AmaxScales(const cpd::BlockSpec& b)
+      : c(b.sc), max_elem(_mm256_set1_ps(b.max_elem)), t(_mm256_set1_ps(b.t)),
+        smallest(_mm256_set1_epi32((int)b.smallest_bits)), inf_m1(_mm256_set1_epi32((int)cpd::INF_BITS - 1)) {}
+};
+
+// out[i] = scale_of<false>(am[i]) for i < 8.
+inline void amax_scales8(const u32 am[8], const AmaxScales& v, const cpd::BlockSpec& b, const Pow2Tables& tab,
+                         Scale out[8]) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(am));
+  const __m256 q = _mm256_div_ps(_mm256_div_ps(_mm256_castsi256_ps(a), v.max_elem), v.t);
+  const __m256i qb = _mm256_castps_si256(q);
+  const __m256i s = _mm256_max_epu32(_mm256_castps_si256(cast8(qb, v.c)), v.smallest);
+  const __m256 d = _mm256_mul_ps(_mm256_castsi256_ps(s), v.t);
+  const __m256i code = code8(s, v.c);
+  // scalar: an inf/NaN amax (a > inf - 1) or an overflowing quotient (q's bits > inf - 1)
+  const int odd = _mm256_movemask_ps(_mm256_castsi256_ps(
+      _mm256_or_si256(_mm256_cmpgt_epi32(a, v.inf_m1), _mm256_cmpgt_epi32(_mm256_and_si256(qb, v.c.abs_mask), v.inf_m1))));
+  alignas(32) u32 sv[8], cv[8];
+  alignas(32) float dv[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(sv), s);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(cv), code);
+  _mm256_store_ps(dv, d);
+  for (int i = 0; i < 8; ++i) {
+    if (odd >> i & 1) {
+      out[i] = scale_of<false>(am[i], b, tab);
+    } else {
+      out[i].s = sv[i], out[i].inv = dv[i], out[i].d = dv[i], out[i].code = (uint8_t)cv[i];
+    }
+  }
+}
+
 // max of the magnitudes' bits of one block (BS / 8 vectors at xb), and the smallest nonzero
 // magnitude's bits (0 when every element is zero) as min(|x| - 1) + 1 in u32 arithmetic.
 template <int BS>
@@ -222,10 +268,25 @@ void run_range(const Span& S, int64_t lo, int64_t hi) {
   const Pow2Tables tab(B);
   float fb[BS];
   uint8_t cb[BS];
+  // the amax rule: the scales of 8 blocks at a time (amax_scales8), computed before the first
+  const bool vec_scales = !POW2 && amax_scales_apply(B);
+  const AmaxScales vs(B);
+  Scale next[8];
   for (int64_t k = lo; k < hi; ++k) {
     const float* xb = S.x + k * BS;
-    u32 min_nz;
-    const Scale sc = scale_of<POW2>(block_amax<BS>(xb, c.abs_mask, min_nz), B, tab);
+    u32 min_nz = 0;
+    Scale sc;
+    if (vec_scales) {
+      const int64_t j = (k - lo) % 8;
+      if (j == 0) {
+        alignas(32) u32 am[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t i = 0; i < 8 && k + i < hi; ++i) am[i] = block_amax<BS>(xb + i * BS, c.abs_mask, min_nz);
+        amax_scales8(am, vs, B, tab, next);
+      }
+      sc = next[j];
+    } else {
+      sc = scale_of<POW2>(block_amax<BS>(xb, c.abs_mask, min_nz), B, tab);
+    }
     const bool nan = sc.s > cpd::INF_BITS;
     // fl(|x| * 2^-e) grows with |x|: some element's product is below float32's normals
     // (pow2_inexact) exactly when the smallest nonzero one's is.
