@@ -32,6 +32,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shutil
 import socket
 import statistics
@@ -158,7 +159,12 @@ class _Profile:
     kernels, the transport's waits and collectives, and the hook's bucket function, and sums their
     wall time over the timed reps; "hook -> future done" is the time from the last bucket's hook
     call to its future's completion, "after backward" how long ``loss.backward()`` went on after
-    the autograd work proper (measured by the step end minus the last hook call)."""
+    the autograd work proper (measured by the step end minus the last hook call).
+
+    CPU time too, which wall time hides when threads wait for a core: "cpu ..." entries are the
+    calling thread's CPU time in the same wrapped calls (the communication thread's, for the
+    kernels and the bucket function), "process CPU user / system" the whole process's per step
+    (every thread: backward, the communication thread, gloo's socket threads)."""
 
     def __init__(self):
         import cpd.distributed.hook as hook_mod
@@ -210,17 +216,22 @@ class _Profile:
         prof = self
 
         def wrapped(*a, **k):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 return orig(*a, **k)
             finally:
                 prof._add(key, time.perf_counter() - t)
+                prof._add("cpu " + key, time.thread_time() - c)
         setattr(owner, name, wrapped)
 
     def start(self, variant, on):
         self.variant, self.on, self.first_hook = variant, on, None
+        self.usage = resource.getrusage(resource.RUSAGE_SELF)
 
     def stop(self, t0):
+        u = resource.getrusage(resource.RUSAGE_SELF)
+        self._add("process CPU user", u.ru_utime - self.usage.ru_utime)
+        self._add("process CPU system", u.ru_stime - self.usage.ru_stime)
         if self.first_hook is not None:
             self._add("backward start -> first hook", self.first_hook - t0)
             self._add("last hook -> backward returns", time.perf_counter() - self.last_hook)
