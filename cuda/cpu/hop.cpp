@@ -14,7 +14,9 @@
 // encode_value_bits, decode_bits); the hop of a format of <= 8 bits is a float32 add rounded once
 // to the format (fast_hop: codes decoded through a table, or through their binary16 views in
 // hop_avx2.h's AVX2 + F16C path) or reads a table of add_bits over every pair of codes (built
-// once per format, rounding mode and saturate flag, by those same functions), a byte gather. The
+// once per format, rounding mode and saturate flag, by those same functions), a byte gather; the
+// hop of a 9..16-bit format to nearest (bf16, fp16, ...) is the same float32 add rounded once
+// (wide_hop, exact by cpd::add_f32_applies), blocks with an inf/NaN sum through add_bits. The
 // result equals cpd.add / cpd.encode / cpd.decode bit for bit (tests/test_wire_kernels.py checks
 // every pair of 8-bit codes on every path).
 //
