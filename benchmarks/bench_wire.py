@@ -269,8 +269,10 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
     formats through the scalar loop (``CPD_WIRE_HOP=scalar``: a float table per code) and through the
     64 KiB pair tables (``CPD_WIRE_HOP=table``), on the codes of a gradient-like bucket (Gaussian
     values, APS scaled) and on uniformly random codes of finite values; e4m3 in the directed modes;
-    the packed 4-bit (3, 0) and a 6-bit format (pair tables on whole bytes, on code pairs); bf16
-    (``add_bits`` per element)."""
+    the packed 4-bit (3, 0) and a 6-bit format (pair tables on whole bytes, on code pairs); bf16 and
+    fp16 through the wide loop (float32 add, one rounding: with the AVX2 + F16C decode, and with its
+    table decode, ``CPD_WIRE_HOP=scalar``) and through ``add_bits`` per element (``CPD_WIRE_HOP=table``:
+    the loop they took before the wide one), on the gradient and on uniformly random finite codes."""
     import cpd
     from cpd.distributed import kernels
     from cpd.distributed.layout import layout
@@ -309,10 +311,11 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
         rows.append(f"| {kernel} | {fmt} | {codes} | {path} | {1e9 * t:.2f} | {1e-9 / t:.2f} |")
 
     paths8 = (("vector (AVX2 + F16C)", None), ("scalar loop", "scalar"), ("pair tables", "table"))
-    for name in ("e4m3", "e4m3fn", "e5m2", "e3m0", "e3m2", "bf16"):
+    paths16 = (("wide, vector decode", None), ("wide, table decode", "scalar"), ("add_bits per element", "table"))
+    for name in ("e4m3", "e4m3fn", "e5m2", "e3m0", "e3m2", "bf16", "fp16"):
         fmt = cpd.FloatFormat(3, 0) if name == "e3m0" else cpd.FloatFormat(3, 2, specials="finite") \
             if name == "e3m2" else cpd.FloatFormat.parse(name)
-        m = n if fmt.bits <= 8 else n // 8  # the per-element path of wide formats is slow: fewer elements
+        m = n if fmt.bits <= 8 else n // 4
         lay = layout(fmt, (m,), 1)
         segs = lay.segments(0, [0], [fmt.emax + 7])
         xs = x[:m]
@@ -332,8 +335,16 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
             if name == "e4m3":
                 hops += [("gradient", buf, acc, mode, path, var) for mode in (Rounding.TOWARD_ZERO, Rounding.DOWN)
                          for path, var in paths8[:2]]
+        if fmt.bits == 16:
+            fin = torch.nonzero(torch.isfinite(cpd.decode(torch.arange(1 << 16), fmt))).flatten()
+            ra, rb = (kernels.to_bytes(cpd.decode(fin[torch.randint(0, fin.numel(), (m,), generator=g)], fmt), lay.wf)
+                      for _ in range(2))
+            hops = [(codes, a, b, Rounding.NEAREST, path, var) for codes, a, b in (("gradient", buf, acc),
+                                                                                  ("uniform", ra, rb))
+                    for path, var in paths16]
         for codes, a, b, mode, path, variant in hops:
-            t = hop_rate(a, b, m, lay.wf, mode, variant)
+            # add_bits per element is slow: a sixteenth of the elements
+            t = hop_rate(a, b, m // 16 if variant == "table" and fmt.bits == 16 else m, lay.wf, mode, variant)
             label = "hop (decode, add, encode)" + ("" if mode == Rounding.NEAREST else f", {mode.name.lower()}")
             row(label, fmt.name, codes, path, t)
         if name in ("e4m3", "e3m0"):

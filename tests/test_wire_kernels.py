@@ -16,6 +16,13 @@ Invariants defended:
   the public ops on every code, in whole blocks and tails, next to inf/NaN codes;
   the bucket encode equals ``cpd.cast`` + ``cpd.encode`` on every binade, kept pattern and tie
   (also scaled by 2^s, in ragged runs: the vector encode of round to nearest);
+* the wide hop of 16-bit codes (bf16, fp16, (6, 9), an FN fp16, a 15-bit finite (5, 9): float32 add, one rounding to nearest; the
+  directed modes through add_bits) equals it on hypothesis' pairs of codes (all 65536 reachable)
+  and on random pairs over several blocks (near-cancelling sums, ±0), with ±0, subnormals, the
+  smallest normal, the largest finite value (overflowing sums), inf and NaN codes in the vector
+  steps and the tails, lengths ending inside an 8-element step and a block, every deterministic
+  mode, saturate on and off, each loop (vector, ``CPD_WIRE_HOP=scalar``, ``=table``: add_bits)
+  and 1 or 3 threads; under flush-to-zero it writes what the exact loop writes;
 * the Kahan hop (ring role, with and without a received compensation and a carried one, and the
   sequential role of a hierarchical leader) equals ``cpd.primitives.Accumulator.merge`` on random code
   triples, including specials;
@@ -36,6 +43,7 @@ import itertools
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import cpd
 from cpd.distributed import kernels
@@ -161,11 +169,18 @@ def test_hop_path_names_the_loop(monkeypatch):
     assert kernels.hop_path(wf(cpd.FloatFormat(7, 0)), Rounding.NEAREST, False) == "scalar"
     assert kernels.hop_path(wf("e4m3fnuz"), Rounding.NEAREST, False) == "tables"
     assert kernels.hop_path(wf(cpd.FloatFormat(3, 0)), Rounding.NEAREST, False) == "tables"
-    assert kernels.hop_path(wf("bf16"), Rounding.NEAREST, False) == "exact"
+    wide = "wide-vector" if vec == "vector" else "wide"
+    assert kernels.hop_path(wf("bf16"), Rounding.NEAREST, False) == wide  # 16-bit codes: the wide loop
+    assert kernels.hop_path(wf("fp16"), Rounding.NEAREST, True) == wide
+    assert kernels.hop_path(wf(cpd.FloatFormat(6, 9)), Rounding.NEAREST, False) == "wide"  # table decode
+    for mode in MODES[1:]:  # directed: fp32 sums of 16-bit values are not exact
+        assert kernels.hop_path(wf("bf16"), mode, False) == "exact", mode
     monkeypatch.setenv("CPD_WIRE_HOP", "scalar")
     assert kernels.hop_path(wf("e4m3"), Rounding.NEAREST, False) == "scalar"
+    assert kernels.hop_path(wf("bf16"), Rounding.NEAREST, False) == "wide"
     monkeypatch.setenv("CPD_WIRE_HOP", "table")
     assert kernels.hop_path(wf("e4m3"), Rounding.NEAREST, False) == "tables"
+    assert kernels.hop_path(wf("bf16"), Rounding.NEAREST, False) == "exact"  # no pair table: add_bits
 
 
 @compiled
@@ -253,6 +268,149 @@ def test_hop_bfloat16_random_pairs():
         want = rb.clone()
         kernels.hop_reference(ra, want, codes.shape[1], wf, mode, False)
         assert _same(got, want, codes.shape[1], wf), mode
+
+
+WIDE16 = ["bf16", "fp16", cpd.FloatFormat(6, 9), cpd.FloatFormat(5, 10, specials="fn"),
+          cpd.FloatFormat(5, 9, specials="finite")]  # the last: 15-bit codes, no inf or NaN
+
+
+def _hop_all_paths(ra, rb, n, wf, monkeypatch, threads=(1,), modes=MODES, paths=(None, "scalar", "table")):
+    """Every mode and saturate flag, each CPU loop (CPD_WIRE_HOP) and torch thread count, against
+    hop_reference (cpd.add + cpd.encode)."""
+    old = torch.get_num_threads()
+    try:
+        for mode, sat in itertools.product(modes, (False, True)):
+            want = rb.clone()
+            kernels.hop_reference(ra, want, n, wf, mode, sat)
+            for path, th in itertools.product(paths, threads):
+                torch.set_num_threads(th)
+                if path:
+                    monkeypatch.setenv("CPD_WIRE_HOP", path)
+                got = rb.clone()
+                kernels.hop(ra, got, n, wf, mode, sat)
+                monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
+                assert _same(got, want, n, wf), (wf.fmt.name, n, mode, sat, path, th)
+    finally:
+        torch.set_num_threads(old)
+        monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
+
+
+def _wide_codes(fmt):
+    f = cpd.FloatFormat.parse(fmt) if isinstance(fmt, str) else fmt
+    return WireFormat(f), f
+
+
+@compiled
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), fmt=st.sampled_from(WIDE16))
+def test_wide_hop_random_code_pairs(data, fmt):
+    """The wide hop of 16-bit codes (float32 add, one rounding) against cpd.add + cpd.encode on
+    hypothesis' pairs of codes (any of the 65536, inf and NaN included), every deterministic mode
+    (the directed ones take add_bits), saturate on and off, each loop."""
+    wf, f = _wide_codes(fmt)
+    n = data.draw(st.integers(1, 70), label="n")
+    codes = st.lists(st.integers(0, (1 << wf.bits) - 1), min_size=n, max_size=n)
+    a, b = torch.tensor(data.draw(codes, label="a")), torch.tensor(data.draw(codes, label="b"))
+    mp = pytest.MonkeyPatch()
+    try:
+        _hop_all_paths(_bytes(a, wf), _bytes(b, wf), n, wf, mp)
+    finally:
+        mp.undo()
+
+
+@compiled
+@pytest.mark.parametrize("fmt", WIDE16, ids=str)
+def test_wide_hop_many_random_pairs(fmt, monkeypatch):
+    """Random pairs of codes over several blocks (finite ones in most blocks, so that the fast
+    loop, not the exact redo, answers them), with 1 and 3 threads."""
+    wf, f = _wide_codes(fmt)
+    g = torch.Generator().manual_seed(11)
+    n = 5 * 2048 + 3
+    vals = cpd.decode(torch.arange(1 << wf.bits), f)
+    fin = torch.nonzero(torch.isfinite(vals)).flatten()
+    a = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
+    b = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
+    if not torch.isfinite(vals).all():
+        b[3 * 2048 + 5] = int(torch.nonzero(~torch.isfinite(vals))[0])  # one block redone exactly
+    # near-cancelling pairs: sums deep in the subnormals, exact zeros of both signs
+    a[:512] = fin[torch.randint(0, fin.numel(), (512,), generator=g)]
+    b[:512] = a[:512] ^ (1 << (wf.bits - 1))
+    b[:256] = b[:256] + torch.randint(-3, 4, (256,), generator=g).clamp(min=0)
+    b[:512] = torch.where(torch.isfinite(cpd.decode(b[:512], f)), b[:512], a[:512])
+    _hop_all_paths(_bytes(a, wf), _bytes(b, wf), n, wf, monkeypatch, threads=(1, 3),
+                   modes=[Rounding.NEAREST, Rounding.DOWN])
+
+
+@compiled
+@pytest.mark.parametrize("fmt", WIDE16, ids=str)
+def test_wide_hop_tails_and_specials(fmt, monkeypatch):
+    """Lengths ending inside an 8-element vector step and inside a 2048-element block, with ±0, the
+    smallest and largest subnormals, the smallest normal, the largest finite value (sums that
+    overflow: inf past float32's range for bf16, the cast's overflow for fp16; saturation), and in
+    some rows inf and NaN codes, in the vector steps and in the tails; 1 and 3 threads."""
+    wf, f = _wide_codes(fmt)
+    sign = 1 << (wf.bits - 1)
+    vals = cpd.decode(torch.arange(1 << wf.bits), f)
+    pos = (vals > 0) & torch.isfinite(vals)
+    mag = vals.abs()
+    top = int(torch.nonzero(pos & (mag == mag[pos].max()))[0])
+    sub_top = int(torch.nonzero(pos & (mag < 2.0 ** f.emin)).flatten()[-1])
+    normal = int(torch.nonzero(pos & (mag == 2.0 ** f.emin))[0])
+    steer = torch.tensor([0, sign, 1, sign | 1, sub_top, sign | sub_top, normal, sign | normal, top, top, sign | top,
+                          top - 1])
+    special = torch.nonzero(~torch.isfinite(vals)).flatten()
+    inf_nan = special[[0, -1]] if special.numel() else None  # +inf and a NaN (IEEE), NaN codes (FN)
+    fin = torch.nonzero(torch.isfinite(vals)).flatten()
+    g = torch.Generator().manual_seed(5)
+    for n in (1, 7, 8, 9, 2047, 2048 + 9, 3 * 2048 + 17):
+        for with_special in (False, True):
+            a = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
+            b = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
+            k = min(n, steer.numel())
+            for at in {0, max(n - k, 0), max(n // 2 - k, 0)}:  # vector step, tail, middle
+                a[at:at + k] = steer[:k]
+                b[at:at + k] = torch.roll(steer, 3)[:k]
+                if n >= k + 1:
+                    b[at + k - 1] = top  # top + top: the overflowing sum
+            if with_special and inf_nan is not None:
+                a[n // 2] = inf_nan[0]
+                b[n - 1] = inf_nan[1]
+                a[0] = inf_nan[1]
+            _hop_all_paths(_bytes(a, wf), _bytes(b, wf), n, wf, monkeypatch, threads=(1, 3) if n > 4096 else (1,))
+
+
+@compiled
+def test_wide_hop_under_flush_to_zero(monkeypatch):
+    """bfloat16's subnormals are float32 subnormals: with flush-to-zero / denormals-are-zero on the
+    hop's thread (torch.set_flush_denormal) the wide loop hands its blocks to add_bits, so it writes
+    what the exact loop (CPD_WIRE_HOP=table) writes under the same flags. (That loop's own decode
+    then flushes bfloat16 subnormals too, as it did before the wide loop: without the flags both
+    equal cpd.add, the tests above.)"""
+    wf, f = _wide_codes("bf16")
+    g = torch.Generator().manual_seed(2)
+    n = 4096 + 5
+    a = torch.randint(0, 1 << 16, (n,), generator=g) & 0x807F  # ±0 and subnormals
+    b = torch.randint(0, 1 << 16, (n,), generator=g) & 0x80FF  # and the smallest normal binade
+    ra, rb = _bytes(a, wf), _bytes(b, wf)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    got = {}
+    try:
+        if not torch.set_flush_denormal(True):
+            pytest.skip("no flush-to-zero control on this CPU")
+        for path in (None, "scalar", "table"):
+            if path:
+                monkeypatch.setenv("CPD_WIRE_HOP", path)
+            got[path] = rb.clone()
+            kernels.hop(ra, got[path], n, wf, Rounding.NEAREST, False)
+            monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(old)
+    assert torch.equal(got[None], got["table"]) and torch.equal(got["scalar"], got["table"])
+    ftz_free = rb.clone()
+    kernels.hop(ra, ftz_free, n, wf, Rounding.NEAREST, False)
+    assert not torch.equal(ftz_free, got[None])  # the flags did reach the hop's thread
 
 
 @compiled

@@ -156,13 +156,15 @@ def hop_path(wf: WireFormat, rounding: Rounding, saturate: bool) -> str:
     """Which CPU loop :func:`hop` runs for a plain (not Kahan) hop of this format (under the current
     ``CPD_WIRE_HOP``): ``"vector"`` (the 8-bit formats of ``cuda/cpu/hop_avx2.h`` where AVX2 and F16C
     are compiled in), ``"scalar"`` (the fused 8-bit loop: decode through a float table, float32 add,
-    one rounding), ``"tables"`` (a table of every pair of codes), ``"exact"`` (``add_bits`` per
+    one rounding), ``"wide-vector"`` / ``"wide"`` (9..16-bit codes to nearest, e.g. bf16, fp16: float32
+    add, one rounding, with bf16 and fp16 decoded 8 codes per step / through a table of the codes'
+    values), ``"tables"`` (a table of every pair of codes), ``"exact"`` (``add_bits`` per
     element) or ``"reference"`` (no extension: the public ops)."""
     ops = _ops()
     if ops is None:
         return "reference"
     k = ops.wire_hop_path(*_fargs(wf.fmt), rounding.code, saturate, wf.bits, wf.raw32)
-    return ("exact", "tables", "scalar", "vector")[k]
+    return ("exact", "tables", "scalar", "vector", "wide", "wide-vector")[k]
 
 
 def hop_reference(recv, acc, n, wf: WireFormat, rounding: Rounding, saturate: bool, *, kahan=False, recv_c=None,

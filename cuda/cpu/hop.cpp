@@ -14,7 +14,9 @@
 // encode_value_bits, decode_bits); the hop of a format of <= 8 bits is a float32 add rounded once
 // to the format (fast_hop: codes decoded through a table, or through their binary16 views in
 // hop_avx2.h's AVX2 + F16C path) or reads a table of add_bits over every pair of codes (built
-// once per format, rounding mode and saturate flag, by those same functions), a byte gather. The
+// once per format, rounding mode and saturate flag, by those same functions), a byte gather; the
+// hop of a 9..16-bit format to nearest (bf16, fp16, ...) is the same float32 add rounded once
+// (wide_hop, exact by cpd::add_f32_applies), blocks with an inf/NaN sum through add_bits. The
 // result equals cpd.add / cpd.encode / cpd.decode bit for bit (tests/test_wire_kernels.py checks
 // every pair of 8-bit codes on every path).
 //
@@ -320,13 +322,126 @@ void fast_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool vec
   }
 }
 
+// ---- the hop of an exact per-element block (the Kahan-free add_bits path): m elements from e0
+// (cr, ca: scratch of m codes each)
+void exact_hop_block(const uint8_t* rp, uint8_t* ap, int64_t e0, int64_t m, const Wire& w, u32* cr, u32* ca) {
+  load_codes(rp, e0, m, w, cr);
+  load_codes(ap, e0, m, w, ca);
+  for (int64_t i = 0; i < m; ++i)
+    ca[i] = code_of_value(cpd::add_bits(value_of_code(cr[i], w), value_of_code(ca[i], w), w.f, w.mode, 0u, 32), w);
+  store_codes(ap, e0, m, w, ca);
+}
+
+// ---- the wide hop: 9..16-bit codes (int16 on the wire: bf16, fp16, (6, 9), ...), round to nearest
+// As fast_hop: decode, add in float32, round the float32 sum once to the format and read its code
+// off the rounding (cpd::cast_code_fast). Exact by cpd::add_f32_applies (arith.h): to nearest,
+// the float32 sum of two values of <= 11 significant bits rounded once to the format equals their
+// exact sum rounded once (Figueroa 1995: 24 >= 2 * 11 + 2); a sum below the format's 2^(emin + 1)
+// is exact in float32, bfloat16's float32 subnormals included; an overflow the float32 sum still
+// holds is the cast's overflow (inf, NaN or saturation, as add_bits). What that identity leaves
+// out goes through add_bits (exact_hop_block), a block at a time:
+//   a block with an inf or NaN float32 sum (an inf/NaN operand, or a finite sum past float32's
+//   range: bfloat16's max + max), so the wire's NaN rule and saturation are add_bits' own;
+//   every block, for formats whose values or sums reach float32 subnormals (bfloat16:
+//   cpd::add_f32_needs_subnormals), while this thread's float32 unit flushes them (FTZ/DAZ, e.g.
+//   torch.set_flush_denormal(True)), checked per block.
+// Directed modes are not covered (the float32 sum of two fp16 values needs up to 41 bits): they
+// keep the exact loop. Decode: bfloat16 and IEEE binary16 through their float32 and binary16 views
+// 8 codes per step where AVX2 + F16C are compiled in (cpd_hop_avx2::wide_sums), other formats
+// (and CPD_WIRE_HOP=scalar) through a table of the 2^16 codes' values (decode_bits, built once per
+// format); the encode is a plain loop of cast_code_fast (GCC vectorizes it). Blocks are
+// independent: the result does not depend on the thread count.
+int wide_hop_applies(const Wire& w) {
+  return (int)(!w.raw32 && w.bits > 8 && w.bits <= 16 && cpd::cast_code_applies(w.f) &&
+               cpd::add_f32_applies(w.f, w.mode));
+}
+
+// Which view of hop_avx2.h decodes w's codes (0: none, the table).
+int wide_view(const Wire& w) {
+  const cpd::Format& f = w.fe;
+  if (!(f.is_signed && !f.uz && !f.no_zero && f.subnormals && f.specials == cpd::SPECIALS_IEEE)) return 0;
+#if CPD_HOP_AVX2
+  if (f.exp == 8 && f.man == 7 && f.bias == 127) return cpd_hop_avx2::WIDE_BF16;
+  if (f.exp == 5 && f.man == 10 && f.bias == 15) return cpd_hop_avx2::WIDE_F16;
+#endif
+  return 0;
+}
+
+std::mutex g_decode_lock;
+std::map<std::tuple<int, int, int, int, int>, std::shared_ptr<const std::vector<float>>> g_decode;
+
+// The values of the 2^16 int16 codes of w's format (decode_bits masks the unused high bits).
+std::shared_ptr<const std::vector<float>> decode_table16(const Wire& w) {
+  auto key = std::make_tuple(w.fe.exp, w.fe.man, w.fe.bias, w.fe.specials, w.fe.subnormals);
+  std::lock_guard<std::mutex> g(g_decode_lock);
+  auto it = g_decode.find(key);
+  if (it != g_decode.end()) return it->second;
+  auto t = std::make_shared<std::vector<float>>(65536);
+  for (u32 c = 0; c < 65536; ++c) (*t)[c] = cpd::float_of(value_of_code(c, w));
+  g_decode[key] = t;
+  return t;
+}
+
+// Whether this thread's float32 unit keeps subnormals (2^-149 + 2^-149 = 2^-148; under DAZ or FTZ 0).
+bool float32_subnormals_kept() {
+  volatile float t = cpd::float_of(1u);
+  return cpd::bits_of(t + t) == 2u;
+}
+
+void wide_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool vec) {
+  const int view = vec ? wide_view(w) : 0;
+  const auto dec = view ? nullptr : decode_table16(w);
+  const bool need_sub = cpd::add_f32_needs_subnormals(w.f);
+  const cpd::Format f = w.f;
+  cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
+    alignas(32) u32 sum[kBlock];
+    alignas(32) uint16_t out[kBlock];
+    std::unique_ptr<u32[]> scratch;  // exact_hop_block's codes
+    for (int64_t k = b0; k < b1; ++k) {
+      const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
+      const uint8_t* __restrict r = rp + 2 * e0;
+      uint8_t* a = ap + 2 * e0;
+      u32 special = (u32)(need_sub && !float32_subnormals_kept());
+#if CPD_HOP_AVX2
+      if (!special && view == cpd_hop_avx2::WIDE_BF16) special = cpd_hop_avx2::wide_sums<cpd_hop_avx2::WIDE_BF16>(r, a, m, sum);
+      else if (!special && view == cpd_hop_avx2::WIDE_F16) special = cpd_hop_avx2::wide_sums<cpd_hop_avx2::WIDE_F16>(r, a, m, sum);
+#endif
+      if (!special && !view) {
+        const float* __restrict t = dec->data();
+        for (int64_t i = 0; i < m; ++i) {
+          uint16_t cr, ca;
+          std::memcpy(&cr, r + 2 * i, 2);
+          std::memcpy(&ca, a + 2 * i, 2);
+          sum[i] = cpd::bits_of(cpd::fadd(t[cr], t[ca]));
+          special |= (u32)((sum[i] & ~cpd::SIGN) >= cpd::INF_BITS);
+        }
+      }
+      if (!special) {
+        for (int64_t i = 0; i < m; ++i) out[i] = (uint16_t)cpd::cast_code_fast(sum[i], f, cpd::NEAREST);
+        std::memcpy(a, out, 2 * m);
+        continue;
+      }
+      if (!scratch) scratch.reset(new u32[2 * kBlock]);
+      exact_hop_block(rp, ap, e0, m, w, scratch.get(), scratch.get() + kBlock);
+    }
+  });
+}
+
 // ---- segments: [k, 3] int64 rows (offset in the float32 tensor, length, scale exponent)
 // The loop a plain (not Kahan) hop of w takes under the current CPD_WIRE_HOP (wire_hop runs it,
-// wire_hop_path reports it): add_bits per element, the pair tables, the fused scalar loop, or the
-// fused loop with the AVX2 + F16C path.
-enum HopLoop { LOOP_ADD = 0, LOOP_TABLE = 1, LOOP_FUSED = 2, LOOP_FUSED_AVX2 = 3 };
+// wire_hop_path reports it): add_bits per element, the pair tables, the fused scalar loop, the
+// fused loop with the AVX2 + F16C path, or the wide loop of 16-bit codes (with or without its
+// vector decode).
+// Formats of 9..16 bits to nearest: the wide loop (wide_hop), with its AVX2 + F16C decode for
+// bfloat16 and binary16 (CPD_WIRE_HOP=scalar: the table decode; CPD_WIRE_HOP=table: add_bits, as
+// these formats have no pair table).
+enum HopLoop { LOOP_ADD = 0, LOOP_TABLE = 1, LOOP_FUSED = 2, LOOP_FUSED_AVX2 = 3, LOOP_WIDE = 4, LOOP_WIDE_AVX2 = 5 };
 int hop_loop(const Wire& w) {
   const int env = hop_env();
+  if (wide_hop_applies(w)) {
+    if (env == HOP_TABLE) return LOOP_ADD;
+    return env == HOP_AUTO && wide_view(w) ? LOOP_WIDE_AVX2 : LOOP_WIDE;
+  }
   if (fast_hop_applies(w) && env != HOP_TABLE)
     return env == HOP_AUTO && cpd_hop_avx2::applies(w.f, w.mode) ? LOOP_FUSED_AVX2 : LOOP_FUSED;
   return w.bits <= 8 && !w.raw32 ? LOOP_TABLE : LOOP_ADD;
@@ -564,6 +679,11 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
     fast_hop(rp, ap, n, w, loop == LOOP_FUSED_AVX2);
     return;
   }
+  if (loop == LOOP_WIDE || loop == LOOP_WIDE_AVX2) {
+    NoGil nogil;
+    wide_hop(rp, ap, n, w, loop == LOOP_WIDE_AVX2);
+    return;
+  }
   if (loop == LOOP_TABLE) {
     const auto tab = tables_of(w);
     NoGil nogil;
@@ -601,13 +721,12 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
     auto add = [&](u32 a, u32 b) { return cpd::add_bits(a, b, f, md, 0u, 32); };
     for (int64_t k = b0; k < b1; ++k) {
       const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
-      load_codes(rp, e0, m, w, cr);
-      load_codes(ap, e0, m, w, ca);
       if (!kahan) {
-        for (int64_t i = 0; i < m; ++i) ca[i] = code_of_value(add(value_of_code(cr[i], w), value_of_code(ca[i], w)), w);
-        store_codes(ap, e0, m, w, ca);
+        exact_hop_block(rp, ap, e0, m, w, cr, ca);
         continue;
       }
+      load_codes(rp, e0, m, w, cr);
+      load_codes(ap, e0, m, w, ca);
       if (rcp) load_codes(rcp, e0, m, w, crc);
       if (carry || role == 1) load_codes(acp, e0, m, w, cac);
       for (int64_t i = 0; i < m; ++i) {
@@ -636,7 +755,8 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
 
 // Which loop wire_hop takes for a format, mode and saturate flag (plain hops, not Kahan), under the
 // current CPD_WIRE_HOP: 0 add_bits per element, 1 the pair tables, 2 the fused scalar loop, 3 the
-// fused AVX2 + F16C loop (tests and benchmarks/bench_wire.py ask, to know what they measure).
+// fused AVX2 + F16C loop, 4 the wide loop (9..16-bit codes, table decode), 5 the wide loop with its
+// bfloat16 / binary16 vector decode (tests and benchmarks/bench_wire.py ask, to know what they measure).
 int64_t wire_hop_path(int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t mode,
                       bool saturate, int64_t bits, bool raw32) {
   return hop_loop(make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, false, raw32));

@@ -33,6 +33,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "cpd/numerics.h"
 
@@ -241,6 +242,47 @@ inline bool encode_nearest(const float* __restrict x, int64_t m, float p, bool s
     out[i] = (uint8_t)cpd::cast_code_fast(u, g, cpd::NEAREST);
   }
   return !special;
+}
+
+// ---- the wide hop (16-bit codes, cuda/cpu/hop.cpp wide_hop): the float32 sums of m pairs of int16
+// codes at r, a (byte pointers, any alignment) into sum (32-byte aligned), 8 per step, the tail one
+// by one; returns nonzero when a sum is inf or NaN (an inf/NaN operand, or an overflow past
+// float32's range: the caller redoes the block with add_bits). The codes' values, exactly:
+//   WIDE_BF16 (exp 8, man 7, bias 127, IEEE): code << 16 is the value's float32 bits;
+//   WIDE_F16 (exp 5, man 10, bias 15, IEEE): binary16 itself, converted by vcvtph2ps (F16C).
+enum { WIDE_BF16 = 1, WIDE_F16 = 2 };
+
+template <int VIEW>
+inline float wide_value(uint16_t c) {
+  return VIEW == WIDE_BF16 ? cpd::float_of((u32)c << 16) : _cvtsh_ss(c);
+}
+
+template <int VIEW>
+inline __m256 wide_values8(const uint8_t* p) {
+  const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return VIEW == WIDE_BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(c), 16))
+                           : _mm256_cvtph_ps(c);
+}
+
+template <int VIEW>
+inline u32 wide_sums(const uint8_t* __restrict r, const uint8_t* __restrict a, int64_t m, u32* __restrict sum) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), max_finite = _mm256_set1_epi32(0x7f7fffff);
+  __m256i bad = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 8 <= m; i += 8) {
+    const __m256i s = _mm256_castps_si256(_mm256_add_ps(wide_values8<VIEW>(r + 2 * i), wide_values8<VIEW>(a + 2 * i)));
+    bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(_mm256_and_si256(s, abs_mask), max_finite));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sum + i), s);
+  }
+  u32 special = (u32)!_mm256_testz_si256(bad, bad);
+  for (; i < m; ++i) {
+    uint16_t cr, ca;
+    std::memcpy(&cr, r + 2 * i, 2);
+    std::memcpy(&ca, a + 2 * i, 2);
+    sum[i] = cpd::bits_of(cpd::fadd(wide_value<VIEW>(cr), wide_value<VIEW>(ca)));
+    special |= (u32)((sum[i] & ~cpd::SIGN) >= cpd::INF_BITS);
+  }
+  return special;
 }
 
 #endif  // CPD_HOP_AVX2

@@ -186,6 +186,30 @@ CPD_FN int add_fast_applies(const Format& f, int mode) {
   return (int)(mode == NEAREST && f.fast && f.man <= 10 && f.emin - f.man >= -126 && plain_convention(f));
 }
 
+// The same identity for a format whose smallest quantum 2^(emin - man) lies below float32's normal
+// range (down to float32's own 2^-149: bfloat16, 2^-133), for callers that run on float32
+// subnormals (no flush-to-zero, no denormals-are-zero: a CPU loop checks that at run time, see
+// add_f32_needs_subnormals) and send every non-finite float32 sum to add_bits:
+//   |exact sum| < 2^(emin + 1): the sum is a multiple of q = 2^(emin - man) >= 2^-149 below
+//            2^(emin + 1), at most man + 2 <= 12 bits above q, so float32 holds it exactly (as a
+//            normal, or as a subnormal: a multiple of 2^-149 below 2^-126): fl32(a + b) = a + b,
+//            and the cast is the one rounding;
+//   |exact sum| >= 2^(emin + 1) >= 2^-125 (emin >= -126 by f.fast): both float32 (24 bits) and
+//            the format (man + 1 bits) round it in their normal ranges, as with unbounded
+//            exponents: Figueroa's 24 >= 2 * 11 + 2 as above;
+//   overflow: an exact sum whose float32 rounding is finite is below float32's overflow
+//            threshold and rounds once (twice) like any other, the format's overflow included
+//            (cast_bits_fast / cast_code_fast); one whose float32 rounding is inf is the
+//            caller's (add_bits), as are inf and NaN operands (their sums are inf or NaN).
+// add_fast_applies(f, mode) implies add_f32_applies(f, mode).
+CPD_FN int add_f32_applies(const Format& f, int mode) {
+  return (int)(mode == NEAREST && f.fast && f.man <= 10 && f.emin - f.man >= -149 && plain_convention(f));
+}
+
+// Whether add_f32_applies' identity leans on float32 subnormals (values or sums of the format below
+// 2^-126): then a caller whose float32 unit flushes them must take add_bits.
+CPD_FN int add_f32_needs_subnormals(const Format& f) { return (int)(f.emin - f.man < -126); }
+
 CPD_FN u32 add_fast_operands(u32 ua, u32 ub, const Format& f) {
   return (u32)(cast_bits_fast(ua, f, NEAREST, 0u, 32) == ua) & (u32)(cast_bits_fast(ub, f, NEAREST, 0u, 32) == ub);
 }
