@@ -195,8 +195,7 @@ for f in FORMATS:
 # the gradients that finds their maxima (one read of the bucket instead of two). Layers whose
 # agreed scale moved are encoded again; the codes that travel are always those of the agreed
 # scales, so the weights above are the emulator's whatever the guess. Each `StepReport` says how
-# many elements were encoded ahead and how many again (the first step has no guess; packed 4-bit
-# codes share bytes across layers, so a moved scale re-encodes whole chunks):
+# many elements were encoded ahead and how many again (the first step has no guess):
 
 # %%
 print(f"{'format':8s} {'encoded ahead':>14s} {'encoded again':>14s}")

@@ -13,9 +13,10 @@
    bucket's layers agreed on in the previous step, a guess) the low-precision stream is encoded
    *before* the exchange, in the pass that finds the maxima (:func:`.kernels.encode` with
    ``amax=``), so the bucket is read once. After the exchange only the layers whose agreed scale
-   differs from the guess are encoded again (the whole stream when the layers on the wire
-   differ), so the codes are always those of the agreed scales: the result does not depend on
-   the guess, only the time does (:attr:`StepReport.encoded_ahead`, :attr:`StepReport.reencoded`).
+   differs from the guess are encoded again (sub-byte codes: widened to whole bytes; the whole
+   stream when the layers on the wire differ), so the codes are always those of the agreed
+   scales: the result does not depend on the guess, only the time does
+   (:attr:`StepReport.encoded_ahead`, :attr:`StepReport.reencoded`).
 3. **Reduce** each stream in the configured order (:mod:`.orders`), then one fused
    :func:`.kernels.decode` per chunk writes ``sum / 2**s`` (times ``inv``) back into the layers'
    positions. inf/NaN layers: the float32 sum over the ranks (an all_gather), visible, flagged.
@@ -243,17 +244,18 @@ class FormatReducer:
             if ahead is None:
                 kernels.encode(flat, lay.segments(c, offs, sc), lay.wf, cfg.rounding, cfg.saturate, out=buf[lo:hi])
                 return
-            # encoded ahead: again only the layers whose agreed scale is not the guess (in place
-            # where their codes fill whole bytes, else the whole chunk)
+            # encoded ahead: again only the layers whose agreed scale is not the guess, in place;
+            # sub-byte codes share bytes with their neighbours, so each range is widened to whole
+            # bytes (the neighbours' codes, at their agreed scales, come out as they were)
+            g = 8 // math.gcd(lay.wf.bits, 8)  # codes per whole number of bytes
             pos, stale = 0, []
             for kk, _, m in lay.rows[c]:
                 if sc[kk] != ahead.scales[kk] and layers[kk] not in zero:
-                    stale.append((pos, pos + m))
+                    a, b = pos // g * g, min(-(-(pos + m) // g) * g, lay.lengths[c])
+                    if stale and a <= stale[-1][1]:
+                        a = stale.pop()[0]
+                    stale.append((a, b))
                 pos += m
-            if not stale:
-                return
-            if lay.wf.bits % 8:
-                stale = [(0, lay.lengths[c])]
             for a, b in stale:
                 kernels.encode(flat, lay.segments(c, offs, sc, a, b), lay.wf, cfg.rounding, cfg.saturate,
                                out=buf[lo + lay.wf.nbytes(a):lo + lay.wf.nbytes(b)])
