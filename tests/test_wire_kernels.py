@@ -183,6 +183,21 @@ def test_hop_path_names_the_loop(monkeypatch):
     assert kernels.hop_path(wf("bf16"), Rounding.NEAREST, False) == "exact"  # no pair table: add_bits
 
 
+def _steered_pairs(fin: torch.Tensor, steer: torch.Tensor, n: int, g: torch.Generator, shift: int, last=None):
+    """Codes a, b of n random finite values (``fin``), with the codes ``steer`` (and, rolled by
+    ``shift``, in b) placed at a vector step, the tail and the middle; ``last``: b's last steered
+    code of each placement, where n leaves room."""
+    a = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
+    b = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
+    k = min(n, steer.numel())
+    for at in {0, max(n - k, 0), max(n // 2 - k, 0)}:  # vector step, tail, middle
+        a[at:at + k] = steer[:k]
+        b[at:at + k] = torch.roll(steer, shift)[:k]
+        if last is not None and n >= k + 1:
+            b[at + k - 1] = last
+    return a, b
+
+
 @compiled
 @pytest.mark.parametrize("fmt", VECTOR8 + [cpd.FloatFormat(6, 1)], ids=str)
 def test_fused_hop_tails_and_specials(fmt, monkeypatch):
@@ -205,12 +220,7 @@ def test_fused_hop_tails_and_specials(fmt, monkeypatch):
     g = torch.Generator().manual_seed(7)
     for n in (1, 5, 31, 32, 33, 63, 2047, 2048 + 33, 3 * 2048 + 17):
         for with_special in (False, True):
-            a = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
-            b = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
-            k = min(n, steer.numel())
-            for at in {0, max(n - k, 0), max(n // 2 - k, 0)}:  # vector step, tail, middle
-                a[at:at + k] = steer[:k]
-                b[at:at + k] = torch.roll(steer, 2)[:k]
+            a, b = _steered_pairs(fin, steer, n, g, 2)
             if with_special and special.numel():
                 a[n // 2] = special[0]
                 b[n - 1] = special[-1]
@@ -364,14 +374,7 @@ def test_wide_hop_tails_and_specials(fmt, monkeypatch):
     g = torch.Generator().manual_seed(5)
     for n in (1, 7, 8, 9, 2047, 2048 + 9, 3 * 2048 + 17):
         for with_special in (False, True):
-            a = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
-            b = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
-            k = min(n, steer.numel())
-            for at in {0, max(n - k, 0), max(n // 2 - k, 0)}:  # vector step, tail, middle
-                a[at:at + k] = steer[:k]
-                b[at:at + k] = torch.roll(steer, 3)[:k]
-                if n >= k + 1:
-                    b[at + k - 1] = top  # top + top: the overflowing sum
+            a, b = _steered_pairs(fin, steer, n, g, 3, last=top)  # top + top: the overflowing sum
             if with_special and inf_nan is not None:
                 a[n // 2] = inf_nan[0]
                 b[n - 1] = inf_nan[1]
