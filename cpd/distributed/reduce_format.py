@@ -34,7 +34,7 @@ from ..formats import FP32
 from ..ops import cast
 from ..primitives import ceil_log2
 from . import kernels
-from .layout import SUB_CHUNK, Layout, layout
+from .layout import SUB_CHUNK, layout
 from .orders import Sums, hierarchical, one_rounding, ring
 from .report import StepReport
 from .transport import Transport
@@ -56,7 +56,6 @@ class _Ahead:
     #: The stream's layers (indices into the bucket) and the scale each was encoded with.
     low: tuple
     scales: tuple
-    lay: Layout
     buf: torch.Tensor
     #: This rank's max |g| of each of those layers (from the same pass).
     mags: dict
@@ -84,8 +83,14 @@ class FormatReducer:
         #: docstring); False: always find the maxima first, then encode (the same bits).
         self.encode_ahead = True
 
-    def _parts(self) -> int:
-        return self.tp.world // (self.cfg.group_size if self.cfg.algorithm == "hierarchical" else 1)
+    def _group(self) -> int:
+        """Ranks per group of the order (hierarchical: group_size; else 1)."""
+        return self.cfg.group_size if self.cfg.algorithm == "hierarchical" else 1
+
+    def _layout(self, fmt, sizes: tuple):
+        """The chunk-major layout of a stream of ``sizes`` (the encode ahead fills the buffer the
+        stream then reduces: one layout for both)."""
+        return layout(fmt, sizes, self.tp.world // self._group(), self.sub_chunk)
 
     def _encode_ahead(self, flat, present, names, sizes, offsets, *, step: int, scale_exp) -> _Ahead | None:
         """Encode the low-precision stream before the exchange, with the scales it will most
@@ -104,7 +109,7 @@ class FormatReducer:
             scales = tuple(last[i] for i in low)
         else:
             scales = ((scale_exp or 0) if cfg.scaling == "loss" else 0,) * len(low)
-        lay = layout(cfg.fmt, tuple(sizes[i] for i in low), self._parts(), self.sub_chunk)
+        lay = self._layout(cfg.fmt, tuple(sizes[i] for i in low))
         offs = [offsets[i] for i in low]
         buf = self._buffer(lay.nbytes, flat.device)
         top = dict.fromkeys(low, 0)  # max magnitude bits per layer (NaN's bits above inf's)
@@ -117,7 +122,7 @@ class FormatReducer:
             kernels.encode(flat, segs, lay.wf, cfg.rounding, cfg.saturate, out=buf[lo:hi], amax=amax)
             for (k, _, _), b in zip(lay.rows[c], amax.view(torch.int32).tolist()):
                 top[low[k]] = max(top[low[k]], b)
-        return _Ahead(low, scales, lay, buf, {i: _float_of_bits(b) for i, b in top.items()})
+        return _Ahead(low, scales, buf, {i: _float_of_bits(b) for i, b in top.items()})
 
     def exponents(self, flat: torch.Tensor, present: list[bool], offsets: list[int], sizes: list[int],
                   known: dict | None = None):
@@ -229,9 +234,8 @@ class FormatReducer:
         of inf/NaN results and of elements encoded again. ``ahead``: these layers, already encoded
         with guessed scales (the layers of ``zero`` are all ±0 on every rank: right at any scale)."""
         cfg, tp = self.cfg, self.tp
-        alg = cfg.algorithm
-        k = cfg.group_size if alg == "hierarchical" else 1
-        lay = layout(fmt, tuple(sizes[i] for i in layers), tp.world // k, self.sub_chunk)
+        alg, k = cfg.algorithm, self._group()
+        lay = self._layout(fmt, tuple(sizes[i] for i in layers))
         offs = [offsets[i] for i in layers]
         sc = [scales.get(i, 0) for i in layers]
         buf = self._buffer(lay.nbytes, flat.device) if ahead is None else ahead.buf

@@ -576,7 +576,7 @@ inline void atomic_max(std::atomic<u32>& a, u32 v) {
 // non-empty `amax` (float32, one entry per segment) the same pass also writes each segment's
 // max |x| of the unscaled values (NaN if any NaN, as wire_absmax): the run is read for its maximum
 // just before it is encoded, while it sits in L1, so the bucket is read from memory once for both
-// (the exchange's speculative encode, cpd/distributed/reduce_format.py).
+// (the exchange's encoding ahead, cpd/distributed/reduce_format.py).
 void wire_encode(const at::Tensor& x, const at::Tensor& segs, at::Tensor out, int64_t exp, int64_t man,
                  int64_t bias, int64_t specials, bool subnormals, int64_t mode, bool saturate, int64_t bits, bool msb,
                  bool raw32, at::Tensor amax) {

@@ -221,21 +221,20 @@ inline bool decode_block(const uint8_t* __restrict in, int64_t m, float* __restr
 inline bool encode_nearest(const float* __restrict x, int64_t m, float p, bool scale, uint8_t* __restrict out,
                            const Consts& c, const cpd::Format g) {
   const __m256 vp = _mm256_set1_ps(p);
-  __m256i mx = _mm256_setzero_si256();
+  const __m256i max_finite = _mm256_set1_epi32(0x7f7fffff);
+  __m256i bad = _mm256_setzero_si256();  // lanes that met an inf/NaN (as wide_sums)
   int64_t i = 0;
   for (; i + 32 <= m; i += 32) {
     __m256 s[4];
     for (int k = 0; k < 4; ++k) {
       s[k] = _mm256_loadu_ps(x + i + 8 * k);
       if (scale) s[k] = _mm256_mul_ps(s[k], vp);
-      mx = _mm256_max_epu32(mx, _mm256_and_si256(_mm256_castps_si256(s[k]), c.abs_mask));
+      bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(s[k]), c.abs_mask),
+                                                    max_finite));
     }
     store_codes32(s, out + i, c);
   }
-  __m128i h = _mm_max_epu32(_mm256_castsi256_si128(mx), _mm256_extracti128_si256(mx, 1));
-  h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
-  h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xb1));
-  u32 special = (u32)((u32)_mm_cvtsi128_si32(h) >= cpd::INF_BITS);
+  u32 special = (u32)!_mm256_testz_si256(bad, bad);
   for (; i < m; ++i) {
     const u32 u = cpd::bits_of(scale ? x[i] * p : x[i]);
     special |= (u32)((u & ~cpd::SIGN) >= cpd::INF_BITS);
