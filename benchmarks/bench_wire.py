@@ -272,7 +272,8 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
     the packed 4-bit (3, 0) and a 6-bit format (pair tables on whole bytes, on code pairs); bf16 and
     fp16 through the wide loop (float32 add, one rounding: with the AVX2 + F16C decode, and with its
     table decode, ``CPD_WIRE_HOP=scalar``) and through ``add_bits`` per element (``CPD_WIRE_HOP=table``:
-    the loop they took before the wide one), on the gradient and on uniformly random finite codes."""
+    the loop they took before the wide one), on the gradient and on uniformly random finite codes,
+    and through the wide loop in the directed modes toward_zero and down (gradient codes)."""
     import cpd
     from cpd.distributed import kernels
     from cpd.distributed.layout import layout
@@ -342,6 +343,9 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
             hops = [(codes, a, b, Rounding.NEAREST, path, var) for codes, a, b in (("gradient", buf, acc),
                                                                                   ("uniform", ra, rb))
                     for path, var in paths16]
+            # the directed modes (cpd::sum_f32_directed's corrected sums): gradient codes, both decodes
+            hops += [("gradient", buf, acc, mode, path, var) for mode in (Rounding.TOWARD_ZERO, Rounding.DOWN)
+                     for path, var in paths16[:2]]
         for codes, a, b, mode, path, variant in hops:
             # add_bits per element is slow: a sixteenth of the elements
             t = hop_rate(a, b, m // 16 if variant == "table" and fmt.bits == 16 else m, lay.wf, mode, variant)

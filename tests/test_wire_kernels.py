@@ -16,13 +16,15 @@ Invariants defended:
   the public ops on every code, in whole blocks and tails, next to inf/NaN codes;
   the bucket encode equals ``cpd.cast`` + ``cpd.encode`` on every binade, kept pattern and tie
   (also scaled by 2^s, in ragged runs: the vector encode of round to nearest);
-* the wide hop of 16-bit codes (bf16, fp16, (6, 9), an FN fp16, a 15-bit finite (5, 9): float32 add, one rounding to nearest; the
-  directed modes through add_bits) equals it on hypothesis' pairs of codes (all 65536 reachable)
+* the wide hop of 16-bit codes (bf16, fp16, (6, 9), an FN fp16, a 15-bit finite (5, 9): float32 add, one rounding; in the
+  directed modes of the sum corrected by TwoSum's error term, cpd::sum_f32_directed) equals it on hypothesis' pairs of codes (all 65536 reachable)
   and on random pairs over several blocks (near-cancelling sums, ±0), with ±0, subnormals, the
   smallest normal, the largest finite value (overflowing sums), inf and NaN codes in the vector
   steps and the tails, lengths ending inside an 8-element step and a block, every deterministic
   mode, saturate on and off, each loop (vector, ``CPD_WIRE_HOP=scalar``, ``=table``: add_bits)
-  and 1 or 3 threads; under flush-to-zero it writes what the exact loop writes;
+  and 1 or 3 threads; under flush-to-zero it writes what the exact loop writes; its directed modes
+  also equal an exact rational oracle (tests/oracle.py) on sums float32 does not hold exactly
+  (large + tiny, at the largest finite value), exact and cancelling sums;
 * the Kahan hop (ring role, with and without a received compensation and a carried one, and the
   sequential role of a hierarchical leader) equals ``cpd.primitives.Accumulator.merge`` on random code
   triples, including specials;
@@ -173,8 +175,10 @@ def test_hop_path_names_the_loop(monkeypatch):
     assert kernels.hop_path(wf("bf16"), Rounding.NEAREST, False) == wide  # 16-bit codes: the wide loop
     assert kernels.hop_path(wf("fp16"), Rounding.NEAREST, True) == wide
     assert kernels.hop_path(wf(cpd.FloatFormat(6, 9)), Rounding.NEAREST, False) == "wide"  # table decode
-    for mode in MODES[1:]:  # directed: fp32 sums of 16-bit values are not exact
-        assert kernels.hop_path(wf("bf16"), mode, False) == "exact", mode
+    for mode in MODES[1:]:  # directed: the wide loop too (sum_f32_directed's corrected sums)
+        assert kernels.hop_path(wf("bf16"), mode, False) == wide, mode
+        assert kernels.hop_path(wf("fp16"), mode, True) == wide, mode
+        assert kernels.hop_path(wf(cpd.FloatFormat(6, 9)), mode, False) == "wide", mode
     monkeypatch.setenv("CPD_WIRE_HOP", "scalar")
     assert kernels.hop_path(wf("e4m3"), Rounding.NEAREST, False) == "scalar"
     assert kernels.hop_path(wf("bf16"), Rounding.NEAREST, False) == "wide"
@@ -315,8 +319,8 @@ def _wide_codes(fmt):
 @given(data=st.data(), fmt=st.sampled_from(WIDE16))
 def test_wide_hop_random_code_pairs(data, fmt):
     """The wide hop of 16-bit codes (float32 add, one rounding) against cpd.add + cpd.encode on
-    hypothesis' pairs of codes (any of the 65536, inf and NaN included), every deterministic mode
-    (the directed ones take add_bits), saturate on and off, each loop."""
+    hypothesis' pairs of codes (any of the 65536, inf and NaN included), every deterministic mode,
+    saturate on and off, each loop."""
     wf, f = _wide_codes(fmt)
     n = data.draw(st.integers(1, 70), label="n")
     codes = st.lists(st.integers(0, (1 << wf.bits) - 1), min_size=n, max_size=n)
@@ -380,6 +384,47 @@ def test_wide_hop_tails_and_specials(fmt, monkeypatch):
                 b[n - 1] = inf_nan[1]
                 a[0] = inf_nan[1]
             _hop_all_paths(_bytes(a, wf), _bytes(b, wf), n, wf, monkeypatch, threads=(1, 3) if n > 4096 else (1,))
+
+
+@compiled
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", cpd.FloatFormat(5, 9, specials="finite")], ids=str)
+def test_wide_hop_directed_equals_exact_sums(fmt):
+    """The directed modes of the wide hop against an oracle of their own (tests/oracle.py: the exact
+    rational sum of the two values, rounded once by bracketing, the IEEE sign of an exact zero):
+    pairs whose float32 sum is not exact (a large value plus a tiny one: the correction of
+    cpd::sum_f32_directed, on both sides of the large value's code, at the largest finite value:
+    overflow, saturation), exact ones, cancelling ones (±0), both signs, in vector steps and tails."""
+    import oracle
+    from fractions import Fraction
+
+    wf, f = _wide_codes(fmt)
+    sign, n = 1 << (wf.bits - 1), 3 * 2048 + 13
+    vals = cpd.decode(torch.arange(1 << wf.bits), f)
+    fin = torch.nonzero(torch.isfinite(vals)).flatten()
+    mag = vals.abs()
+    top = int(torch.nonzero((vals > 0) & (mag == mag[torch.isfinite(vals)].max()))[0])
+    g = torch.Generator().manual_seed(7)
+    a = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
+    b = fin[torch.randint(0, fin.numel(), (n,), generator=g)]
+    tiny = torch.randint(1, 1 << (f.man + 2), (n,), generator=g) | (torch.randint(0, 2, (n,), generator=g) * sign)
+    big = torch.randint(0, 2, (n,), generator=g) * sign
+    b[: n // 2] = tiny[: n // 2]  # large + tiny: float32 sums that are not exact
+    a[: n // 8] = top | big[: n // 8]  # around the largest finite value
+    a[n // 8: n // 4] = (top - torch.randint(0, 4, (n // 4 - n // 8,), generator=g)) | big[n // 8: n // 4]
+    b[n // 2: n // 2 + 300] = a[n // 2: n // 2 + 300] ^ sign  # exact cancellation
+    b[n // 2 + 300: n // 2 + 400] = a[n // 2 + 300: n // 2 + 400]
+    a[n // 2 + 400: n // 2 + 450], b[n // 2 + 400: n // 2 + 450] = 0, sign  # +0 + -0
+    ra, rb = _bytes(a, wf), _bytes(b, wf)
+    value = {c: Fraction(oracle.code_value(f, c)) for c in set(a.tolist()) | set(b.tolist())}
+    for mode, sat in itertools.product(MODES[1:], (False, True)):
+        got = rb.clone()
+        kernels.hop(ra, got, n, wf, mode, sat)
+        codes = (got.view(torch.int16).to(torch.int64) & ((1 << wf.bits) - 1)).tolist()
+        for i, (x, y) in enumerate(zip(a.tolist(), b.tolist())):
+            q = value[x] + value[y]
+            neg_zero = (x & sign and y & sign) or (bool((x ^ y) & sign) and mode == Rounding.DOWN)
+            want = oracle.oracle_round(q, f, mode.value, sat, zero_negative=bool(neg_zero))
+            assert oracle.same_f32(oracle.code_value(f, codes[i]), want), (fmt, mode, sat, i, x, y)
 
 
 @compiled

@@ -156,9 +156,9 @@ def hop_path(wf: WireFormat, rounding: Rounding, saturate: bool) -> str:
     """Which CPU loop :func:`hop` runs for a plain (not Kahan) hop of this format (under the current
     ``CPD_WIRE_HOP``): ``"vector"`` (the 8-bit formats of ``cuda/cpu/hop_avx2.h`` where AVX2 and F16C
     are compiled in), ``"scalar"`` (the fused 8-bit loop: decode through a float table, float32 add,
-    one rounding), ``"wide-vector"`` / ``"wide"`` (9..16-bit codes to nearest, e.g. bf16, fp16: float32
-    add, one rounding, with bf16 and fp16 decoded 8 codes per step / through a table of the codes'
-    values), ``"tables"`` (a table of every pair of codes), ``"exact"`` (``add_bits`` per
+    one rounding), ``"wide-vector"`` / ``"wide"`` (9..16-bit codes, e.g. bf16, fp16, every deterministic
+    mode: float32 add, one rounding (directed: of the sum corrected by TwoSum's error term), with
+    bf16 and fp16 decoded 8 codes per step / through a table of the codes' values), ``"tables"`` (a table of every pair of codes), ``"exact"`` (``add_bits`` per
     element) or ``"reference"`` (no extension: the public ops)."""
     ops = _ops()
     if ops is None:

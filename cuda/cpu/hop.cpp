@@ -15,8 +15,9 @@
 // to the format (fast_hop: codes decoded through a table, or through their binary16 views in
 // hop_avx2.h's AVX2 + F16C path) or reads a table of add_bits over every pair of codes (built
 // once per format, rounding mode and saturate flag, by those same functions), a byte gather; the
-// hop of a 9..16-bit format to nearest (bf16, fp16, ...) is the same float32 add rounded once
-// (wide_hop, exact by cpd::add_f32_applies), blocks with an inf/NaN sum through add_bits. The
+// hop of a 9..16-bit format (bf16, fp16, ...) is the same float32 add rounded once (wide_hop, exact
+// by cpd::add_f32_applies to nearest, by cpd::sum_f32_directed's correction in the directed
+// modes), blocks with an inf/NaN sum through add_bits. The
 // result equals cpd.add / cpd.encode / cpd.decode bit for bit (tests/test_wire_kernels.py checks
 // every pair of 8-bit codes on every path).
 //
@@ -332,7 +333,7 @@ void exact_hop_block(const uint8_t* rp, uint8_t* ap, int64_t e0, int64_t m, cons
   store_codes(ap, e0, m, w, ca);
 }
 
-// ---- the wide hop: 9..16-bit codes (int16 on the wire: bf16, fp16, (6, 9), ...), round to nearest
+// ---- the wide hop: 9..16-bit codes (int16 on the wire: bf16, fp16, (6, 9), ...), deterministic modes
 // As fast_hop: decode, add in float32, round the float32 sum once to the format and read its code
 // off the rounding (cpd::cast_code_fast). Exact by cpd::add_f32_applies (arith.h): to nearest,
 // the float32 sum of two values of <= 11 significant bits rounded once to the format equals their
@@ -345,15 +346,17 @@ void exact_hop_block(const uint8_t* rp, uint8_t* ap, int64_t e0, int64_t m, cons
 //   every block, for formats whose values or sums reach float32 subnormals (bfloat16:
 //   cpd::add_f32_needs_subnormals), while this thread's float32 unit flushes them (FTZ/DAZ, e.g.
 //   torch.set_flush_denormal(True)), checked per block.
-// Directed modes are not covered (the float32 sum of two fp16 values needs up to 41 bits): they
-// keep the exact loop. Decode: bfloat16 and IEEE binary16 through their float32 and binary16 views
+// Directed modes (the float32 sum of two fp16 values may need up to 41 bits, so it is not the
+// exact sum): the same loop on the float32 bits of cpd::sum_f32_directed (arith.h: TwoSum's error
+// term moves the float32 sum one step the way the mode rounds when the exact sum lies that way;
+// rounding those bits once is rounding the exact sum once), operands decoded whole first. Decode: bfloat16 and IEEE binary16 through their float32 and binary16 views
 // 8 codes per step where AVX2 + F16C are compiled in (cpd_hop_avx2::wide_sums), other formats
 // (and CPD_WIRE_HOP=scalar) through a table of the 2^16 codes' values (decode_bits, built once per
 // format); the encode is a plain loop of cast_code_fast (GCC vectorizes it). Blocks are
 // independent: the result does not depend on the thread count.
 int wide_hop_applies(const Wire& w) {
   return (int)(!w.raw32 && w.bits > 8 && w.bits <= 16 && cpd::cast_code_applies(w.f) &&
-               cpd::add_f32_applies(w.f, w.mode));
+               (cpd::add_f32_applies(w.f, w.mode) || cpd::add_f32_directed_applies(w.f, w.mode)));
 }
 
 // Which view of hop_avx2.h decodes w's codes (0: none, the table).
@@ -388,36 +391,61 @@ bool float32_subnormals_kept() {
   return cpd::bits_of(t + t) == 2u;
 }
 
-void wide_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool vec) {
-  const int view = vec ? wide_view(w) : 0;
+// The values of m int16 codes at p (byte pointer) into v: through the view, else the table.
+inline void wide_values(const uint8_t* __restrict p, int64_t m, int view, const float* __restrict t,
+                        float* __restrict v) {
+#if CPD_HOP_AVX2
+  if (view == cpd_hop_avx2::WIDE_BF16) return cpd_hop_avx2::wide_decode<cpd_hop_avx2::WIDE_BF16>(p, m, v);
+  if (view == cpd_hop_avx2::WIDE_F16) return cpd_hop_avx2::wide_decode<cpd_hop_avx2::WIDE_F16>(p, m, v);
+#endif
+  for (int64_t i = 0; i < m; ++i) {
+    uint16_t c;
+    std::memcpy(&c, p + 2 * i, 2);
+    v[i] = t[c];
+  }
+}
+
+template <int MODE>
+void wide_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, int view) {
   const auto dec = view ? nullptr : decode_table16(w);
+  const float* table = dec ? dec->data() : nullptr;
   const bool need_sub = cpd::add_f32_needs_subnormals(w.f);
   const cpd::Format f = w.f;
   cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
     alignas(32) u32 sum[kBlock];
     alignas(32) uint16_t out[kBlock];
+    alignas(32) float xv[MODE == cpd::NEAREST ? 1 : kBlock], yv[MODE == cpd::NEAREST ? 1 : kBlock];
     std::unique_ptr<u32[]> scratch;  // exact_hop_block's codes
     for (int64_t k = b0; k < b1; ++k) {
       const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
       const uint8_t* __restrict r = rp + 2 * e0;
       uint8_t* a = ap + 2 * e0;
       u32 special = (u32)(need_sub && !float32_subnormals_kept());
+      if (!special && MODE != cpd::NEAREST) {  // directed: the bits of cpd::sum_f32_directed
+        wide_values(r, m, view, table, xv);
+        wide_values(a, m, view, table, yv);
+        for (int64_t i = 0; i < m; ++i) {
+          sum[i] = cpd::sum_f32_directed(xv[i], yv[i], MODE);
+          special |= (u32)((sum[i] & ~cpd::SIGN) >= cpd::INF_BITS);
+        }
+      }
 #if CPD_HOP_AVX2
-      if (!special && view == cpd_hop_avx2::WIDE_BF16) special = cpd_hop_avx2::wide_sums<cpd_hop_avx2::WIDE_BF16>(r, a, m, sum);
-      else if (!special && view == cpd_hop_avx2::WIDE_F16) special = cpd_hop_avx2::wide_sums<cpd_hop_avx2::WIDE_F16>(r, a, m, sum);
+      if (MODE == cpd::NEAREST && !special && view == cpd_hop_avx2::WIDE_BF16)
+        special = cpd_hop_avx2::wide_sums<cpd_hop_avx2::WIDE_BF16>(r, a, m, sum);
+      else if (MODE == cpd::NEAREST && !special && view == cpd_hop_avx2::WIDE_F16)
+        special = cpd_hop_avx2::wide_sums<cpd_hop_avx2::WIDE_F16>(r, a, m, sum);
 #endif
-      if (!special && !view) {
-        const float* __restrict t = dec->data();
+      if (MODE == cpd::NEAREST && !special && !view) {
         for (int64_t i = 0; i < m; ++i) {
           uint16_t cr, ca;
           std::memcpy(&cr, r + 2 * i, 2);
           std::memcpy(&ca, a + 2 * i, 2);
-          sum[i] = cpd::bits_of(cpd::fadd(t[cr], t[ca]));
+          sum[i] = cpd::bits_of(cpd::fadd(table[cr], table[ca]));
           special |= (u32)((sum[i] & ~cpd::SIGN) >= cpd::INF_BITS);
         }
       }
       if (!special) {
-        for (int64_t i = 0; i < m; ++i) out[i] = (uint16_t)cpd::cast_code_fast(sum[i], f, cpd::NEAREST);
+        for (int64_t i = 0; i < m; ++i) out[i] = (uint16_t)cpd::cast_code_fast(sum[i], f, MODE);
         std::memcpy(a, out, 2 * m);
         continue;
       }
@@ -427,12 +455,22 @@ void wide_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool vec
   });
 }
 
+void wide_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool vec) {
+  const int view = vec ? wide_view(w) : 0;
+  switch (w.mode) {
+    case cpd::NEAREST: return wide_hop_mode<cpd::NEAREST>(rp, ap, n, w, view);
+    case cpd::TOWARD_ZERO: return wide_hop_mode<cpd::TOWARD_ZERO>(rp, ap, n, w, view);
+    case cpd::UP: return wide_hop_mode<cpd::UP>(rp, ap, n, w, view);
+    default: return wide_hop_mode<cpd::DOWN>(rp, ap, n, w, view);
+  }
+}
+
 // ---- segments: [k, 3] int64 rows (offset in the float32 tensor, length, scale exponent)
 // The loop a plain (not Kahan) hop of w takes under the current CPD_WIRE_HOP (wire_hop runs it,
 // wire_hop_path reports it): add_bits per element, the pair tables, the fused scalar loop, the
 // fused loop with the AVX2 + F16C path, or the wide loop of 16-bit codes (with or without its
 // vector decode).
-// Formats of 9..16 bits to nearest: the wide loop (wide_hop), with its AVX2 + F16C decode for
+// Formats of 9..16 bits (deterministic modes): the wide loop (wide_hop), with its AVX2 + F16C decode for
 // bfloat16 and binary16 (CPD_WIRE_HOP=scalar: the table decode; CPD_WIRE_HOP=table: add_bits, as
 // these formats have no pair table).
 enum HopLoop { LOOP_ADD = 0, LOOP_TABLE = 1, LOOP_FUSED = 2, LOOP_FUSED_AVX2 = 3, LOOP_WIDE = 4, LOOP_WIDE_AVX2 = 5 };

@@ -284,6 +284,19 @@ inline u32 wide_sums(const uint8_t* __restrict r, const uint8_t* __restrict a, i
   return special;
 }
 
+// The float32 values of m int16 codes at p (byte pointer) into v, 8 per step (the directed wide
+// hop: cpd::sum_f32_directed then needs both operands).
+template <int VIEW>
+inline void wide_decode(const uint8_t* __restrict p, int64_t m, float* __restrict v) {
+  int64_t i = 0;
+  for (; i + 8 <= m; i += 8) _mm256_storeu_ps(v + i, wide_values8<VIEW>(p + 2 * i));
+  for (; i < m; ++i) {
+    uint16_t c;
+    std::memcpy(&c, p + 2 * i, 2);
+    v[i] = wide_value<VIEW>(c);
+  }
+}
+
 #endif  // CPD_HOP_AVX2
 
 }  // namespace cpd_hop_avx2

@@ -210,6 +210,46 @@ CPD_FN int add_f32_applies(const Format& f, int mode) {
 // 2^-126): then a caller whose float32 unit flushes them must take add_bits.
 CPD_FN int add_f32_needs_subnormals(const Format& f) { return (int)(f.emin - f.man < -126); }
 
+// The directed modes on float32 arithmetic, for any f with add_f32_directed_applies (any
+// significand width: no bound like Figueroa's is needed). For values x, y of f,
+//     add_bits(x, y, f, mode) == cast(sum_f32_directed(x, y, mode), f, mode)
+// when sum_f32_directed's result is finite (callers send the rest, and inf/NaN operands, to
+// add_bits). With s = fl32(x + y) to nearest and e = (x + y) - s, exact (TwoSum: Knuth, TAOCP
+// vol. 2, 4.2.2; exact for a finite s in round-to-nearest binary arithmetic):
+//   e == 0:  x + y = s: one rounding of s. An exact zero takes add_bits' sign (zero_sum_sign:
+//            float32's own is the same except rounding down, where x + (-x) is -0);
+//   e != 0:  s != 0, and x + y lies strictly inside (s, s') with s' the float32 neighbour of s on
+//            e's side (|e| <= ulp(s) / 2, and x + y is not s' itself): an interval holding no
+//            float32 value, hence no value of f (f.fast: all of f's values are float32 values,
+//            its largest below float32's). Rounding up picks the least value of f >= x + y:
+//            with e > 0 the least >= s', with e < 0 the least >= s; rounding down and toward zero
+//            alike. So x + y rounds as s' when e points the way the mode rounds (up: e > 0;
+//            down: e < 0; toward zero: e against s's sign), else as s; overflow too (f's largest
+//            value is a float32 value, so x + y passes it exactly when s' or s does).
+// s' is one step of the float32 bits (sign-magnitude): +1 away from zero, -1 toward it.
+CPD_FN int add_f32_directed_applies(const Format& f, int mode) {
+  return (int)((mode == TOWARD_ZERO || mode == UP || mode == DOWN) && f.fast && plain_convention(f));
+}
+
+CPD_FN u32 sum_f32_directed(float x, float y, int mode) {
+  const float s = fadd(x, y);
+  const float t = fsub(s, x);
+  const float e = fadd(fsub(x, fsub(s, t)), fsub(y, t));
+  const u32 u = bits_of(s);
+  // Integer logic and masks only, no float compare and no branch, so that the callers' loops
+  // vectorize. e's sign from its bits; an inf/NaN s (e is then NaN) is left as it is, for the
+  // callers' add_bits.
+  const u32 eb = bits_of(e), nz = (u32)((eb & ~SIGN) != 0u) & (u32)((u & ~SIGN) < INF_BITS);
+  const u32 neg = u >> 31, up = nz & ((eb >> 31) ^ 1u), down = nz & (eb >> 31);
+  const u32 toward = mode == UP ? up & neg : mode == DOWN ? down & (neg ^ 1u) : (up & neg) | (down & (neg ^ 1u));
+  const u32 away = mode == UP ? up & (neg ^ 1u) : mode == DOWN ? down & neg : 0u;
+  // an exact zero: zero_sum_sign(sx, sy, mode), i.e. sx | sy rounding down, else sx & sy
+  const u32 sx = bits_of(x) & SIGN, sy = bits_of(y) & SIGN;
+  const u32 zero = mode == DOWN ? sx | sy : sx & sy;
+  const u32 is_zero = 0u - (u32)((u & ~SIGN) == 0u);
+  return (zero & is_zero) | ((u + away - toward) & ~is_zero);
+}
+
 CPD_FN u32 add_fast_operands(u32 ua, u32 ub, const Format& f) {
   return (u32)(cast_bits_fast(ua, f, NEAREST, 0u, 32) == ua) & (u32)(cast_bits_fast(ub, f, NEAREST, 0u, 32) == ub);
 }
