@@ -46,7 +46,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("ddp float32", "torch fp16 hook", "no-op hook (floor)", "cpd e4m3", "cpd e3m0 (4-bit)")
-CPD_VARIANTS = VARIANTS[3:]
+#: Run only when named in --variants: Kahan sums, a directed mode on 16-bit codes.
+EXTRA_VARIANTS = ("cpd e5m2 kahan", "cpd bf16 toward_zero")
+CPD_VARIANTS = VARIANTS[3:] + EXTRA_VARIANTS
 
 
 def _noop_hook(state, bucket):
@@ -101,12 +103,14 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
     ddp = DDP(model(), **kw)
     ddp.register_comm_hook(None, _noop_hook)
     runs[VARIANTS[2]] = (ddp, None)
-    for name, fmt in zip(CPD_VARIANTS, ("e4m3", cpd.FloatFormat(3, 0))):
-        if opts.variants and name not in opts.variants:
+    configs = (dict(fmt="e4m3"), dict(fmt=cpd.FloatFormat(3, 0)), dict(fmt="e5m2", kahan=True),
+               dict(fmt="bf16", rounding="toward_zero"))
+    for name, cfg in zip(CPD_VARIANTS, configs):
+        if (name not in opts.variants) if opts.variants else name in EXTRA_VARIANTS:
             continue
         m = model()
         ddp = DDP(m, **kw)
-        state = cpd.distributed.APSHookState(fmt, "ring", model=m, timeout=600)
+        state = cpd.distributed.APSHookState(cfg.pop("fmt"), "ring", model=m, timeout=600, **cfg)
         ddp.register_comm_hook(state, cpd.distributed.aps_hook)
         runs[name] = (ddp, state)
     times = {k: [] for k in runs}
@@ -273,7 +277,8 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
     fp16 through the wide loop (float32 add, one rounding: with the AVX2 + F16C decode, and with its
     table decode, ``CPD_WIRE_HOP=scalar``) and through ``add_bits`` per element (``CPD_WIRE_HOP=table``:
     the loop they took before the wide one), on the gradient and on uniformly random finite codes,
-    and through the wide loop in the directed modes toward_zero and down (gradient codes)."""
+    and through the wide loop in the directed modes toward_zero and down (gradient codes); the Kahan
+    hop of e4m3, e5m2 and bf16 in float32 lanes and through ``add_bits`` (``CPD_WIRE_HOP=table``)."""
     import cpd
     from cpd.distributed import kernels
     from cpd.distributed.layout import layout
@@ -354,6 +359,23 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
         if name in ("e4m3", "e3m0"):
             t = rate(lambda: kernels.decode(buf, segs, out, lay.wf, 0.5), m)
             row("decode (unscale, 1/W)", fmt.name, "gradient", "", t)
+        if name in ("e4m3", "e5m2", "bf16"):  # Kahan (a received compensation), float32 lanes and add_bits
+            comp = kernels.encode(torch.roll(xs, 2) * 2.0 ** -6, segs, lay.wf, Rounding.NEAREST, False)
+            for path, var in (("float32 lanes", None), ("add_bits per element", "table")):
+                k = m // 16 if var else m
+                old = os.environ.pop("CPD_WIRE_HOP", None)
+                if var:
+                    os.environ["CPD_WIRE_HOP"] = var
+                try:
+                    acc_k, c_k = acc.clone(), comp.clone()
+                    both = rate(lambda: (acc_k.copy_(acc), c_k.copy_(comp), kernels.hop(
+                        buf, acc_k, k, lay.wf, Rounding.NEAREST, False, kahan=True, recv_c=comp, acc_c=c_k)), k)
+                    t = max(both - rate(lambda: (acc_k.copy_(acc), c_k.copy_(comp)), k), 1e-12)
+                finally:
+                    os.environ.pop("CPD_WIRE_HOP", None)
+                    if old is not None:
+                        os.environ["CPD_WIRE_HOP"] = old
+                row("hop, Kahan (decode, 4 adds, encode)", fmt.name, "gradient", path, t)
     return "\n".join(rows)
 
 
@@ -387,7 +409,7 @@ def table(results: list[dict]) -> str:
     for r in results:
         v = r["variants"]
         base, fp16 = v[VARIANTS[0]]["median_s"], v[VARIANTS[1]]["median_s"]
-        for name in VARIANTS:
+        for name in VARIANTS + EXTRA_VARIANTS:
             if name not in v:
                 continue
             t = v[name]["median_s"]
@@ -409,7 +431,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-kernels", action="store_true", help="skip the single-thread kernel rates")
     p.add_argument("--kernels", action="store_true", help="only the single-thread kernel rates")
     p.add_argument("--variants", nargs="+", choices=CPD_VARIANTS,
-                   help="only these cpd variants (DDP float32, the fp16 hook and the no-op floor always run)")
+                   help="only these cpd variants (DDP float32, the fp16 hook and the no-op floor always run; "
+                        f"{' and '.join(repr(v) for v in EXTRA_VARIANTS)} only when named here)")
     p.add_argument("--profile", action="store_true",
                    help="also time backward alone and break the cpd steps down (kernels, waits, hook)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)

@@ -461,6 +461,67 @@ def test_wide_hop_under_flush_to_zero(monkeypatch):
     assert not torch.equal(ftz_free, got[None])  # the flags did reach the hop's thread
 
 
+KAHAN_LANES = ["e4m3", "e5m2", "e4m3fn", cpd.FloatFormat(3, 0), cpd.FloatFormat(3, 2, specials="finite"), "bf16",
+               "fp16", cpd.FloatFormat(5, 9, specials="finite")]
+
+
+@compiled
+@pytest.mark.parametrize("fmt", KAHAN_LANES, ids=lambda f: getattr(f, "name", f))
+def test_kahan_hop_lanes(fmt, monkeypatch):
+    """The Kahan hop's float32 lanes (each add one rounding of a float32 sum: kahan_lanes) against
+    Accumulator.merge (cpd.add per line) and against the add_bits loop (CPD_WIRE_HOP=table), on
+    finite codes in most blocks (so that the lanes, not the redo, answer them): sums and values
+    of like and of far-apart magnitudes, compensations from tiny to as large as the sum, exact
+    cancellations; one block with an inf/NaN code (redone through add_bits), a length ending
+    inside a block; every deterministic mode, saturate on and off, each role (ring, with and
+    without a received and a carried compensation, and sequential), 1 and 3 threads."""
+    f = cpd.FloatFormat.parse(fmt) if isinstance(fmt, str) else fmt
+    wf = WireFormat(f)
+    for mode in MODES:
+        assert kernels.hop_path(wf, mode, False, kahan=True) == "kahan-lanes", mode
+    g = torch.Generator().manual_seed(3)
+    n = 2 * 2048 + 37
+    vals = cpd.decode(torch.arange(1 << wf.bits), f)
+    fin = torch.nonzero(torch.isfinite(vals)).flatten()
+    mag = vals[fin].abs()
+    small = fin[mag <= mag.max() * 2.0 ** -(f.man + 3)]
+    pick = lambda pool, k: pool[torch.randint(0, pool.numel(), (k,), generator=g)]  # noqa: E731
+    rows = [pick(fin, n) for _ in range(4)]  # recv, recv_c, acc, acc_c
+    rows[1][: n // 2] = pick(small, n // 2)  # compensations far below the sums
+    rows[3][n // 4:] = pick(small, n - n // 4)
+    rows[2][100:300] = rows[0][100:300] ^ (1 << (wf.bits - 1))  # x = -s
+    special = torch.nonzero(~torch.isfinite(vals)).flatten()
+    if special.numel():
+        rows[2][2048 + 7] = special[0]  # the second block: redone through add_bits
+        rows[1][2048 + 9] = special[-1]
+    rows = [_bytes(r, wf) for r in rows]
+    old = torch.get_num_threads()
+    try:
+        for mode, sat, (has_c, carry, seq) in itertools.product(
+                MODES, (False, True), [(False, False, False), (True, False, False), (True, True, False),
+                                       (False, True, False), (False, False, True)]):
+            recv, recv_c, acc, acc_c = rows
+            args = dict(kahan=True, recv_c=recv_c if has_c else None, carry=carry, sequential=seq)
+            want, want_c = acc.clone(), acc_c.clone()
+            kernels.hop_reference(recv, want, n, wf, mode, sat, acc_c=want_c, **args)
+            for path, th in ((None, 1), (None, 3), ("table", 1)):
+                torch.set_num_threads(th)
+                if path:
+                    monkeypatch.setenv("CPD_WIRE_HOP", path)
+                got, got_c = acc.clone(), acc_c.clone()
+                kernels.hop(recv, got, n, wf, mode, sat, acc_c=got_c, **args)
+                monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
+                assert _same(got, want, n, wf) and _same(got_c, want_c, n, wf), (f.name, mode, sat, has_c, carry,
+                                                                                 seq, path, th)
+    finally:
+        torch.set_num_threads(old)
+    monkeypatch.setenv("CPD_WIRE_HOP", "table")
+    assert kernels.hop_path(wf, Rounding.NEAREST, False, kahan=True) == "exact"
+    monkeypatch.delenv("CPD_WIRE_HOP")
+    assert kernels.hop_path(WireFormat(cpd.FloatFormat(4, 3, specials="fnuz")), Rounding.NEAREST, False,
+                            kahan=True) == "exact"  # FNUZ: add_bits
+
+
 @compiled
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2", cpd.FloatFormat(3, 0), "bf16"], ids=str)
 def test_kahan_hop(fmt):
@@ -535,6 +596,33 @@ def test_decode_every_code(fmt, monkeypatch):
             nan = torch.isnan(o1)
             assert torch.equal(nan, torch.isnan(o2)), (wf.fmt.name, n, inv, path)
             assert torch.equal(o1[~nan].view(torch.int32), o2[~nan].view(torch.int32)), (wf.fmt.name, n, inv, path)
+
+
+@compiled
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", cpd.FloatFormat(5, 9, specials="finite")], ids=lambda f: getattr(f, "name", f))
+def test_decode_every_16_bit_code(fmt):
+    """The decode of 9..16-bit codes (through the table of the codes' values) against the public
+    ops on every code (inf and NaN included), scale exponents that keep, shrink (to float32
+    subnormals) and grow the values, with and without the 1/W factor, 1 and 3 threads."""
+    f = cpd.FloatFormat.parse(fmt) if isinstance(fmt, str) else fmt
+    wf = WireFormat(f)
+    n = 1 << wf.bits
+    codes = _bytes(torch.arange(n), wf)
+    segs = kernels.segments([(0, n // 3, 0), (n // 3, n // 3, -120), (2 * (n // 3), n - 2 * (n // 3), 30)])
+    old = torch.get_num_threads()
+    try:
+        for inv, th in itertools.product((1.0, 0.25), (1, 3)):
+            torch.set_num_threads(th)
+            o1 = torch.full((n,), 7.0)
+            o2 = o1.clone()
+            nbad = kernels.decode(codes, segs, o1, wf, inv)
+            kernels.decode_reference(codes, segs, o2, wf, inv)
+            assert nbad == kernels._count_nonfinite(o2, segs), (f.name, inv, th)
+            nan = torch.isnan(o1)
+            assert torch.equal(nan, torch.isnan(o2)), (f.name, inv, th)
+            assert torch.equal(o1[~nan].view(torch.int32), o2[~nan].view(torch.int32)), (f.name, inv, th)
+    finally:
+        torch.set_num_threads(old)
 
 
 @compiled

@@ -152,9 +152,10 @@ def hop(recv: torch.Tensor, acc: torch.Tensor, n: int, wf: WireFormat, rounding:
                   sequential=sequential)
 
 
-def hop_path(wf: WireFormat, rounding: Rounding, saturate: bool) -> str:
-    """Which CPU loop :func:`hop` runs for a plain (not Kahan) hop of this format (under the current
-    ``CPD_WIRE_HOP``): ``"vector"`` (the 8-bit formats of ``cuda/cpu/hop_avx2.h`` where AVX2 and F16C
+def hop_path(wf: WireFormat, rounding: Rounding, saturate: bool, kahan: bool = False) -> str:
+    """Which CPU loop :func:`hop` runs for a hop of this format (under the current ``CPD_WIRE_HOP``).
+    Kahan hops: ``"kahan-lanes"`` (float32 lanes, each add one rounding of a float32 sum: the formats
+    and modes of the wide and the fused loops, any code width up to 16 bits) or ``"exact"``. Plain hops: ``"vector"`` (the 8-bit formats of ``cuda/cpu/hop_avx2.h`` where AVX2 and F16C
     are compiled in), ``"scalar"`` (the fused 8-bit loop: decode through a float table, float32 add,
     one rounding), ``"wide-vector"`` / ``"wide"`` (9..16-bit codes, e.g. bf16, fp16, every deterministic
     mode: float32 add, one rounding (directed: of the sum corrected by TwoSum's error term), with
@@ -163,8 +164,8 @@ def hop_path(wf: WireFormat, rounding: Rounding, saturate: bool) -> str:
     ops = _ops()
     if ops is None:
         return "reference"
-    k = ops.wire_hop_path(*_fargs(wf.fmt), rounding.code, saturate, wf.bits, wf.raw32)
-    return ("exact", "tables", "scalar", "vector", "wide", "wide-vector")[k]
+    k = ops.wire_hop_path(*_fargs(wf.fmt), rounding.code, saturate, wf.bits, wf.raw32, kahan)
+    return ("exact", "tables", "scalar", "vector", "wide", "wide-vector", "kahan-lanes")[k]
 
 
 def hop_reference(recv, acc, n, wf: WireFormat, rounding: Rounding, saturate: bool, *, kahan=False, recv_c=None,

@@ -356,7 +356,7 @@ void exact_hop_block(const uint8_t* rp, uint8_t* ap, int64_t e0, int64_t m, cons
 // independent: the result does not depend on the thread count.
 int wide_hop_applies(const Wire& w) {
   return (int)(!w.raw32 && w.bits > 8 && w.bits <= 16 && cpd::cast_code_applies(w.f) &&
-               (cpd::add_f32_applies(w.f, w.mode) || cpd::add_f32_directed_applies(w.f, w.mode)));
+               cpd::add_f32_any_applies(w.f, w.mode));
 }
 
 // Which view of hop_avx2.h decodes w's codes (0: none, the table).
@@ -684,6 +684,68 @@ void wire_encode(const at::Tensor& x, const at::Tensor& segs, at::Tensor out, in
   }
 }
 
+// ---- the Kahan hop on float32 arithmetic
+// Each of the merge's adds (below) is add_bits, an exact sum rounded once. Where one of arith.h's
+// identities holds for the format and mode (cpd::add_f32_any_applies: to nearest with <= 11
+// significant bits, Figueroa; the directed modes through cpd::sum_f32_directed), add_bits(a, b)
+// is the rounding of cpd::sum_f32_bits(a, b) whenever those bits are finite; every operand is a
+// value of the format (decoded, a rounded result, or one negated), as the identities ask. So a
+// block runs as float32 lanes (GCC vectorizes the loop): the codes decoded through a table of
+// their values, each add's bits rounded by cast_bits_fast before the next, the two results'
+// codes read off their last rounding (cast_code_fast). A block in which any of those bits is inf
+// or NaN (an inf/NaN code, a float32 overflow; also an inf the cast made, at the next add), or
+// of a format leaning on float32 subnormals (bfloat16) on a thread that flushes them, is redone
+// through add_bits. CPD_WIRE_HOP=table takes add_bits for every block.
+int kahan_fast_applies(const Wire& w) {
+  return (int)(!w.raw32 && w.bits <= 16 && cpd::cast_code_applies(w.f) && cpd::add_f32_any_applies(w.f, w.mode));
+}
+
+// S, C, X (and CX with CARRY): the values of one block (the partial sum, its compensation, the
+// merged value and its own compensation); T, CC: the codes of the new sum and compensation.
+// Returns nonzero when a sum's float32 bits were inf or NaN (the caller redoes the block).
+template <int MODE, bool CARRY>
+u32 kahan_lanes(const float* __restrict S, const float* __restrict C, const float* __restrict X,
+                const float* __restrict CX, int64_t m, const cpd::Format f, u32* __restrict T, u32* __restrict CC) {
+  u32 special = 0;
+  auto bad = [](u32 u) { return (u32)((u & ~cpd::SIGN) >= cpd::INF_BITS); };
+  auto rounded = [&](u32 u) { return cpd::float_of(cpd::cast_bits_fast(u, f, MODE, 0u, 32)); };
+  for (int64_t i = 0; i < m; ++i) {
+    float c = C[i];
+    if (CARRY) {
+      const u32 uc = cpd::sum_f32_bits(c, CX[i], MODE);
+      special |= bad(uc);
+      c = rounded(uc);
+    }
+    const float s = S[i];
+    const u32 uy = cpd::sum_f32_bits(X[i], -c, MODE);
+    const float y = rounded(uy);
+    const u32 ut = cpd::sum_f32_bits(s, y, MODE);
+    const float t = rounded(ut);
+    const u32 ud = cpd::sum_f32_bits(t, -s, MODE);
+    const u32 un = cpd::sum_f32_bits(rounded(ud), -y, MODE);
+    special |= bad(uy) | bad(ut) | bad(ud) | bad(un);
+    T[i] = cpd::cast_code_fast(ut, f, MODE);
+    CC[i] = cpd::cast_code_fast(un, f, MODE);
+  }
+  return special;
+}
+
+template <int MODE>
+u32 kahan_lanes_mode(bool carry, const float* S, const float* C, const float* X, const float* CX, int64_t m,
+                     const cpd::Format& f, u32* T, u32* CC) {
+  return carry ? kahan_lanes<MODE, true>(S, C, X, CX, m, f, T, CC) : kahan_lanes<MODE, false>(S, C, X, CX, m, f, T, CC);
+}
+
+u32 kahan_block_fast(int mode, bool carry, const float* S, const float* C, const float* X, const float* CX,
+                     int64_t m, const cpd::Format& f, u32* T, u32* CC) {
+  switch (mode) {
+    case cpd::NEAREST: return kahan_lanes_mode<cpd::NEAREST>(carry, S, C, X, CX, m, f, T, CC);
+    case cpd::TOWARD_ZERO: return kahan_lanes_mode<cpd::TOWARD_ZERO>(carry, S, C, X, CX, m, f, T, CC);
+    case cpd::UP: return kahan_lanes_mode<cpd::UP>(carry, S, C, X, CX, m, f, T, CC);
+    default: return kahan_lanes_mode<cpd::DOWN>(carry, S, C, X, CX, m, f, T, CC);
+  }
+}
+
 // One hop over n elements, in place on the accumulator:
 //   role 0 (ring):        acc holds my values x (and, with carry, their compensations cx); the
 //                         received partial sum s (and compensation c, or +0) is merged:
@@ -750,9 +812,12 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
   }
   const uint8_t* rcp = kahan && has_recv_c ? recv_c.data_ptr<uint8_t>() : nullptr;
   uint8_t* acp = kahan ? acc_c.data_ptr<uint8_t>() : nullptr;
+  const bool fast = kahan && kahan_fast_applies(w) && hop_env() != HOP_TABLE;
+  const auto table = fast ? decode_table16(w) : nullptr;  // the codes' values (<= 16 bits)
+  const bool need_sub = cpd::add_f32_needs_subnormals(w.f);
   NoGil nogil;
   cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
-    std::vector<u32> buf(4 * kBlock);
+    std::vector<u32> buf((fast ? 10 : 4) * kBlock);
     u32 *cr = buf.data(), *ca = cr + kBlock, *crc = ca + kBlock, *cac = crc + kBlock;
     const cpd::Format& f = w.f;
     const int md = w.mode;
@@ -767,6 +832,24 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
       load_codes(ap, e0, m, w, ca);
       if (rcp) load_codes(rcp, e0, m, w, crc);
       if (carry || role == 1) load_codes(acp, e0, m, w, cac);
+      if (fast && (!need_sub || float32_subnormals_kept())) {
+        const float* __restrict t = table->data();
+        float *S = reinterpret_cast<float*>(cac + kBlock), *C = S + kBlock, *X = C + kBlock, *CX = X + kBlock;
+        u32 *T = reinterpret_cast<u32*>(CX + kBlock), *CC = T + kBlock;
+        const u32* cs = role == 0 ? cr : ca;  // the partial sum: received (ring) or held (sequential)
+        const u32* cx = role == 0 ? ca : cr;
+        for (int64_t i = 0; i < m; ++i) {
+          S[i] = t[cs[i]];
+          X[i] = t[cx[i]];
+          C[i] = role == 1 ? t[cac[i]] : rcp ? t[crc[i]] : 0.0f;  // no compensation yet: +0
+          if (carry) CX[i] = t[cac[i]];
+        }
+        if (!kahan_block_fast(md, carry, S, C, X, CX, m, f, T, CC)) {
+          store_codes(ap, e0, m, w, T);
+          store_codes(acp, e0, m, w, CC);
+          continue;
+        }
+      }
       for (int64_t i = 0; i < m; ++i) {
         u32 s, c, x;
         if (role == 0) {
@@ -791,13 +874,16 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
   });
 }
 
-// Which loop wire_hop takes for a format, mode and saturate flag (plain hops, not Kahan), under the
-// current CPD_WIRE_HOP: 0 add_bits per element, 1 the pair tables, 2 the fused scalar loop, 3 the
-// fused AVX2 + F16C loop, 4 the wide loop (9..16-bit codes, table decode), 5 the wide loop with its
-// bfloat16 / binary16 vector decode (tests and benchmarks/bench_wire.py ask, to know what they measure).
+// Which loop wire_hop takes for a format, mode and saturate flag, under the current CPD_WIRE_HOP.
+// Plain hops: 0 add_bits per element, 1 the pair tables, 2 the fused scalar loop, 3 the fused
+// AVX2 + F16C loop, 4 the wide loop (9..16-bit codes, table decode), 5 the wide loop with its
+// bfloat16 / binary16 vector decode. Kahan hops: 6 the float32 lanes (kahan_lanes), else 0
+// (tests and benchmarks/bench_wire.py ask, to know what they measure).
 int64_t wire_hop_path(int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t mode,
-                      bool saturate, int64_t bits, bool raw32) {
-  return hop_loop(make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, false, raw32));
+                      bool saturate, int64_t bits, bool raw32, bool kahan) {
+  const Wire w = make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, false, raw32);
+  if (kahan) return kahan_fast_applies(w) && hop_env() != HOP_TABLE ? 6 : 0;
+  return hop_loop(w);
 }
 
 namespace {
@@ -844,6 +930,8 @@ at::Tensor wire_decode(const at::Tensor& in, const at::Tensor& segs, at::Tensor 
     table.resize((size_t)1 << w.bits);
     for (size_t c = 0; c < table.size(); ++c) table[c] = cpd::float_of(cpd::decode_bits((u32)c, w.fe));
   }
+  // 9..16-bit codes: the (cached) table of the 2^16 codes' values, as the wide hop's
+  const auto table16 = w.bits > 8 && w.bits <= 16 && !w.raw32 ? decode_table16(w) : nullptr;
   // 8-bit formats of the binary16 view: the codes' values 16 per step (hop_avx2.h)
 #if CPD_HOP_AVX2
   const std::unique_ptr<cpd_hop_avx2::Consts> vc(
@@ -869,8 +957,8 @@ at::Tensor wire_decode(const at::Tensor& in, const at::Tensor& segs, at::Tensor 
 #endif
         if (!done) {
           load_codes(ip, e0, m, w, codes);
-          if (!table.empty()) {
-            const float* __restrict t = table.data();
+          if (!table.empty() || table16) {
+            const float* __restrict t = table16 ? table16->data() : table.data();
             for (int64_t i = 0; i < m; ++i) vals[i] = t[codes[i]];
           } else {
             for (int64_t i = 0; i < m; ++i) vals[i] = cpd::float_of(value_of_code(codes[i], w));

@@ -250,6 +250,20 @@ CPD_FN u32 sum_f32_directed(float x, float y, int mode) {
   return (zero & is_zero) | ((u + away - toward) & ~is_zero);
 }
 
+// Either identity: the float32 bits whose one rounding to f (cast_bits_fast / cast_code_fast, the
+// caller's mode) is add_bits(x, y, f, mode) for values x, y of f, when add_f32_any_applies(f, mode)
+// and the bits are finite (the float32 sum to nearest, sum_f32_directed in the directed modes;
+// the caller sends the rest to add_bits, and keeps float32 subnormals where
+// add_f32_needs_subnormals(f)). Callers with several sums in a row (the CPU Kahan hop) round
+// each before the next, as add_bits would.
+CPD_FN int add_f32_any_applies(const Format& f, int mode) {
+  return (int)(add_f32_applies(f, mode) || add_f32_directed_applies(f, mode));
+}
+
+CPD_FN u32 sum_f32_bits(float x, float y, int mode) {
+  return mode == NEAREST ? bits_of(fadd(x, y)) : sum_f32_directed(x, y, mode);
+}
+
 CPD_FN u32 add_fast_operands(u32 ua, u32 ub, const Format& f) {
   return (u32)(cast_bits_fast(ua, f, NEAREST, 0u, 32) == ua) & (u32)(cast_bits_fast(ub, f, NEAREST, 0u, 32) == ub);
 }
