@@ -328,7 +328,7 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
         buf = kernels.encode(xs, segs, lay.wf, Rounding.NEAREST, False)
         acc = kernels.encode(torch.roll(xs, 1), segs, lay.wf, Rounding.NEAREST, False)
         out = torch.empty(m)
-        if name in ("e4m3", "e3m0"):
+        if name in ("e4m3", "e3m0", "bf16"):
             t = rate(lambda: kernels.encode(xs, segs, lay.wf, Rounding.NEAREST, False, out=acc.clone()), m)
             row("encode (scale, cast, pack)", fmt.name, "gradient", "", t)
         hops = [("gradient", buf, acc, Rounding.NEAREST, "", None)]
@@ -356,7 +356,7 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
             t = hop_rate(a, b, m // 16 if variant == "table" and fmt.bits == 16 else m, lay.wf, mode, variant)
             label = "hop (decode, add, encode)" + ("" if mode == Rounding.NEAREST else f", {mode.name.lower()}")
             row(label, fmt.name, codes, path, t)
-        if name in ("e4m3", "e3m0"):
+        if name in ("e4m3", "e3m0", "bf16"):
             t = rate(lambda: kernels.decode(buf, segs, out, lay.wf, 0.5), m)
             row("decode (unscale, 1/W)", fmt.name, "gradient", "", t)
         if name in ("e4m3", "e5m2", "bf16"):  # Kahan (a received compensation), float32 lanes and add_bits

@@ -691,7 +691,8 @@ void wire_encode(const at::Tensor& x, const at::Tensor& segs, at::Tensor out, in
 // is the rounding of cpd::sum_f32_bits(a, b) whenever those bits are finite; every operand is a
 // value of the format (decoded, a rounded result, or one negated), as the identities ask. So a
 // block runs as float32 lanes (GCC vectorizes the loop): the codes decoded through a table of
-// their values, each add's bits rounded by cast_bits_fast before the next, the two results'
+// their values, each add's bits rounded before the next (cast_bits_fast; to nearest, for the
+// formats of cpd::nearest_f_applies, by cpd::round_f's float32 arithmetic), the two results'
 // codes read off their last rounding (cast_code_fast). A block in which any of those bits is inf
 // or NaN (an inf/NaN code, a float32 overflow; also an inf the cast made, at the next add), or
 // of a format leaning on float32 subnormals (bfloat16) on a thread that flushes them, is redone
@@ -703,12 +704,14 @@ int kahan_fast_applies(const Wire& w) {
 // S, C, X (and CX with CARRY): the values of one block (the partial sum, its compensation, the
 // merged value and its own compensation); T, CC: the codes of the new sum and compensation.
 // Returns nonzero when a sum's float32 bits were inf or NaN (the caller redoes the block).
-template <int MODE, bool CARRY>
+template <int MODE, bool CARRY, bool FL>
 u32 kahan_lanes(const float* __restrict S, const float* __restrict C, const float* __restrict X,
-                const float* __restrict CX, int64_t m, const cpd::Format f, u32* __restrict T, u32* __restrict CC) {
+                const float* __restrict CX, int64_t m, const cpd::Format f, const cpd::FormatF g, u32* __restrict T,
+                u32* __restrict CC) {
   u32 special = 0;
   auto bad = [](u32 u) { return (u32)((u & ~cpd::SIGN) >= cpd::INF_BITS); };
-  auto rounded = [&](u32 u) { return cpd::float_of(cpd::cast_bits_fast(u, f, MODE, 0u, 32)); };
+  // FL: to nearest on float32 arithmetic alone (cpd::round_f, for cpd::nearest_f_applies formats)
+  auto rounded = [&](u32 u) { return cpd::float_of(FL ? cpd::round_f(u, g) : cpd::cast_bits_fast(u, f, MODE, 0u, 32)); };
   for (int64_t i = 0; i < m; ++i) {
     float c = C[i];
     if (CARRY) {
@@ -730,19 +733,23 @@ u32 kahan_lanes(const float* __restrict S, const float* __restrict C, const floa
   return special;
 }
 
-template <int MODE>
+template <int MODE, bool FL>
 u32 kahan_lanes_mode(bool carry, const float* S, const float* C, const float* X, const float* CX, int64_t m,
-                     const cpd::Format& f, u32* T, u32* CC) {
-  return carry ? kahan_lanes<MODE, true>(S, C, X, CX, m, f, T, CC) : kahan_lanes<MODE, false>(S, C, X, CX, m, f, T, CC);
+                     const cpd::Format& f, const cpd::FormatF& g, u32* T, u32* CC) {
+  return carry ? kahan_lanes<MODE, true, FL>(S, C, X, CX, m, f, g, T, CC)
+               : kahan_lanes<MODE, false, FL>(S, C, X, CX, m, f, g, T, CC);
 }
 
 u32 kahan_block_fast(int mode, bool carry, const float* S, const float* C, const float* X, const float* CX,
                      int64_t m, const cpd::Format& f, u32* T, u32* CC) {
+  if (mode == cpd::NEAREST && cpd::nearest_f_applies(f, mode))
+    return kahan_lanes_mode<cpd::NEAREST, true>(carry, S, C, X, CX, m, f, cpd::make_format_f(f), T, CC);
+  const cpd::FormatF g{};  // unused
   switch (mode) {
-    case cpd::NEAREST: return kahan_lanes_mode<cpd::NEAREST>(carry, S, C, X, CX, m, f, T, CC);
-    case cpd::TOWARD_ZERO: return kahan_lanes_mode<cpd::TOWARD_ZERO>(carry, S, C, X, CX, m, f, T, CC);
-    case cpd::UP: return kahan_lanes_mode<cpd::UP>(carry, S, C, X, CX, m, f, T, CC);
-    default: return kahan_lanes_mode<cpd::DOWN>(carry, S, C, X, CX, m, f, T, CC);
+    case cpd::NEAREST: return kahan_lanes_mode<cpd::NEAREST, false>(carry, S, C, X, CX, m, f, g, T, CC);
+    case cpd::TOWARD_ZERO: return kahan_lanes_mode<cpd::TOWARD_ZERO, false>(carry, S, C, X, CX, m, f, g, T, CC);
+    case cpd::UP: return kahan_lanes_mode<cpd::UP, false>(carry, S, C, X, CX, m, f, g, T, CC);
+    default: return kahan_lanes_mode<cpd::DOWN, false>(carry, S, C, X, CX, m, f, g, T, CC);
   }
 }
 
