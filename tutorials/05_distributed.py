@@ -188,7 +188,7 @@ for f in FORMATS:
 #   the state is created.
 
 # %% [markdown]
-# ## 5. Encoding ahead of the exponent exchange
+# ## 6. Encoding ahead of the exponent exchange
 #
 # The APS scales are agreed on in an exponent exchange, yet the hook encodes most of each bucket
 # *before* it, with the scales that bucket agreed on in the previous step, in the same pass over
@@ -203,3 +203,50 @@ for f in FORMATS:
     rows = json.loads((OUT / f"bytes_{f}.json").read_text())
     ahead, again = sum(r["ahead"] for r in rows), sum(r["again"] for r in rows)
     print(f"{f:8s} {ahead:14,d} {again:14,d}")
+
+# %% [markdown]
+# ## 7. Which loop sums your wire
+#
+# Each ring hop decodes the received codes, adds them to this rank's in the format (exactly:
+# one rounding per add, as `cpd.add`) and encodes the result, in one compiled pass. The loop
+# depends on the format, the rounding mode and Kahan: `kernels.hop_path` names it. 8-bit
+# formats to nearest run 8 lanes at a time; 16-bit codes (bf16, fp16) add in float32 and round
+# once, in every deterministic mode; Kahan hops run in float32 lanes too; formats no identity
+# covers read a table of every pair of codes (8 bits and narrower: `"tables"`, e.g. FNUZ) or call
+# `add_bits` per element (`"exact"`). Below, the time of one Kahan hop of
+# 2^16 bf16 codes in its lanes against `add_bits` (`CPD_WIRE_HOP=table` forces it): the same
+# bytes.
+
+# %%
+import time
+
+from cpd.distributed import kernels
+from cpd.distributed.wire import WireFormat
+from cpd.rounding import Rounding
+
+print(f"{'format':10s} {'rounding':12s} {'kahan':6s} loop")
+for fmt, mode, kahan in [("e4m3", "nearest", False), ("e5m2", "toward_zero", False), ("bf16", "nearest", False),
+                         ("bf16", "down", False), ("e5m2", "nearest", True), ("bf16", "up", True),
+                         ("e4m3fnuz", "nearest", False)]:
+    path = kernels.hop_path(WireFormat(cpd.FloatFormat.parse(fmt)), Rounding(mode), False, kahan=kahan)
+    print(f"{fmt:10s} {mode:12s} {str(kahan):6s} {path}")
+
+wf = WireFormat(cpd.BF16)
+g = torch.Generator().manual_seed(0)
+n = 1 << 16
+seg = kernels.segments([(0, n, 0)])
+s_codes, x_codes, c_codes = (kernels.encode(torch.randn(n, generator=g) * k, seg, wf, Rounding.NEAREST, False)
+                             for k in (1.0, 1.0, 2.0 ** -9))
+timing, result = {}, {}
+for path in (None, "table"):
+    if path:
+        os.environ["CPD_WIRE_HOP"] = path
+    acc, comp = x_codes.clone(), c_codes.clone()
+    t0 = time.perf_counter()
+    kernels.hop(s_codes, acc, n, wf, Rounding.NEAREST, False, kahan=True, acc_c=comp, recv_c=c_codes)
+    timing[path], result[path] = time.perf_counter() - t0, (acc, comp)
+    os.environ.pop("CPD_WIRE_HOP", None)
+same = all(torch.equal(a, b) for a, b in zip(result[None], result["table"]))
+print(f"Kahan hop of {n} bf16 codes: lanes {1e3 * timing[None]:.2f} ms, add_bits {1e3 * timing['table']:.2f} ms, "
+      f"same bytes: {same}")
+assert same
