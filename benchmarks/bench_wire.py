@@ -103,14 +103,14 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
     ddp = DDP(model(), **kw)
     ddp.register_comm_hook(None, _noop_hook)
     runs[VARIANTS[2]] = (ddp, None)
-    configs = (dict(fmt="e4m3"), dict(fmt=cpd.FloatFormat(3, 0)), dict(fmt="e5m2", kahan=True),
-               dict(fmt="bf16", rounding="toward_zero"))
-    for name, cfg in zip(CPD_VARIANTS, configs):
+    configs = (("e4m3", {}), (cpd.FloatFormat(3, 0), {}), ("e5m2", {"kahan": True}),
+               ("bf16", {"rounding": "toward_zero"}))  # (fmt, APSHookState options) of CPD_VARIANTS
+    for name, (fmt, extra) in zip(CPD_VARIANTS, configs):
         if (name not in opts.variants) if opts.variants else name in EXTRA_VARIANTS:
             continue
         m = model()
         ddp = DDP(m, **kw)
-        state = cpd.distributed.APSHookState(cfg.pop("fmt"), "ring", model=m, timeout=600, **cfg)
+        state = cpd.distributed.APSHookState(fmt, "ring", model=m, timeout=600, **extra)
         ddp.register_comm_hook(state, cpd.distributed.aps_hook)
         runs[name] = (ddp, state)
     times = {k: [] for k in runs}

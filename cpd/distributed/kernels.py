@@ -154,13 +154,16 @@ def hop(recv: torch.Tensor, acc: torch.Tensor, n: int, wf: WireFormat, rounding:
 
 def hop_path(wf: WireFormat, rounding: Rounding, saturate: bool, kahan: bool = False) -> str:
     """Which CPU loop :func:`hop` runs for a hop of this format (under the current ``CPD_WIRE_HOP``).
-    Kahan hops: ``"kahan-lanes"`` (float32 lanes, each add one rounding of a float32 sum: the formats
-    and modes of the wide and the fused loops, any code width up to 16 bits) or ``"exact"``. Plain hops: ``"vector"`` (the 8-bit formats of ``cuda/cpu/hop_avx2.h`` where AVX2 and F16C
-    are compiled in), ``"scalar"`` (the fused 8-bit loop: decode through a float table, float32 add,
-    one rounding), ``"wide-vector"`` / ``"wide"`` (9..16-bit codes, e.g. bf16, fp16, every deterministic
-    mode: float32 add, one rounding (directed: of the sum corrected by TwoSum's error term), with
-    bf16 and fp16 decoded 8 codes per step / through a table of the codes' values), ``"tables"`` (a table of every pair of codes), ``"exact"`` (``add_bits`` per
-    element) or ``"reference"`` (no extension: the public ops)."""
+
+    Plain hops: ``"vector"`` (the 8-bit formats of ``cuda/cpu/hop_avx2.h`` where AVX2 and F16C are
+    compiled in), ``"scalar"`` (the fused 8-bit loop: decode through a float table, float32 add,
+    one rounding), ``"wide-vector"`` / ``"wide"`` (9..16-bit codes, e.g. bf16, fp16, every
+    deterministic mode: float32 add, one rounding (directed: of the sum corrected by TwoSum's error
+    term), with bf16 and fp16 decoded 8 codes per step / through a table of the codes' values),
+    ``"tables"`` (a table of every pair of codes), ``"exact"`` (``add_bits`` per element).
+    Kahan hops: ``"kahan-lanes"`` (float32 lanes, each add one rounding of a float32 sum: the
+    formats and modes of the wide and the fused loops, any code width up to 16 bits) or
+    ``"exact"``. ``"reference"``: no extension (the public ops)."""
     ops = _ops()
     if ops is None:
         return "reference"

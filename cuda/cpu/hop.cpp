@@ -17,9 +17,9 @@
 // once per format, rounding mode and saturate flag, by those same functions), a byte gather; the
 // hop of a 9..16-bit format (bf16, fp16, ...) is the same float32 add rounded once (wide_hop, exact
 // by cpd::add_f32_applies to nearest, by cpd::sum_f32_directed's correction in the directed
-// modes), blocks with an inf/NaN sum through add_bits. The
-// result equals cpd.add / cpd.encode / cpd.decode bit for bit (tests/test_wire_kernels.py checks
-// every pair of 8-bit codes on every path).
+// modes), blocks with an inf/NaN sum through add_bits; the Kahan hop of those formats and modes
+// runs in float32 lanes (kahan_lanes). The result equals cpd.add / cpd.encode / cpd.decode bit
+// for bit (tests/test_wire_kernels.py checks every pair of 8-bit codes on every path).
 //
 // Wire layout (that of cpd.distributed.pack_codes): 8-bit codes one per byte; 1..7-bit codes as
 // a bit stream (low bits first, or high bits first with msb=true); 9..16-bit codes as int16,
@@ -349,8 +349,9 @@ void exact_hop_block(const uint8_t* rp, uint8_t* ap, int64_t e0, int64_t m, cons
 // Directed modes (the float32 sum of two fp16 values may need up to 41 bits, so it is not the
 // exact sum): the same loop on the float32 bits of cpd::sum_f32_directed (arith.h: TwoSum's error
 // term moves the float32 sum one step the way the mode rounds when the exact sum lies that way;
-// rounding those bits once is rounding the exact sum once), operands decoded whole first. Decode: bfloat16 and IEEE binary16 through their float32 and binary16 views
-// 8 codes per step where AVX2 + F16C are compiled in (cpd_hop_avx2::wide_sums), other formats
+// rounding those bits once is rounding the exact sum once), operands decoded whole first.
+// Decode: bfloat16 and IEEE binary16 through their float32 and binary16 views 8 codes per step
+// where AVX2 + F16C are compiled in (cpd_hop_avx2::wide_sums, wide_decode), other formats
 // (and CPD_WIRE_HOP=scalar) through a table of the 2^16 codes' values (decode_bits, built once per
 // format); the encode is a plain loop of cast_code_fast (GCC vectorizes it). Blocks are
 // independent: the result does not depend on the thread count.
@@ -470,9 +471,9 @@ void wide_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool vec
 // wire_hop_path reports it): add_bits per element, the pair tables, the fused scalar loop, the
 // fused loop with the AVX2 + F16C path, or the wide loop of 16-bit codes (with or without its
 // vector decode).
-// Formats of 9..16 bits (deterministic modes): the wide loop (wide_hop), with its AVX2 + F16C decode for
-// bfloat16 and binary16 (CPD_WIRE_HOP=scalar: the table decode; CPD_WIRE_HOP=table: add_bits, as
-// these formats have no pair table).
+// Formats of 9..16 bits (deterministic modes): the wide loop (wide_hop), with its AVX2 + F16C
+// decode for bfloat16 and binary16 (CPD_WIRE_HOP=scalar: the table decode; CPD_WIRE_HOP=table:
+// add_bits, as these formats have no pair table).
 enum HopLoop { LOOP_ADD = 0, LOOP_TABLE = 1, LOOP_FUSED = 2, LOOP_FUSED_AVX2 = 3, LOOP_WIDE = 4, LOOP_WIDE_AVX2 = 5 };
 int hop_loop(const Wire& w) {
   const int env = hop_env();
