@@ -4,8 +4,8 @@ Invariants defended:
 * the DDP hook's averaged gradients equal ``cpd.aps_allreduce`` / ``cpd.scaled_allreduce``
   (the single-process emulator, itself tested against exact arithmetic) divided by W, bit for bit,
   in spawned 2-, 3- and 4-process gloo groups, for the ring, hierarchical and one-rounding
-  algorithms, e5m2 / e4m3 / (3, 0) packed 4-bit codes, Kahan on and off, APS, loss scaling,
-  float32 layers; the low-precision result really differs from a float32 sum (the test can fail);
+  algorithms, e5m2 / e4m3 / (3, 0) packed 4-bit / bf16 / fp16 codes, Kahan on and off, rounding
+  to nearest, toward zero and up, APS, loss scaling, float32 layers; the low-precision result really differs from a float32 sum (the test can fail);
 * DDP training and ``APSOptimizer(process_group=...)`` training for a few steps give the same
   weights as emulated ``APSOptimizer`` training with the same worker split;
 * bytes on the wire: what ranks send equals what ranks receive, the ring's total equals its
@@ -136,7 +136,8 @@ def emulate(layers: dict, case: dict, world: int, with_report: bool = False):
     """The emulator's averaged result: the specification of the real path (and its report)."""
     fmt = cpd.FloatFormat.parse(case["fmt"])
     alg = case.get("algorithm", "ring")
-    kw = dict(kahan=case.get("kahan", False), fp32_layers=case.get("fp32_layers", ()))
+    kw = dict(kahan=case.get("kahan", False), fp32_layers=case.get("fp32_layers", ()),
+              rounding=case.get("rounding", "nearest"))
     if alg == "one_rounding":
         out = {}
         for k, xs in layers.items():
@@ -162,7 +163,7 @@ def emulate(layers: dict, case: dict, world: int, with_report: bool = False):
 
 
 def _hook_state(case: dict, model):
-    kw = {k: case[k] for k in ("group_size", "kahan", "fp32_layers", "roundoff") if k in case}
+    kw = {k: case[k] for k in ("group_size", "kahan", "fp32_layers", "roundoff", "rounding") if k in case}
     scaling = case.get("scaling", "aps")
     if scaling == "loss":
         kw["loss_scaler"] = cpd.LossScaler(2.0 ** case["scale_exp"])
@@ -398,7 +399,9 @@ HOOK_CASES = {
         dict(fmt="e4m3", algorithm="hierarchical", group_size=2, kahan=True)],
     3: [dict(fmt="e5m2", kahan=True, roundoff=True), dict(fmt=E43, algorithm="one_rounding"), dict(fmt="e4m3", fp32_layers=("c",)),
         dict(fmt=E43, kahan=True, bucket_cap_mb=1e-4), dict(fmt="e5m2", algorithm="hierarchical", group_size=1),
-        dict(fmt="e4m3", scaling=None)],
+        dict(fmt="e4m3", scaling=None),
+        # 16-bit codes in a directed mode (the wide hop), and Kahan in float32 lanes rounding up
+        dict(fmt="bf16", rounding="toward_zero"), dict(fmt="fp16", kahan=True, rounding="up")],
     4: [dict(fmt="e4m3"), dict(fmt=E43), dict(fmt="e5m2", algorithm="hierarchical", group_size=2),
         dict(fmt=E43, algorithm="hierarchical", group_size=2, kahan=True, bucket_cap_mb=1e-4),
         dict(fmt="e4m3", algorithm="hierarchical", group_size=4), dict(fmt="e5m2", algorithm="one_rounding"),
