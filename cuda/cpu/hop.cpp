@@ -846,12 +846,14 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
         u32 *T = reinterpret_cast<u32*>(CX + kBlock), *CC = T + kBlock;
         const u32* cs = role == 0 ? cr : ca;  // the partial sum: received (ring) or held (sequential)
         const u32* cx = role == 0 ? ca : cr;
-        for (int64_t i = 0; i < m; ++i) {
-          S[i] = t[cs[i]];
-          X[i] = t[cx[i]];
-          C[i] = role == 1 ? t[cac[i]] : rcp ? t[crc[i]] : 0.0f;  // no compensation yet: +0
-          if (carry) CX[i] = t[cac[i]];
-        }
+        auto values = [&](const u32* __restrict c, float* __restrict v) {
+          for (int64_t i = 0; i < m; ++i) v[i] = t[c[i]];
+        };
+        values(cs, S);
+        values(cx, X);
+        if (role == 1 || rcp) values(role == 1 ? cac : crc, C);
+        else std::fill(C, C + m, 0.0f);  // no compensation yet: +0
+        if (carry) values(cac, CX);
         if (!kahan_block_fast(md, carry, S, C, X, CX, m, f, T, CC)) {
           store_codes(ap, e0, m, w, T);
           store_codes(acp, e0, m, w, CC);
