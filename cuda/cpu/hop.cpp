@@ -349,7 +349,9 @@ void exact_hop_block(const uint8_t* rp, uint8_t* ap, int64_t e0, int64_t m, cons
 // Directed modes (the float32 sum of two fp16 values may need up to 41 bits, so it is not the
 // exact sum): the same loop on the float32 bits of cpd::sum_f32_directed (arith.h: TwoSum's error
 // term moves the float32 sum one step the way the mode rounds when the exact sum lies that way;
-// rounding those bits once is rounding the exact sum once), operands decoded whole first.
+// rounding those bits once is rounding the exact sum once). Both operands are decoded whole
+// first, then summed (cpd::sum_f32_bits), except to nearest through a vector view (wide_sums:
+// decode and add in one pass).
 // Decode: bfloat16 and IEEE binary16 through their float32 and binary16 views 8 codes per step
 // where AVX2 + F16C are compiled in (cpd_hop_avx2::wide_sums, wide_decode), other formats
 // (and CPD_WIRE_HOP=scalar) through a table of the 2^16 codes' values (decode_bits, built once per
@@ -406,6 +408,17 @@ inline void wide_values(const uint8_t* __restrict p, int64_t m, int view, const 
   }
 }
 
+// The float32 sums of m pairs of int16 codes through the view's vector decode (to nearest); view
+// is nonzero only where the AVX2 path is compiled in (wide_view).
+inline u32 wide_view_sums(const uint8_t* __restrict r, const uint8_t* __restrict a, int64_t m, int view, u32* sum) {
+#if CPD_HOP_AVX2
+  if (view == cpd_hop_avx2::WIDE_BF16) return cpd_hop_avx2::wide_sums<cpd_hop_avx2::WIDE_BF16>(r, a, m, sum);
+  if (view == cpd_hop_avx2::WIDE_F16) return cpd_hop_avx2::wide_sums<cpd_hop_avx2::WIDE_F16>(r, a, m, sum);
+#endif
+  (void)r, (void)a, (void)m, (void)view, (void)sum;
+  return 1;  // not reached
+}
+
 template <int MODE>
 void wide_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, int view) {
   const auto dec = view ? nullptr : decode_table16(w);
@@ -415,33 +428,21 @@ void wide_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, int
   cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
     alignas(32) u32 sum[kBlock];
     alignas(32) uint16_t out[kBlock];
-    alignas(32) float xv[MODE == cpd::NEAREST ? 1 : kBlock], yv[MODE == cpd::NEAREST ? 1 : kBlock];
+    alignas(32) float xv[kBlock], yv[kBlock];
     std::unique_ptr<u32[]> scratch;  // exact_hop_block's codes
+    const bool view_sums = MODE == cpd::NEAREST && view;  // decode and add in one vector pass
     for (int64_t k = b0; k < b1; ++k) {
       const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
       const uint8_t* __restrict r = rp + 2 * e0;
       uint8_t* a = ap + 2 * e0;
       u32 special = (u32)(need_sub && !float32_subnormals_kept());
-      if (!special && MODE != cpd::NEAREST) {  // directed: the bits of cpd::sum_f32_directed
+      if (!special && view_sums) {
+        special = wide_view_sums(r, a, m, view, sum);
+      } else if (!special) {  // both operands' values, then the bits of cpd::sum_f32_bits
         wide_values(r, m, view, table, xv);
         wide_values(a, m, view, table, yv);
         for (int64_t i = 0; i < m; ++i) {
-          sum[i] = cpd::sum_f32_directed(xv[i], yv[i], MODE);
-          special |= (u32)((sum[i] & ~cpd::SIGN) >= cpd::INF_BITS);
-        }
-      }
-#if CPD_HOP_AVX2
-      if (MODE == cpd::NEAREST && !special && view == cpd_hop_avx2::WIDE_BF16)
-        special = cpd_hop_avx2::wide_sums<cpd_hop_avx2::WIDE_BF16>(r, a, m, sum);
-      else if (MODE == cpd::NEAREST && !special && view == cpd_hop_avx2::WIDE_F16)
-        special = cpd_hop_avx2::wide_sums<cpd_hop_avx2::WIDE_F16>(r, a, m, sum);
-#endif
-      if (MODE == cpd::NEAREST && !special && !view) {
-        for (int64_t i = 0; i < m; ++i) {
-          uint16_t cr, ca;
-          std::memcpy(&cr, r + 2 * i, 2);
-          std::memcpy(&ca, a + 2 * i, 2);
-          sum[i] = cpd::bits_of(cpd::fadd(table[cr], table[ca]));
+          sum[i] = cpd::sum_f32_bits(xv[i], yv[i], MODE);
           special |= (u32)((sum[i] & ~cpd::SIGN) >= cpd::INF_BITS);
         }
       }
@@ -466,17 +467,26 @@ void wide_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool vec
   }
 }
 
+// Whether a Kahan hop of w runs in float32 lanes (kahan_lanes, below wire_encode).
+int kahan_fast_applies(const Wire& w) {
+  return (int)(!w.raw32 && w.bits <= 16 && cpd::cast_code_applies(w.f) && cpd::add_f32_any_applies(w.f, w.mode));
+}
+
 // ---- segments: [k, 3] int64 rows (offset in the float32 tensor, length, scale exponent)
-// The loop a plain (not Kahan) hop of w takes under the current CPD_WIRE_HOP (wire_hop runs it,
-// wire_hop_path reports it): add_bits per element, the pair tables, the fused scalar loop, the
+// The loop a hop of w takes under the current CPD_WIRE_HOP (wire_hop runs it, wire_hop_path
+// reports it). Plain hops: add_bits per element, the pair tables, the fused scalar loop, the
 // fused loop with the AVX2 + F16C path, or the wide loop of 16-bit codes (with or without its
-// vector decode).
-// Formats of 9..16 bits (deterministic modes): the wide loop (wide_hop), with its AVX2 + F16C
-// decode for bfloat16 and binary16 (CPD_WIRE_HOP=scalar: the table decode; CPD_WIRE_HOP=table:
-// add_bits, as these formats have no pair table).
-enum HopLoop { LOOP_ADD = 0, LOOP_TABLE = 1, LOOP_FUSED = 2, LOOP_FUSED_AVX2 = 3, LOOP_WIDE = 4, LOOP_WIDE_AVX2 = 5 };
-int hop_loop(const Wire& w) {
+// vector decode). Formats of 9..16 bits (deterministic modes): the wide loop (wide_hop), with its
+// AVX2 + F16C decode for bfloat16 and binary16 (CPD_WIRE_HOP=scalar: the table decode;
+// CPD_WIRE_HOP=table: add_bits, as these formats have no pair table). Kahan hops: the float32
+// lanes, or add_bits per element (CPD_WIRE_HOP=table, and the formats the lanes leave).
+enum HopLoop {
+  LOOP_ADD = 0, LOOP_TABLE = 1, LOOP_FUSED = 2, LOOP_FUSED_AVX2 = 3, LOOP_WIDE = 4, LOOP_WIDE_AVX2 = 5,
+  LOOP_KAHAN_LANES = 6
+};
+int hop_loop(const Wire& w, bool kahan) {
   const int env = hop_env();
+  if (kahan) return kahan_fast_applies(w) && env != HOP_TABLE ? LOOP_KAHAN_LANES : LOOP_ADD;
   if (wide_hop_applies(w)) {
     if (env == HOP_TABLE) return LOOP_ADD;
     return env == HOP_AUTO && wide_view(w) ? LOOP_WIDE_AVX2 : LOOP_WIDE;
@@ -698,10 +708,6 @@ void wire_encode(const at::Tensor& x, const at::Tensor& segs, at::Tensor out, in
 // or NaN (an inf/NaN code, a float32 overflow; also an inf the cast made, at the next add), or
 // of a format leaning on float32 subnormals (bfloat16) on a thread that flushes them, is redone
 // through add_bits. CPD_WIRE_HOP=table takes add_bits for every block.
-int kahan_fast_applies(const Wire& w) {
-  return (int)(!w.raw32 && w.bits <= 16 && cpd::cast_code_applies(w.f) && cpd::add_f32_any_applies(w.f, w.mode));
-}
-
 // S, C, X (and CX with CARRY): the values of one block (the partial sum, its compensation, the
 // merged value and its own compensation); T, CC: the codes of the new sum and compensation.
 // Returns nonzero when a sum's float32 bits were inf or NaN (the caller redoes the block).
@@ -781,7 +787,7 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
   const uint8_t* rp = recv.data_ptr<uint8_t>();
   uint8_t* ap = acc.data_ptr<uint8_t>();
   if (n == 0) return;
-  const int loop = kahan ? LOOP_ADD : hop_loop(w);
+  const int loop = hop_loop(w, kahan);
   if (loop == LOOP_FUSED || loop == LOOP_FUSED_AVX2) {
     NoGil nogil;
     fast_hop(rp, ap, n, w, loop == LOOP_FUSED_AVX2);
@@ -820,7 +826,7 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
   }
   const uint8_t* rcp = kahan && has_recv_c ? recv_c.data_ptr<uint8_t>() : nullptr;
   uint8_t* acp = kahan ? acc_c.data_ptr<uint8_t>() : nullptr;
-  const bool fast = kahan && kahan_fast_applies(w) && hop_env() != HOP_TABLE;
+  const bool fast = loop == LOOP_KAHAN_LANES;
   const auto table = fast ? decode_table16(w) : nullptr;  // the codes' values (<= 16 bits)
   const bool need_sub = cpd::add_f32_needs_subnormals(w.f);
   NoGil nogil;
@@ -891,9 +897,7 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
 // (tests and benchmarks/bench_wire.py ask, to know what they measure).
 int64_t wire_hop_path(int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t mode,
                       bool saturate, int64_t bits, bool raw32, bool kahan) {
-  const Wire w = make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, false, raw32);
-  if (kahan) return kahan_fast_applies(w) && hop_env() != HOP_TABLE ? 6 : 0;
-  return hop_loop(w);
+  return hop_loop(make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, false, raw32), kahan);
 }
 
 namespace {
@@ -935,13 +939,8 @@ at::Tensor wire_decode(const at::Tensor& in, const at::Tensor& segs, at::Tensor 
   for (int64_t j = 0; j < s.k; ++j)
     TORCH_CHECK(s.rows[3 * j] >= 0 && s.rows[3 * j] + s.rows[3 * j + 1] <= out.numel(), "cpd_wire: segment out of out");
   check_bytes(in, "in", nbytes_of(s.total, w.bits));
-  std::vector<float> table;
-  if (w.bits <= 8 && !w.raw32) {
-    table.resize((size_t)1 << w.bits);
-    for (size_t c = 0; c < table.size(); ++c) table[c] = cpd::float_of(cpd::decode_bits((u32)c, w.fe));
-  }
-  // 9..16-bit codes: the (cached) table of the 2^16 codes' values, as the wide hop's
-  const auto table16 = w.bits > 8 && w.bits <= 16 && !w.raw32 ? decode_table16(w) : nullptr;
+  // codes of up to 16 bits: the (cached) table of the codes' values, as the hops'
+  const auto table = w.bits <= 16 && !w.raw32 ? decode_table16(w) : nullptr;
   // 8-bit formats of the binary16 view: the codes' values 16 per step (hop_avx2.h)
 #if CPD_HOP_AVX2
   const std::unique_ptr<cpd_hop_avx2::Consts> vc(
@@ -963,12 +962,12 @@ at::Tensor wire_decode(const at::Tensor& in, const at::Tensor& segs, at::Tensor 
         const int64_t e0 = b * kBlock, m = std::min(s.total, e0 + kBlock) - e0;
         bool done = false;
 #if CPD_HOP_AVX2
-        done = vc && cpd_hop_avx2::decode_block(ip + e0, m, vals, *vc, table.data());
+        done = vc && cpd_hop_avx2::decode_block(ip + e0, m, vals, *vc, table->data());
 #endif
         if (!done) {
           load_codes(ip, e0, m, w, codes);
-          if (!table.empty() || table16) {
-            const float* __restrict t = table16 ? table16->data() : table.data();
+          if (table) {
+            const float* __restrict t = table->data();
             for (int64_t i = 0; i < m; ++i) vals[i] = t[codes[i]];
           } else {
             for (int64_t i = 0; i < m; ++i) vals[i] = cpd::float_of(value_of_code(codes[i], w));
