@@ -12,6 +12,7 @@ to the chunk's message byte for byte.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import os
@@ -38,6 +39,8 @@ class Layout:
     sizes: tuple
     #: Per chunk: ((layer index in the stream, first element in the layer, length), ...).
     rows: tuple
+    #: Per chunk: the position in the chunk where each of its rows starts.
+    starts: tuple
     #: Elements per chunk.
     lengths: tuple
     #: Byte offset of each chunk in the stream's buffer, and the total (parts + 1 entries).
@@ -65,15 +68,25 @@ class Layout:
     def segments(self, c: int, layer_offsets, scales, lo: int = 0, hi: int | None = None) -> torch.Tensor:
         """Kernel segments of elements ``[lo, hi)`` of chunk c (default all): (offset in the flat
         tensor, length, scale exponent) rows, for layers at ``layer_offsets`` (per stream layer)
-        scaled by ``2**scales[k]``."""
+        scaled by ``2**scales[k]``. Only the rows that meet ``[lo, hi)`` are visited (found by
+        bisection), so a sub-chunk of a bucket of many layers costs what its own layers cost."""
         hi = self.lengths[c] if hi is None else hi
-        out, pos = [], 0
-        for k, a, m in self.rows[c]:
+        rows, starts = self.rows[c], self.starts[c]
+        out = []
+        for j in range(max(bisect.bisect_right(starts, lo) - 1, 0), len(rows)):
+            pos = starts[j]
+            if pos >= hi:
+                break
+            k, a, m = rows[j]
             s0, s1 = max(lo, pos), min(hi, pos + m)
             if s1 > s0:
                 out.append((layer_offsets[k] + a + s0 - pos, s1 - s0, scales[k]))
-            pos += m
         return torch.tensor(out, dtype=torch.int64).reshape(-1, 3)
+
+    def ranges_segments(self, c: int, layer_offsets, scales, ranges) -> torch.Tensor:
+        """:meth:`segments` of several ranges ``[(lo, hi), ...]`` of chunk c, one after another."""
+        parts = [self.segments(c, layer_offsets, scales, lo, hi) for lo, hi in ranges]
+        return torch.cat(parts) if len(parts) != 1 else parts[0]
 
 
 @functools.lru_cache(maxsize=512)
@@ -88,7 +101,15 @@ def layout(fmt: FloatFormat, sizes: tuple, parts: int, sub: int = SUB_CHUNK) -> 
             if b > a:
                 rows[c].append((k, a, b - a))
     lengths = [sum(m for _, _, m in r) for r in rows]
+    starts = []
+    for r in rows:
+        pos, st = 0, []
+        for _, _, m in r:
+            st.append(pos)
+            pos += m
+        starts.append(tuple(st))
     offsets = [0]
     for n in lengths:
         offsets.append(offsets[-1] + wf.nbytes(n))
-    return Layout(wf, parts, tuple(sizes), tuple(tuple(r) for r in rows), tuple(lengths), tuple(offsets), sub)
+    return Layout(wf, parts, tuple(sizes), tuple(tuple(r) for r in rows), tuple(starts), tuple(lengths),
+                  tuple(offsets), sub)

@@ -260,10 +260,19 @@ class FormatReducer:
                         a = stale.pop()[0]
                     stale.append((a, b))
                 pos += m
-            for a, b in stale:
+            if len(stale) == 1:
+                a, b = stale[0]
                 kernels.encode(flat, lay.segments(c, offs, sc, a, b), lay.wf, cfg.rounding, cfg.saturate,
                                out=buf[lo + lay.wf.nbytes(a):lo + lay.wf.nbytes(b)])
-                again[0] += b - a
+            elif stale:  # many moved layers (a bucket of many small ones): one encode, then copies
+                codes = kernels.encode(flat, lay.ranges_segments(c, offs, sc, stale), lay.wf, cfg.rounding,
+                                       cfg.saturate, out=self._buffer(hi - lo, flat.device, 1))
+                at = 0
+                for a, b in stale:  # each range starts on a byte boundary, so its bytes follow on
+                    n = lay.wf.nbytes(b) - lay.wf.nbytes(a)
+                    buf[lo + lay.wf.nbytes(a):lo + lay.wf.nbytes(b)].copy_(codes[at:at + n])
+                    at += n
+            again[0] += sum(b - a for a, b in stale)
 
         def final(c: int, j: int, data: torch.Tensor) -> None:  # the fused decode of one final sub-chunk
             if data.numel():

@@ -1,0 +1,86 @@
+"""The chunk-major layout of a stream (cpd/distributed/layout.py) against a per-element oracle.
+
+Invariants defended:
+* chunk c of a stream is chunk c of every layer (``numpy.array_split``), layer after layer, and
+  :meth:`Layout.segments` of elements ``[lo, hi)`` of chunk c names exactly those elements of the
+  flat bucket, in order, each with its layer's scale: checked element by element against the
+  positions built from ``numpy.array_split`` for hypothesis' layer sizes (empty layers, layers
+  smaller than the number of chunks, single elements) and ranges (empty, whole, inside one layer,
+  across many);
+* :meth:`Layout.ranges_segments` of several ranges is their segments one after another;
+* a chunk's sub-chunks tile its bytes, each starting on a multiple of 8 elements.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cpd
+from cpd.distributed.layout import layout
+
+
+def _chunk_positions(sizes, parts, c):
+    """Flat positions of chunk c of the stream (layer after layer), and each one's layer."""
+    pos, layer, base = [], [], 0
+    for k, n in enumerate(sizes):
+        piece = np.array_split(np.arange(base, base + n), parts)[c]
+        pos += piece.tolist()
+        layer += [k] * len(piece)
+        base += n
+    return pos, layer
+
+
+def _expand(segs):
+    """(flat position, scale) of every element the segments rows name, in order."""
+    out = []
+    for off, n, s in segs.tolist():
+        out += [(off + i, s) for i in range(n)]
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=12), parts=st.integers(1, 5),
+       fmt=st.sampled_from(["e4m3", cpd.FloatFormat(3, 0), "bf16"]), data=st.data())
+def test_segments_name_the_chunk_elements(sizes, parts, fmt, data):
+    lay = layout(cpd.FloatFormat.parse(fmt) if isinstance(fmt, str) else fmt, tuple(sizes), parts, 8)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()
+    scales = [data.draw(st.integers(-20, 20)) for _ in sizes]
+    for c in range(parts):
+        pos, layer = _chunk_positions(sizes, parts, c)
+        assert lay.lengths[c] == len(pos)
+        assert _expand(lay.segments(c, offsets, scales)) == [(p, scales[k]) for p, k in zip(pos, layer)]
+        n = len(pos)
+        lo = data.draw(st.integers(0, n))
+        hi = data.draw(st.integers(lo, n))
+        want = [(p, scales[k]) for p, k in zip(pos[lo:hi], layer[lo:hi])]
+        assert _expand(lay.segments(c, offsets, scales, lo, hi)) == want
+        # several disjoint ranges, one after another
+        cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=6)))
+        ranges = [(a, b) for a, b in zip(cuts[::2], cuts[1::2])]
+        if ranges:
+            got = _expand(lay.ranges_segments(c, offsets, scales, ranges))
+            assert got == [(p, scales[k]) for a, b in ranges for p, k in zip(pos[a:b], layer[a:b])]
+        # sub-chunks tile the chunk's bytes
+        subs = lay.subchunks(c)
+        lo_b, hi_b = lay.chunk(c)
+        assert subs[0][0] == lo_b and subs[-1][1] == hi_b
+        assert all(x[1] == y[0] for x, y in zip(subs, subs[1:]))
+        assert sum(m for _, _, m in subs) == n
+
+
+def test_segments_of_a_bucket_of_many_layers_visit_only_their_rows():
+    """A sub-range inside one layer of a stream of thousands gives that layer's one row (found by
+    bisection: the cost of a sub-chunk's segments does not grow with the bucket's layer count)."""
+    sizes = tuple([3, 1000] * 2000)
+    lay = layout(cpd.FloatFormat.parse("e4m3"), sizes, 2, 8)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()
+    scales = list(range(len(sizes)))
+    pos, layer = _chunk_positions(sizes, 2, 1)
+    lo = pos.index(offsets[2001] + 500)  # inside layer 2001's chunk 1
+    segs = lay.segments(1, offsets, scales, lo, lo + 10)
+    assert segs.tolist() == [[offsets[2001] + 500, 10, 2001]]
+    with pytest.raises(ValueError, match="sub-chunk size"):
+        layout(cpd.FloatFormat.parse("e4m3"), (4,), 2, 12)
