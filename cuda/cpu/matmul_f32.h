@@ -130,7 +130,28 @@ struct AccI {
 
 #if CPD_CPU_F16_LANES
 struct AccH {
-#if defined(__F16C__)
+#if defined(__AVX512F__)
+  // 16 lanes per conversion (VCVTPS2PH / VCVTPH2PS on zmm: the same rounding as F16C's)
+  static __m512 rnd(__m512 v) {
+    return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  template <bool NEG>
+  void add(float* out, const float* x, const float* y) const {
+    for (int64_t i = 0; i < kLanes; i += 16) {
+      const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(y + i);
+      _mm512_storeu_ps(out + i, rnd(NEG ? _mm512_sub_ps(a, b) : _mm512_add_ps(a, b)));
+    }
+  }
+  void round(float* x) const {
+    for (int64_t i = 0; i < kLanes; i += 16) _mm512_storeu_ps(x + i, rnd(_mm512_loadu_ps(x + i)));
+  }
+  void sub_sub(float* out, const float* x, const float* y, const float* z) const {
+    for (int64_t i = 0; i < kLanes; i += 16) {
+      const __m512 d = rnd(_mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+      _mm512_storeu_ps(out + i, rnd(_mm512_sub_ps(d, _mm512_loadu_ps(z + i))));
+    }
+  }
+#elif defined(__F16C__)
   static __m256 rnd(__m256 v) {
     return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
