@@ -20,6 +20,7 @@ Method (rerun it anywhere you are root; traffic stays on a private loopback):
     python benchmarks/bench_wire.py                      # RATE in 1gbit 10gbit unthrottled, N in 2 4
     python benchmarks/bench_wire.py --rates 1gbit --nproc 2 --reps 9
     python benchmarks/bench_wire.py --kernels            # only the single-thread kernel rates
+    python benchmarks/bench_wire.py --model deep         # 194 small tensors instead of the MLP's 6
 
 The machine (CPU model, ISA level, cores) is printed first; on a shared machine say so with the
 figures. Without root or ``unshare`` the throttled rates are skipped with a message.
@@ -49,6 +50,9 @@ VARIANTS = ("ddp float32", "torch fp16 hook", "no-op hook (floor)", "cpd e4m3", 
 #: Run only when named in --variants: Kahan sums, a directed mode on 16-bit codes.
 EXTRA_VARIANTS = ("cpd e5m2 kahan", "cpd bf16 toward_zero")
 CPD_VARIANTS = VARIANTS[3:] + EXTRA_VARIANTS
+#: --model deep: DEEP_BLOCKS blocks of Linear(DEEP_WIDTH) + LayerNorm(DEEP_WIDTH) and a Linear head:
+#: 194 parameter tensors, 3.2M weights (the MLP: 6 tensors, 4.7M weights).
+DEEP_BLOCKS, DEEP_WIDTH = 48, 256
 
 
 def _noop_hook(state, bucket):
@@ -83,10 +87,13 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
-    w = opts.width
+    w = opts.width if opts.model == "mlp" else DEEP_WIDTH
 
     def model():
         torch.manual_seed(0)
+        if opts.model == "deep":  # many small tensors: what per-layer costs look like
+            blocks = [m for _ in range(DEEP_BLOCKS) for m in (torch.nn.Linear(w, w), torch.nn.LayerNorm(w))]
+            return torch.nn.Sequential(*blocks, torch.nn.Linear(w, 10))
         return torch.nn.Sequential(torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(),
                                    torch.nn.Linear(w, 10))
 
@@ -383,7 +390,7 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
 def run_one(rate: str, nproc: int, opts) -> dict | None:
     out = Path(tempfile.mkdtemp(prefix="bench_wire_")) / "res.json"
     cmd = [sys.executable, __file__, "--inner", "--rates", rate, "--nproc", str(nproc), "--reps", str(opts.reps),
-           "--width", str(opts.width), "--batch", str(opts.batch), "--out", str(out)] + (
+           "--width", str(opts.width), "--batch", str(opts.batch), "--model", opts.model, "--out", str(out)] + (
            ["--bucket-cap-mb", str(opts.bucket_cap_mb)] if opts.bucket_cap_mb is not None else []) + (
            ["--profile"] if opts.profile else []) + (["--variants", *opts.variants] if opts.variants else [])
     netns = shutil.which("unshare") is not None and os.geteuid() == 0
@@ -426,6 +433,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--width", type=int, default=1536, help="MLP width (1536: 4.7M weights)")
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--model", choices=("mlp", "deep"), default="mlp",
+                   help=f"mlp: three Linear layers of --width (6 tensors); deep: {DEEP_BLOCKS} blocks of "
+                        f"Linear({DEEP_WIDTH}) + LayerNorm (194 tensors, 3.2M weights: per-layer costs)")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP's bucket_cap_mb for every variant alike (default: DDP's 25)")
     p.add_argument("--no-kernels", action="store_true", help="skip the single-thread kernel rates")
@@ -448,7 +458,9 @@ def main(argv=None) -> int:
     if opts.kernels:
         return 0
     cap = "DDP's default" if opts.bucket_cap_mb is None else f"{opts.bucket_cap_mb:g} MB"
-    print(f"MLP width {opts.width}, batch {opts.batch}, bucket_cap_mb {cap} (every variant), {opts.reps} timed reps "
+    what = (f"MLP width {opts.width}" if opts.model == "mlp" else
+            f"deep model ({DEEP_BLOCKS} x Linear({DEEP_WIDTH}) + LayerNorm, 194 tensors)")
+    print(f"{what}, batch {opts.batch}, bucket_cap_mb {cap} (every variant), {opts.reps} timed reps "
           "per variant (medians of loss.backward(): backward + communication)")
     results = []
     for rate in opts.rates:
