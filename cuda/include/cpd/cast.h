@@ -106,10 +106,17 @@ CPD_FN u32 convention_bits(u32 sign, u32 mag, u32 a, const Format& f) {
 // NaN (fn). Written as two-way selects, not early returns, so that the host loop vectorizes.
 // Steps 1, 2, 3a, 3b and 4 are shared by both paths (finish_cast); only step 3's rounding of
 // the magnitude differs.
-CPD_FN u32 finish_cast(u32 u, u32 a, u32 sign, u32 mag, const Format& f, int mode) {
+//
+// `inf_by_3a`: the caller's rounded magnitude of a = INF_BITS is at least INF_BITS, and mode
+// never rounds inward; then step 3a already gives an infinite x its step-2 result (INF_BITS >
+// max_bits, so mag > max_bits and ovf = outward_bits), and step 2's select is left out. The fast
+// path's region N in the modes that round to nearest is such a caller (cast_bits_fast): it
+// rounds a by (a + half - 1 + even) & ~qmask, and INF_BITS's dropped bits are 0, so no carry
+// reaches the kept bits and nothing is lost above them. One select fewer per element.
+CPD_FN u32 finish_cast(u32 u, u32 a, u32 sign, u32 mag, const Format& f, int mode, int inf_by_3a = 0) {
   u32 ovf = sel(rounds_inward(mode, sign), f.max_bits, f.outward_bits);
   mag = sel((u32)(mag > f.max_bits), ovf, mag);                             // 3a.
-  mag = sel((u32)(a == INF_BITS), f.outward_bits, mag);                     // 2.
+  if (!inf_by_3a) mag = sel((u32)(a == INF_BITS), f.outward_bits, mag);     // 2.
   u32 flush = (u32)(f.subnormals == 0) & (u32)(mag < f.min_normal_bits);
   mag = sel(flush, 0u, mag);                                                // 3b.
   u32 res = convention_bits(sign, mag, a, f);  // a NaN from an fn overflow keeps the sign  // 4.
@@ -221,13 +228,17 @@ CPD_FN u32 round_sub_fast(u32 a, u32 sign, const Format& f, int mode, u32 rand, 
   return sel(grow, tz_up, tz);
 }
 
+// Round to nearest, ties to even or away: region N rounds INF_BITS to itself (finish_cast's
+// inf_by_3a).
+CPD_FN int nearest_family(int mode) { return (int)(mode == NEAREST || mode == NEAREST_AWAY); }
+
 CPD_FN u32 cast_bits_fast(u32 u, const Format& f, int mode, u32 rand, int sr_bits) {
   u32 sign = u & SIGN;
   u32 a = u ^ sign;
   u32 n_mag = round_normal_fast(a, sign, f, mode, rand, sr_bits);
   u32 s_mag = round_sub_fast(a, sign, f, mode, rand, sr_bits);
   u32 mag = sel((u32)(a < f.min_normal_bits), s_mag, n_mag);                // 3.
-  return finish_cast(u, a, sign, mag, f, mode);
+  return finish_cast(u, a, sign, mag, f, mode, nearest_family(mode));
 }
 
 // cast_bits_fast restricted to region N: the same expression with region S left out, so it
@@ -237,7 +248,7 @@ CPD_FN u32 cast_bits_fast(u32 u, const Format& f, int mode, u32 rand, int sr_bit
 CPD_FN u32 cast_bits_fast_normal(u32 u, const Format& f, int mode, u32 rand, int sr_bits) {
   u32 sign = u & SIGN;
   u32 a = u ^ sign;
-  return finish_cast(u, a, sign, round_normal_fast(a, sign, f, mode, rand, sr_bits), f, mode);
+  return finish_cast(u, a, sign, round_normal_fast(a, sign, f, mode, rand, sr_bits), f, mode, nearest_family(mode));
 }
 
 // The cast, on whichever path applies. Loops should test f.fast once per launch and call
