@@ -84,3 +84,36 @@ def test_segments_of_a_bucket_of_many_layers_visit_only_their_rows():
     assert segs.tolist() == [[offsets[2001] + 500, 10, 2001]]
     with pytest.raises(ValueError, match="sub-chunk size"):
         layout(cpd.FloatFormat.parse("e4m3"), (4,), 2, 12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(numels=st.lists(st.integers(0, 100), max_size=8), world=st.integers(1, 9), data=st.data())
+def test_float32_ring_bytes_counts_the_ring_messages(numels, world, data):
+    """The byte model of a float32 ring allreduce equals the chunks a ring sends, counted from
+    numpy.array_split: rank r sends every chunk but (r + 1) % W in the reduce-scatter and every
+    chunk but (r + 2) % W in the allgather (4 bytes each, or itemsize)."""
+    from cpd.distributed import float32_ring_bytes
+
+    rank = data.draw(st.integers(0, world - 1))
+    want = 0
+    if world > 1:
+        for n in numels:
+            sizes = [len(c) for c in np.array_split(np.arange(n), world)]
+            want += sum(sizes[c] for c in range(world) if c != (rank + 1) % world)
+            want += sum(sizes[c] for c in range(world) if c != (rank + 2) % world)
+    assert float32_ring_bytes(numels, world, rank) == 4 * want
+    assert float32_ring_bytes(numels, world, rank, itemsize=2) == 2 * want
+
+
+@pytest.mark.parametrize("fmt", [cpd.FloatFormat(e, m) for e, m in ((2, 0), (2, 1), (3, 0), (3, 2), (4, 3), (5, 2),
+                                                                    (5, 3), (5, 10), (8, 7), (6, 9), (8, 15), (8, 22))]
+                         + [cpd.FP32])
+def test_wire_bytes_of_every_width(fmt):
+    """WireFormat.nbytes (computed from its width, found once) equals cpd.codec.code_nbytes; FP32
+    travels as 4 raw bytes per value."""
+    from cpd.codec import code_nbytes
+    from cpd.distributed.wire import WireFormat
+
+    wf = WireFormat(fmt)
+    for n in (0, 1, 2, 3, 7, 8, 9, 1000, 1001):
+        assert wf.nbytes(n) == (4 * n if fmt == cpd.FP32 else code_nbytes(n, fmt.bits)), (fmt, n)

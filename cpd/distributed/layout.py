@@ -65,14 +65,9 @@ class Layout:
             out.append((base + self.wf.nbytes(a), base + self.wf.nbytes(b), b - a))
         return out
 
-    def segments(self, c: int, layer_offsets, scales, lo: int = 0, hi: int | None = None) -> torch.Tensor:
-        """Kernel segments of elements ``[lo, hi)`` of chunk c (default all): (offset in the flat
-        tensor, length, scale exponent) rows, for layers at ``layer_offsets`` (per stream layer)
-        scaled by ``2**scales[k]``. Only the rows that meet ``[lo, hi)`` are visited (found by
-        bisection), so a sub-chunk of a bucket of many layers costs what its own layers cost."""
-        hi = self.lengths[c] if hi is None else hi
+    def _rows(self, c: int, layer_offsets, scales, lo: int, hi: int, out: list) -> None:
+        """Append the (offset, length, scale) rows of elements ``[lo, hi)`` of chunk c to ``out``."""
         rows, starts = self.rows[c], self.starts[c]
-        out = []
         for j in range(max(bisect.bisect_right(starts, lo) - 1, 0), len(rows)):
             pos = starts[j]
             if pos >= hi:
@@ -81,12 +76,22 @@ class Layout:
             s0, s1 = max(lo, pos), min(hi, pos + m)
             if s1 > s0:
                 out.append((layer_offsets[k] + a + s0 - pos, s1 - s0, scales[k]))
+
+    def segments(self, c: int, layer_offsets, scales, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """Kernel segments of elements ``[lo, hi)`` of chunk c (default all): (offset in the flat
+        tensor, length, scale exponent) rows, for layers at ``layer_offsets`` (per stream layer)
+        scaled by ``2**scales[k]``. Only the rows that meet ``[lo, hi)`` are visited (found by
+        bisection), so a sub-chunk of a bucket of many layers costs what its own layers cost."""
+        out: list = []
+        self._rows(c, layer_offsets, scales, lo, self.lengths[c] if hi is None else hi, out)
         return torch.tensor(out, dtype=torch.int64).reshape(-1, 3)
 
     def ranges_segments(self, c: int, layer_offsets, scales, ranges) -> torch.Tensor:
         """:meth:`segments` of several ranges ``[(lo, hi), ...]`` of chunk c, one after another."""
-        parts = [self.segments(c, layer_offsets, scales, lo, hi) for lo, hi in ranges]
-        return torch.cat(parts) if len(parts) != 1 else parts[0]
+        out: list = []
+        for lo, hi in ranges:
+            self._rows(c, layer_offsets, scales, lo, hi, out)
+        return torch.tensor(out, dtype=torch.int64).reshape(-1, 3)
 
 
 @functools.lru_cache(maxsize=512)

@@ -99,7 +99,8 @@ class FormatReducer:
         cfg = self.cfg
         if not self.encode_ahead or step < cfg.hybrid_steps:
             return None
-        low = tuple(i for i in range(len(sizes)) if present[i] and not cfg.is_fp32_layer(names[i]))
+        fp32_names = bool(cfg.fp32_layers)
+        low = tuple(i for i in range(len(sizes)) if present[i] and not (fp32_names and cfg.is_fp32_layer(names[i])))
         if not low:
             return None
         if cfg.scaling == "aps":
@@ -168,13 +169,14 @@ class FormatReducer:
         all_fp32 = step < cfg.hybrid_steps
         rep = StepReport(step=step, world=w, rank=tp.pos, algorithm=cfg.algorithm, fmt=cfg.fmt.name, buckets=1)
         low, f32, nonfinite, scales = [], [], [], {}
+        emax, fp32_names = cfg.fmt.emax, bool(cfg.fp32_layers)
         for i, (name, e) in enumerate(zip(names, ex)):
             if e == NONE:
                 rep.status[name], rep.scale_exp[name] = "skipped", None
             elif e == NONFINITE:
                 rep.status[name], rep.scale_exp[name] = "nonfinite", None
                 nonfinite.append(i)
-            elif all_fp32 or cfg.is_fp32_layer(name):
+            elif all_fp32 or (fp32_names and cfg.is_fp32_layer(name)):
                 rep.status[name], rep.scale_exp[name] = "fp32", None
                 f32.append(i)
             elif e == ZERO:
@@ -182,7 +184,7 @@ class FormatReducer:
                 low.append(i)
                 scales[i] = 0
             else:
-                s = (cfg.fmt.emax - e - cfg.margin if cfg.scaling == "aps"
+                s = (emax - e - cfg.margin if cfg.scaling == "aps"
                      else (scale_exp or 0) if cfg.scaling == "loss" else 0)
                 rep.status[name], rep.scale_exp[name] = "lowp", s
                 low.append(i)

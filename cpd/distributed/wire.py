@@ -10,10 +10,10 @@ of 8 elements, so sub-chunk messages concatenate to the chunk's message byte for
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from ..codec import code_nbytes, pack_codes, unpack_codes
 from ..formats import FP32, FloatFormat
-from ..primitives import chunk_bounds
 
 __all__ = ["WireFormat", "pack_codes", "unpack_codes", "float32_ring_bytes"]
 
@@ -25,17 +25,26 @@ class WireFormat:
 
     fmt: FloatFormat
 
-    @property
+    @functools.cached_property
     def raw32(self) -> bool:
         return self.fmt == FP32
 
-    @property
+    @functools.cached_property
     def bits(self) -> int:
         return 32 if self.raw32 else self.fmt.bits
 
+    @functools.cached_property
+    def _per(self) -> tuple[int, int]:
+        """(bits per value, 1) up to 8 bits (packed), else (bytes per value, 0)."""
+        b = self.bits
+        code_nbytes(0, b)  # checks the width once
+        return (b, 1) if b <= 8 else (2 if b <= 16 else 4, 0)
+
     def nbytes(self, n: int) -> int:
-        """Bytes of ``n`` values (:func:`cpd.codec.code_nbytes`)."""
-        return code_nbytes(n, self.bits)
+        """Bytes of ``n`` values (:func:`cpd.codec.code_nbytes`; the hot path of the layouts,
+        computed from the width found once)."""
+        w, packed = self._per
+        return (n * w + 7) // 8 if packed else n * w
 
 
 def float32_ring_bytes(numels, world: int, rank: int = 0, itemsize: int = 4) -> int:
@@ -49,8 +58,8 @@ def float32_ring_bytes(numels, world: int, rank: int = 0, itemsize: int = 4) -> 
     if world == 1:
         return 0
     total = 0
-    for n in numels:
-        b = chunk_bounds(n, world)
-        size = lambda c: b[c % world][1] - b[c % world][0]  # noqa: E731
-        total += 2 * n - size(rank + 1) - size(rank + 2)
+    c1, c2 = (rank + 1) % world, (rank + 2) % world
+    for n in numels:  # chunk c of n has q + 1 elements for c < r, else q (chunk_bounds)
+        q, r = divmod(n, world)
+        total += 2 * n - 2 * q - (c1 < r) - (c2 < r)
     return itemsize * total
