@@ -357,6 +357,25 @@ def test_float32_lane_path_equals_generic_path(mul, acc):
                 check(a, b, kahan, block)
 
 
+@pytest.mark.skipif(_cpu.extension() is None, reason="no compiled extension")
+@pytest.mark.parametrize("mul,acc", [(F52, F510), (cpd.E4M3, cpd.BF16), (cpd.E5M2, cpd.FloatFormat(6, 7)),
+                                     (None, cpd.FP16), (None, F52)], ids=lambda f: getattr(f, "name", str(f)))
+def test_lane_tiles_across_many_columns(mul, acc):
+    """Rows wider than several tiles (64 lanes, or 128 on AVX-512 builds), with a partial last
+    tile and a batch: every lane path equals the generic one, plain, Kahan and blocked (the tiles'
+    column offsets, the live-lane count and b's column blocks are each checked against it)."""
+    g = torch.Generator().manual_seed(31)
+    for n in (129, 300):
+        a = torch.randn(2, 5, 37, generator=g)
+        b = torch.randn(2, 37, n, generator=g) * 0.5
+        for kahan in (False, True):
+            for block in (0, 5):
+                gen = _ext_matmul(a, b, mul, acc, kahan, block, "nearest", 1)
+                for path in LANE_PATHS:
+                    fast = _ext_matmul(a, b, mul, acc, kahan, block, "nearest", path)
+                    assert bits_equal(fast, gen), (n, kahan, block, path, _bits_mismatch(fast, gen))
+
+
 # Accumulators for fused steps (no mul: each step rounds x + a*b once) on float32 lanes
 FUSED_ACCS = [F510, cpd.BF16, F52, cpd.FloatFormat(6, 7), cpd.FloatFormat(4, 3, subnormals=False),
               cpd.FloatFormat(5, 6, specials="fn"), cpd.FloatFormat(3, 2, specials="finite")]

@@ -49,7 +49,16 @@
 
 namespace cpd_cpu {
 
-constexpr int64_t kLanes = 64;  // outputs per tile (a multiple of 8)
+// Outputs per tile (a multiple of 8): 8 vectors per lane array, whose independent chains of
+// roundings the core overlaps (a step's four Kahan roundings depend on each other): 8 AVX2
+// vectors of 8 floats, or 8 AVX-512 vectors of 16 (with 64 lanes, AVX-512 had only 4 chains: every
+// row of bench_matmul ran 5-20% slower). A column block of b is K x kLanes floats (256 KiB at
+// K = 512 on AVX-512: still in L2).
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 128;
+#else
+constexpr int64_t kLanes = 64;
+#endif
 
 // The compiler folds a format field that holds a compile-time constant: the policies below run
 // their loops on a local copy of the format whose flush (FormatF::flush_below = 0: subnormals
