@@ -21,6 +21,7 @@ Method (rerun it anywhere you are root; traffic stays on a private loopback):
     python benchmarks/bench_wire.py --rates 1gbit --nproc 2 --reps 9
     python benchmarks/bench_wire.py --kernels            # only the single-thread kernel rates
     python benchmarks/bench_wire.py --model deep         # 194 small tensors instead of the MLP's 6
+    python benchmarks/bench_wire.py --bucket-view        # every variant with gradient_as_bucket_view=True
 
 The machine (CPU model, ISA level, cores) is printed first; on a shared machine say so with the
 figures. Without root or ``unshare`` the throttled rates are skipped with a message.
@@ -102,6 +103,8 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
     if prof is not None:  # backward alone (no DDP, no communication): what overlap could hide
         runs["backward alone"] = (model(), None)
     kw = {} if opts.bucket_cap_mb is None else {"bucket_cap_mb": opts.bucket_cap_mb}  # the same for every variant
+    if opts.bucket_view:
+        kw["gradient_as_bucket_view"] = True
     ddp = DDP(model(), **kw)
     runs[VARIANTS[0]] = (ddp, None)
     ddp = DDP(model(), **kw)
@@ -392,7 +395,8 @@ def run_one(rate: str, nproc: int, opts) -> dict | None:
     cmd = [sys.executable, __file__, "--inner", "--rates", rate, "--nproc", str(nproc), "--reps", str(opts.reps),
            "--width", str(opts.width), "--batch", str(opts.batch), "--model", opts.model, "--out", str(out)] + (
            ["--bucket-cap-mb", str(opts.bucket_cap_mb)] if opts.bucket_cap_mb is not None else []) + (
-           ["--profile"] if opts.profile else []) + (["--variants", *opts.variants] if opts.variants else [])
+           ["--profile"] if opts.profile else []) + (["--variants", *opts.variants] if opts.variants else []) + (
+           ["--bucket-view"] if opts.bucket_view else [])
     netns = shutil.which("unshare") is not None and os.geteuid() == 0
     if netns:
         cmd = ["unshare", "--net", "--", *cmd, "--netns"]
@@ -438,6 +442,9 @@ def main(argv=None) -> int:
                         f"Linear({DEEP_WIDTH}) + LayerNorm (194 tensors, 3.2M weights: per-layer costs)")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP's bucket_cap_mb for every variant alike (default: DDP's 25)")
+    p.add_argument("--bucket-view", action="store_true",
+                   help="DDP(gradient_as_bucket_view=True) for every variant alike: the gradients are views of "
+                        "DDP's buckets, so DDP copies them neither in nor out (its documented speed option)")
     p.add_argument("--no-kernels", action="store_true", help="skip the single-thread kernel rates")
     p.add_argument("--kernels", action="store_true", help="only the single-thread kernel rates")
     p.add_argument("--variants", nargs="+", choices=CPD_VARIANTS,
@@ -460,7 +467,8 @@ def main(argv=None) -> int:
     cap = "DDP's default" if opts.bucket_cap_mb is None else f"{opts.bucket_cap_mb:g} MB"
     what = (f"MLP width {opts.width}" if opts.model == "mlp" else
             f"deep model ({DEEP_BLOCKS} x Linear({DEEP_WIDTH}) + LayerNorm, 194 tensors)")
-    print(f"{what}, batch {opts.batch}, bucket_cap_mb {cap} (every variant), {opts.reps} timed reps "
+    view = ", gradient_as_bucket_view=True" if opts.bucket_view else ""
+    print(f"{what}, batch {opts.batch}, bucket_cap_mb {cap}{view} (every variant), {opts.reps} timed reps "
           "per variant (medians of loss.backward(): backward + communication)")
     results = []
     for rate in opts.rates:

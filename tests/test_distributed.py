@@ -39,6 +39,7 @@ import datetime
 import math
 import os
 import socket
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -180,7 +181,8 @@ def job_hook(rank: int, world: int, cases: list) -> list:
     dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
     for seed, case in enumerate(cases):
         model = Toy().to(dev)
-        ddp = DDP(model, bucket_cap_mb=case.get("bucket_cap_mb", 25), device_ids=[rank] if cuda else None)
+        ddp = DDP(model, bucket_cap_mb=case.get("bucket_cap_mb", 25), device_ids=[rank] if cuda else None,
+                  gradient_as_bucket_view=case.get("bucket_view", False))
         state = _hook_state(case, model)
         ddp.register_comm_hook(state, cpd.distributed.aps_hook)
         mine = {k: v.to(dev) for k, v in synthetic(rank, seed).items()}
@@ -246,7 +248,7 @@ def job_train(rank: int, world: int, cases: list) -> list:
 
         # 1. DDP with the hook.
         m1 = fresh()
-        ddp = DDP(m1)
+        ddp = DDP(m1, gradient_as_bucket_view=case.get("bucket_view", False))  # grads: views of DDP's buckets
         state = cpd.distributed.APSHookState(fmt, alg, group_size=gs, scaling=scaling, fp32_layers=fp32, model=m1,
                                              loss_scaler=scaler(), hybrid_steps=hybrid, timeout=30)
         ddp.register_comm_hook(state, cpd.distributed.aps_hook)
@@ -388,7 +390,32 @@ def job_die(rank: int, world: int) -> dict:
     return {"error": None}
 
 
-JOBS = {"hook": job_hook, "train": job_train, "faults": job_faults, "die": job_die}
+def job_sched(rank: int, world: int) -> dict:
+    """The gloo socket threads of cpd's own groups under SCHED_BATCH (transport._batch_gloo_loops),
+    the default group's left alone, and CPD_GLOO_SCHED=default turning it off."""
+    from cpd.distributed.transport import _gloo_loops
+
+    def batch(tids):
+        return sum(os.sched_getscheduler(t) == os.SCHED_BATCH for t in tids)
+
+    before = _gloo_loops()
+    ring = cpd.distributed.APSHookState("e4m3", "ring", timeout=30)
+    mid = _gloo_loops()
+    hier = cpd.distributed.APSHookState("e4m3", "hierarchical", group_size=2, timeout=30)
+    after = _gloo_loops()
+    os.environ["CPD_GLOO_SCHED"] = "default"
+    off = cpd.distributed.APSHookState("e4m3", "ring", timeout=30)
+    last = _gloo_loops()
+    # and the exchange still works on those threads
+    g = torch.full((5,), float(rank + 1))
+    out, rep = ring.engine.reduce_flat(g, [True], ["x"], [5], [(5,)], step=0, scale_exp=None)
+    return {"default_group": len(before), "default_batch": batch(before),
+            "ring_moved": ring.engine.tp.batch_threads, "ring_new": len(mid - before), "ring_batch": batch(mid - before),
+            "hier_moved": hier.engine.tp.batch_threads, "hier_batch": batch(after - mid), "hier_new": len(after - mid),
+            "off_moved": off.engine.tp.batch_threads, "off_batch": batch(last - after), "sum": out.tolist()}
+
+
+JOBS = {"hook": job_hook, "train": job_train, "faults": job_faults, "die": job_die, "sched": job_sched}
 
 # ------------------------------------------------------------------------------------ cases
 E43 = cpd.FloatFormat(3, 0)
@@ -401,7 +428,11 @@ HOOK_CASES = {
         dict(fmt=E43, kahan=True, bucket_cap_mb=1e-4), dict(fmt="e5m2", algorithm="hierarchical", group_size=1),
         dict(fmt="e4m3", scaling=None),
         # 16-bit codes in a directed mode (the wide hop), and Kahan in float32 lanes rounding up
-        dict(fmt="bf16", rounding="toward_zero"), dict(fmt="fp16", kahan=True, rounding="up")],
+        dict(fmt="bf16", rounding="toward_zero"), dict(fmt="fp16", kahan=True, rounding="up"),
+        # gradients as views of DDP's buckets (the hook's in-place decode writes them), and with
+        # the round-off report (whose result is a new tensor DDP copies in)
+        dict(fmt="e4m3", bucket_view=True), dict(fmt=E43, kahan=True, bucket_view=True, bucket_cap_mb=1e-4),
+        dict(fmt="e5m2", roundoff=True, bucket_view=True)],
     4: [dict(fmt="e4m3"), dict(fmt=E43), dict(fmt="e5m2", algorithm="hierarchical", group_size=2),
         dict(fmt=E43, algorithm="hierarchical", group_size=2, kahan=True, bucket_cap_mb=1e-4),
         dict(fmt="e4m3", algorithm="hierarchical", group_size=4), dict(fmt="e5m2", algorithm="one_rounding"),
@@ -426,6 +457,19 @@ def test_hook_bit_identical_to_emulator(hook_results, world):
     for i in range(len(HOOK_CASES[world])):
         reps = [hook_results[world][r][i]["report"] for r in range(world)]
         assert all(rep.scale_exp == reps[0].scale_exp and rep.status == reps[0].status for rep in reps)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_BATCH and /proc/self/task are Linux's")
+def test_gloo_socket_threads_of_cpd_groups_run_batch(tmp_path):
+    """cpd moves the gloo socket threads of its own groups (the ring's, the hierarchical
+    subgroups') to SCHED_BATCH and no other; CPD_GLOO_SCHED=default leaves them alone; the
+    exchange works on them."""
+    for rank, r in enumerate(spawn("sched", 2, tmp_path)):
+        assert r["default_group"] >= 1 and r["default_batch"] == 0, r
+        assert r["ring_moved"] == r["ring_new"] == r["ring_batch"] >= 1, r
+        assert r["hier_moved"] == r["hier_new"] == r["hier_batch"] >= 2, r  # its group and its subgroup
+        assert r["off_moved"] == 0 and r["off_batch"] == 0, r
+        assert r["sum"] == [3.0] * 5, r  # 1 + 2 (exact in e4m3)
 
 
 def _ring_total(numels: dict, world: int, bits: int) -> int:
@@ -468,7 +512,8 @@ def test_packing_round_trips_every_width():
 
 
 TRAIN_CASES = [dict(fmt="e4m3", steps=3, hybrid_steps=1), dict(fmt=E43, steps=3, algorithm="hierarchical", group_size=2),
-               dict(fmt="e5m2", steps=3, scaling="loss", fp32_layers=("fc2",))]
+               dict(fmt="e5m2", steps=3, scaling="loss", fp32_layers=("fc2",)),
+               dict(fmt="e4m3", steps=3, bucket_view=True)]
 
 
 @pytest.fixture(scope="module")
@@ -730,7 +775,7 @@ def job_comp_train(rank: int, world: int, cases: list) -> dict:
             return Net()
 
         m1 = fresh()
-        ddp = DDP(m1)
+        ddp = DDP(m1, gradient_as_bucket_view=case.get("bucket_view", False))  # grads: views of DDP's buckets
         state = cpd.distributed.APSHookState(compressor=comp, algorithm=alg, model=m1, timeout=30, **kw)
         ddp.register_comm_hook(state, cpd.distributed.aps_hook)
         o1 = torch.optim.SGD(m1.parameters(), lr=0.5, momentum=0.9)
