@@ -186,6 +186,12 @@ for f in FORMATS:
 # * A rank that raises or dies makes the others raise `cpd.distributed.CommunicationError` after
 #   at most `timeout` seconds; mismatched configurations raise a `ValueError` on every rank when
 #   the state is created.
+# * `DDP(model, gradient_as_bucket_view=True)` works with the hook too, and is faster where the
+#   CPU is the bound: the gradients are views of DDP's buckets, the hook decodes the averages into
+#   them in place, and DDP copies nothing in or out (`bench_wire.py --bucket-view`).
+# * On Linux the gloo socket threads of cpd's own groups run under `SCHED_BATCH` (no preemption on
+#   wakeup: gloo's socket thread spins while it cannot take a lock, and preempting the thread that
+#   holds it cost a scheduler tick on busy machines); `CPD_GLOO_SCHED=default` turns that off.
 
 # %% [markdown]
 # ## 6. Encoding ahead of the exponent exchange
