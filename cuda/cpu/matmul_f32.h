@@ -138,67 +138,55 @@ struct AccI {
 };
 
 #if CPD_CPU_F16_LANES
-struct AccH {
+// The processor's float32 vectors with their binary16 round trip (convert to binary16, rounding
+// to nearest even, and back): 16 lanes per VCVTPS2PH / VCVTPH2PS on AVX-512 (zmm), 8 per F16C
+// conversion (ymm), 4 per NEON FCVT.
+struct H16Vec {
 #if defined(__AVX512F__)
-  // 16 lanes per conversion (VCVTPS2PH / VCVTPH2PS on zmm: the same rounding as F16C's)
-  static __m512 rnd(__m512 v) {
-    return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
-  template <bool NEG>
-  void add(float* out, const float* x, const float* y) const {
-    for (int64_t i = 0; i < kLanes; i += 16) {
-      const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(y + i);
-      _mm512_storeu_ps(out + i, rnd(NEG ? _mm512_sub_ps(a, b) : _mm512_add_ps(a, b)));
-    }
-  }
-  void round(float* x) const {
-    for (int64_t i = 0; i < kLanes; i += 16) _mm512_storeu_ps(x + i, rnd(_mm512_loadu_ps(x + i)));
-  }
-  void sub_sub(float* out, const float* x, const float* y, const float* z) const {
-    for (int64_t i = 0; i < kLanes; i += 16) {
-      const __m512 d = rnd(_mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-      _mm512_storeu_ps(out + i, rnd(_mm512_sub_ps(d, _mm512_loadu_ps(z + i))));
-    }
-  }
+  using V = __m512;
+  static constexpr int64_t kWidth = 16;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V rnd(V v) { return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
 #elif defined(__F16C__)
-  static __m256 rnd(__m256 v) {
-    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
-  template <bool NEG>
-  void add(float* out, const float* x, const float* y) const {
-    for (int64_t i = 0; i < kLanes; i += 8) {
-      const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(y + i);
-      _mm256_storeu_ps(out + i, rnd(NEG ? _mm256_sub_ps(a, b) : _mm256_add_ps(a, b)));
-    }
-  }
-  void round(float* x) const {
-    for (int64_t i = 0; i < kLanes; i += 8) _mm256_storeu_ps(x + i, rnd(_mm256_loadu_ps(x + i)));
-  }
-  void sub_sub(float* out, const float* x, const float* y, const float* z) const {
-    for (int64_t i = 0; i < kLanes; i += 8) {
-      const __m256 d = rnd(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-      _mm256_storeu_ps(out + i, rnd(_mm256_sub_ps(d, _mm256_loadu_ps(z + i))));
-    }
-  }
+  using V = __m256;
+  static constexpr int64_t kWidth = 8;
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V rnd(V v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
 #else
-  static float32x4_t rnd(float32x4_t v) { return vcvt_f32_f16(vcvt_f16_f32(v)); }
+  using V = float32x4_t;
+  static constexpr int64_t kWidth = 4;
+  static V load(const float* p) { return vld1q_f32(p); }
+  static void store(float* p, V v) { vst1q_f32(p, v); }
+  static V add(V a, V b) { return vaddq_f32(a, b); }
+  static V sub(V a, V b) { return vsubq_f32(a, b); }
+  static V rnd(V v) { return vcvt_f32_f16(vcvt_f16_f32(v)); }
+#endif
+};
+
+struct AccH {
+  using H = H16Vec;
   template <bool NEG>
   void add(float* out, const float* x, const float* y) const {
-    for (int64_t i = 0; i < kLanes; i += 4) {
-      const float32x4_t a = vld1q_f32(x + i), b = vld1q_f32(y + i);
-      vst1q_f32(out + i, rnd(NEG ? vsubq_f32(a, b) : vaddq_f32(a, b)));
+    for (int64_t i = 0; i < kLanes; i += H::kWidth) {
+      const H::V a = H::load(x + i), b = H::load(y + i);
+      H::store(out + i, H::rnd(NEG ? H::sub(a, b) : H::add(a, b)));
     }
   }
   void round(float* x) const {
-    for (int64_t i = 0; i < kLanes; i += 4) vst1q_f32(x + i, rnd(vld1q_f32(x + i)));
+    for (int64_t i = 0; i < kLanes; i += H::kWidth) H::store(x + i, H::rnd(H::load(x + i)));
   }
   void sub_sub(float* out, const float* x, const float* y, const float* z) const {
-    for (int64_t i = 0; i < kLanes; i += 4) {
-      const float32x4_t d = rnd(vsubq_f32(vld1q_f32(x + i), vld1q_f32(y + i)));
-      vst1q_f32(out + i, rnd(vsubq_f32(d, vld1q_f32(z + i))));
+    for (int64_t i = 0; i < kLanes; i += H::kWidth) {
+      const H::V d = H::rnd(H::sub(H::load(x + i), H::load(y + i)));
+      H::store(out + i, H::rnd(H::sub(d, H::load(z + i))));
     }
   }
-#endif
 };
 #endif
 
