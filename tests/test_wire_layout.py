@@ -63,12 +63,24 @@ def test_segments_name_the_chunk_elements(sizes, parts, fmt, data):
         if ranges:
             got = _expand(lay.ranges_segments(c, offsets, scales, ranges))
             assert got == [(p, scales[k]) for a, b in ranges for p, k in zip(pos[a:b], layer[a:b])]
-        # sub-chunks tile the chunk's bytes
-        subs = lay.subchunks(c)
+        # sub-chunks tile the chunk's bytes: as few as hold at most `sub` elements each, cut at
+        # multiples of 8 elements (byte boundaries for every width), the same size but the last
+        subs, bounds = lay.subchunks(c), lay.sub_bounds(c)
         lo_b, hi_b = lay.chunk(c)
         assert subs[0][0] == lo_b and subs[-1][1] == hi_b
         assert all(x[1] == y[0] for x, y in zip(subs, subs[1:]))
         assert sum(m for _, _, m in subs) == n
+        assert len(bounds) == max(-(-n // 8), 1) and bounds[0][0] == 0 and bounds[-1][1] == n
+        assert all(a % 8 == 0 and b - a <= 8 for a, b in bounds)
+        assert [(lo_b + lay.wf.nbytes(a), lo_b + lay.wf.nbytes(b), b - a) for a, b in bounds] == subs
+
+
+@pytest.mark.parametrize("n,sub,want", [(1180421, 1 << 20, [590216, 590205]), (100, 48, [40, 40, 20]),
+                                        (96, 48, [48, 48]), (7, 48, [7]), (0, 48, [0]), (49, 8, [8] * 6 + [1])])
+def test_sub_chunks_are_balanced(n, sub, want):
+    """A chunk a little over `sub` elements is cut in two halves, not `sub` and a sliver."""
+    lay = layout(cpd.FloatFormat.parse("e4m3"), (n,), 1, sub)
+    assert [b - a for a, b in lay.sub_bounds(0)] == want
 
 
 def test_segments_of_a_bucket_of_many_layers_visit_only_their_rows():

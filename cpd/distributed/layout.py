@@ -56,14 +56,21 @@ class Layout:
         """Byte range of chunk c."""
         return self.offsets[c], self.offsets[c + 1]
 
+    def sub_bounds(self, c: int) -> list[tuple[int, int]]:
+        """Element ranges ``[a, b)`` of the sub-chunks of chunk c (one, possibly empty, at least):
+        as few as hold at most ``sub`` elements each, of equal size rounded up to a multiple of 8
+        (the last one shorter), so that a chunk a little over ``sub`` is cut in two halves, not
+        into ``sub`` and a sliver: the first message of a hop lands, and is merged while the
+        second travels, sooner."""
+        n = self.lengths[c]
+        k = max(-(-n // self.sub), 1)
+        size = -(-(-(-n // k)) // 8) * 8 if n else self.sub
+        return [(a, min(n, a + size)) for a in range(0, max(n, 1), size)]
+
     def subchunks(self, c: int) -> list[tuple[int, int, int]]:
-        """(first byte, end byte, elements) of each sub-chunk of chunk c (one, possibly empty, at least)."""
-        n, base = self.lengths[c], self.offsets[c]
-        out = []
-        for a in range(0, max(n, 1), self.sub):
-            b = min(n, a + self.sub)
-            out.append((base + self.wf.nbytes(a), base + self.wf.nbytes(b), b - a))
-        return out
+        """(first byte, end byte, elements) of each sub-chunk of chunk c (:meth:`sub_bounds`)."""
+        base = self.offsets[c]
+        return [(base + self.wf.nbytes(a), base + self.wf.nbytes(b), b - a) for a, b in self.sub_bounds(c)]
 
     def _rows(self, c: int, layer_offsets, scales, lo: int, hi: int, out: list) -> None:
         """Append the (offset, length, scale) rows of elements ``[lo, hi)`` of chunk c to ``out``."""

@@ -73,8 +73,8 @@ class CompressedReducer:
 
         def final(c: int, j: int, data: torch.Tensor) -> None:  # sub-chunk j of chunk c is final
             if data.numel():
-                a = j * lay.sub
-                kernels.decode(data, lay.segments(c, offs, sc, a, min(lay.lengths[c], a + lay.sub)), out, lay.wf)
+                a, b = lay.sub_bounds(c)[j]
+                kernels.decode(data, lay.segments(c, offs, sc, a, b), out, lay.wf)
 
         if self.cfg.algorithm == "ring":
             ring(tp, lay, buf, None, tp.ranks, tp.pos, Sums(Rounding.NEAREST, False, False), final=final)

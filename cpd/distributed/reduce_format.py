@@ -278,8 +278,7 @@ class FormatReducer:
 
         def final(c: int, j: int, data: torch.Tensor) -> None:  # the fused decode of one final sub-chunk
             if data.numel():
-                a = j * lay.sub  # sub-chunk j: elements [j * sub, (j + 1) * sub) of chunk c
-                b = min(lay.lengths[c], a + lay.sub)
+                a, b = lay.sub_bounds(c)[j]  # sub-chunk j of chunk c
                 wf = lay32.wf if lay32 is not None else lay.wf
                 bad[0] += kernels.decode(data, lay.segments(c, offs, sc, a, b), out, wf, inv)
 
