@@ -8,7 +8,11 @@ Invariants defended:
   smaller than the number of chunks, single elements) and ranges (empty, whole, inside one layer,
   across many);
 * :meth:`Layout.ranges_segments` of several ranges is their segments one after another;
-* a chunk's sub-chunks tile its bytes, each starting on a multiple of 8 elements.
+* a chunk's sub-chunks tile its bytes: as few as hold at most ``sub`` elements, each starting on
+  a multiple of 8 elements, of equal size but the last (a chunk a little over ``sub`` goes in two
+  halves);
+* the float32 byte model (:func:`cpd.distributed.float32_ring_bytes`) counts the messages of a ring
+  built from ``numpy.array_split``, and :meth:`WireFormat.nbytes` equals ``cpd.codec.code_nbytes``.
 """
 
 from __future__ import annotations
