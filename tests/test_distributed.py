@@ -775,7 +775,7 @@ def job_comp_train(rank: int, world: int, cases: list) -> dict:
             return Net()
 
         m1 = fresh()
-        ddp = DDP(m1, gradient_as_bucket_view=case.get("bucket_view", False))  # grads: views of DDP's buckets
+        ddp = DDP(m1)
         state = cpd.distributed.APSHookState(compressor=comp, algorithm=alg, model=m1, timeout=30, **kw)
         ddp.register_comm_hook(state, cpd.distributed.aps_hook)
         o1 = torch.optim.SGD(m1.parameters(), lr=0.5, momentum=0.9)

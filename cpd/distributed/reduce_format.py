@@ -99,8 +99,7 @@ class FormatReducer:
         cfg = self.cfg
         if not self.encode_ahead or step < cfg.hybrid_steps:
             return None
-        fp32_names = bool(cfg.fp32_layers)
-        low = tuple(i for i in range(len(sizes)) if present[i] and not (fp32_names and cfg.is_fp32_layer(names[i])))
+        low = tuple(i for i in range(len(sizes)) if present[i] and not cfg.is_fp32_layer(names[i]))
         if not low:
             return None
         if cfg.scaling == "aps":
@@ -169,14 +168,14 @@ class FormatReducer:
         all_fp32 = step < cfg.hybrid_steps
         rep = StepReport(step=step, world=w, rank=tp.pos, algorithm=cfg.algorithm, fmt=cfg.fmt.name, buckets=1)
         low, f32, nonfinite, scales = [], [], [], {}
-        emax, fp32_names = cfg.fmt.emax, bool(cfg.fp32_layers)
+        emax = cfg.fmt.emax
         for i, (name, e) in enumerate(zip(names, ex)):
             if e == NONE:
                 rep.status[name], rep.scale_exp[name] = "skipped", None
             elif e == NONFINITE:
                 rep.status[name], rep.scale_exp[name] = "nonfinite", None
                 nonfinite.append(i)
-            elif all_fp32 or (fp32_names and cfg.is_fp32_layer(name)):
+            elif all_fp32 or cfg.is_fp32_layer(name):
                 rep.status[name], rep.scale_exp[name] = "fp32", None
                 f32.append(i)
             elif e == ZERO:
