@@ -22,9 +22,13 @@ Method (rerun it anywhere you are root; traffic stays on a private loopback):
     python benchmarks/bench_wire.py --kernels            # only the single-thread kernel rates
     python benchmarks/bench_wire.py --model deep         # 194 small tensors instead of the MLP's 6
     python benchmarks/bench_wire.py --bucket-view        # every variant with gradient_as_bucket_view=True
+    python benchmarks/bench_wire.py --pin                # each rank's threads on cores of its own
 
 The machine (CPU model, ISA level, cores) is printed first; on a shared machine say so with the
-figures. Without root or ``unshare`` the throttled rates are skipped with a message.
+figures. By default the scheduler places every thread of every rank on any core, as ``torchrun``
+does; ``--pin`` gives each rank its own cores (an equal share, in rank order; with more ranks than
+cores, rank r on core r mod cores), as separate machines would have, so that a rank's data stays
+in its cores' caches. Without root or ``unshare`` the throttled rates are skipped with a message.
 """
 
 from __future__ import annotations
@@ -78,6 +82,20 @@ def machine() -> str:
 
 
 # ------------------------------------------------------------------------------------ the worker
+def rank_cores(rank: int, world: int, cores: list[int]) -> list[int]:
+    """--pin: the cores of ``rank``: an equal share of ``cores`` in rank order, or (more ranks
+    than cores) core ``rank mod len(cores)``."""
+    k = len(cores) // world
+    return cores[rank * k:(rank + 1) * k] if k else [cores[rank % len(cores)]]
+
+
+def _pin(rank: int, world: int) -> None:
+    """Every thread of this process (and those it starts later) on this rank's cores."""
+    cores = rank_cores(rank, world, sorted(os.sched_getaffinity(0)))
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), cores)
+
+
 def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -85,6 +103,8 @@ def _worker(rank: int, world: int, port: int, opts, out: str) -> None:
 
     import cpd
 
+    if opts.pin:
+        _pin(rank, world)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
@@ -396,7 +416,7 @@ def run_one(rate: str, nproc: int, opts) -> dict | None:
            "--width", str(opts.width), "--batch", str(opts.batch), "--model", opts.model, "--out", str(out)] + (
            ["--bucket-cap-mb", str(opts.bucket_cap_mb)] if opts.bucket_cap_mb is not None else []) + (
            ["--profile"] if opts.profile else []) + (["--variants", *opts.variants] if opts.variants else []) + (
-           ["--bucket-view"] if opts.bucket_view else [])
+           ["--bucket-view"] if opts.bucket_view else []) + (["--pin"] if opts.pin else [])
     netns = shutil.which("unshare") is not None and os.geteuid() == 0
     if netns:
         cmd = ["unshare", "--net", "--", *cmd, "--netns"]
@@ -445,6 +465,9 @@ def main(argv=None) -> int:
     p.add_argument("--bucket-view", action="store_true",
                    help="DDP(gradient_as_bucket_view=True) for every variant alike: the gradients are views of "
                         "DDP's buckets, so DDP copies them neither in nor out (its documented speed option)")
+    p.add_argument("--pin", action="store_true",
+                   help="each rank's threads on cores of its own (an equal share; with more ranks than cores, "
+                        "rank r on core r mod cores), as on separate machines; default: the scheduler's choice")
     p.add_argument("--no-kernels", action="store_true", help="skip the single-thread kernel rates")
     p.add_argument("--kernels", action="store_true", help="only the single-thread kernel rates")
     p.add_argument("--variants", nargs="+", choices=CPD_VARIANTS,
@@ -467,7 +490,8 @@ def main(argv=None) -> int:
     cap = "DDP's default" if opts.bucket_cap_mb is None else f"{opts.bucket_cap_mb:g} MB"
     what = (f"MLP width {opts.width}" if opts.model == "mlp" else
             f"deep model ({DEEP_BLOCKS} x Linear({DEEP_WIDTH}) + LayerNorm, 194 tensors)")
-    view = ", gradient_as_bucket_view=True" if opts.bucket_view else ""
+    view = (", gradient_as_bucket_view=True" if opts.bucket_view else "") + (
+        ", each rank pinned to its own cores" if opts.pin else "")
     print(f"{what}, batch {opts.batch}, bucket_cap_mb {cap}{view} (every variant), {opts.reps} timed reps "
           "per variant (medians of loss.backward(): backward + communication)")
     results = []
