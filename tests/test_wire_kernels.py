@@ -582,7 +582,7 @@ def test_decode_every_code(fmt, monkeypatch):
     codes = torch.cat([fin.repeat(2048 // fin.numel() + 1)[:2048], fin, bad, fin[:37]]).to(torch.uint8)
     for n in (codes.numel(), 2048 + 15, 2048, 17, 3):
         rows = [(0, n, 0)] if n < 64 else [(0, 1000, 0), (1000, 1100, -135), (2100, n - 2100, 20)] if n > 2100 \
-            else [(0, 1000, 3), (1000, n - 1000, -140)]
+            else [(0, 600, 3), (600, 400, 130), (1000, n - 1000, -140)]  # 2^-130: a float32 subnormal
         segs = kernels.segments(rows)
         for inv, path in itertools.product((1.0, 0.25), (None, "scalar")):
             if path:
@@ -603,12 +603,16 @@ def test_decode_every_code(fmt, monkeypatch):
 def test_decode_every_16_bit_code(fmt):
     """The decode of 9..16-bit codes (through the table of the codes' values) against the public
     ops on every code (inf and NaN included), scale exponents that keep, shrink (to float32
-    subnormals) and grow the values, with and without the 1/W factor, 1 and 3 threads."""
+    subnormals) and grow the values, with and without the 1/W factor, 1 and 3 threads; bf16's APS
+    scales are about 2^130, whose inverse is a float32 subnormal (the float64 product: 126 is the
+    last exponent multiplied in float32)."""
     f = cpd.FloatFormat.parse(fmt) if isinstance(fmt, str) else fmt
     wf = WireFormat(f)
     n = 1 << wf.bits
     codes = _bytes(torch.arange(n), wf)
-    segs = kernels.segments([(0, n // 3, 0), (n // 3, n // 3, -120), (2 * (n // 3), n - 2 * (n // 3), 30)])
+    scales = (0, -120, 30, 126, 127, 133, 149)
+    k = n // len(scales)
+    segs = kernels.segments([(i * k, k if i + 1 < len(scales) else n - i * k, sc) for i, sc in enumerate(scales)])
     old = torch.get_num_threads()
     try:
         for inv, th in itertools.product((1.0, 0.25), (1, 3)):
