@@ -192,6 +192,11 @@ for f in FORMATS:
 # * On Linux the gloo socket threads of cpd's own groups run under `SCHED_BATCH` (no preemption on
 #   wakeup: gloo's socket thread spins while it cannot take a lock, and preempting the thread that
 #   holds it cost a scheduler tick on busy machines); `CPD_GLOO_SCHED=default` turns that off.
+# * Several ranks on one machine (tests, a workstation, a CPU node): give each rank cores of its own
+#   (`taskset`, `numactl`, or `os.sched_setaffinity` on every thread at the start of the rank, as
+#   `bench_wire.py --pin` does). A rank's bucket, codes and received bytes then stay in its cores'
+#   caches; on a 2-core machine that took the E4M3 step at 10 Gbit/s from 0.73–0.78 of DDP float32
+#   to 0.61–0.73 (docs/distributed.md). cpd pins nothing itself.
 
 # %% [markdown]
 # ## 6. Encoding ahead of the exponent exchange
