@@ -470,7 +470,8 @@ KAHAN_LANES = ["e4m3", "e5m2", "e4m3fn", cpd.FloatFormat(3, 0), cpd.FloatFormat(
 def test_kahan_hop_lanes(fmt, monkeypatch):
     """The Kahan hop's float32 lanes (each add one rounding of a float32 sum: kahan_lanes) against
     Accumulator.merge (cpd.add per line) and against the add_bits loop (CPD_WIRE_HOP=table), on
-    finite codes in most blocks (so that the lanes, not the redo, answer them): sums and values
+    finite codes in most blocks (so that the lanes, not the redo, answer them), the operands decoded
+    by the vector paths and by the table (CPD_WIRE_HOP=scalar): sums and values
     of like and of far-apart magnitudes, compensations from tiny to as large as the sum, exact
     cancellations; one block with an inf/NaN code (redone through add_bits), a length ending
     inside a block; every deterministic mode, saturate on and off, each role (ring, with and
@@ -504,7 +505,7 @@ def test_kahan_hop_lanes(fmt, monkeypatch):
             args = dict(kahan=True, recv_c=recv_c if has_c else None, carry=carry, sequential=seq)
             want, want_c = acc.clone(), acc_c.clone()
             kernels.hop_reference(recv, want, n, wf, mode, sat, acc_c=want_c, **args)
-            for path, th in ((None, 1), (None, 3), ("table", 1)):
+            for path, th in ((None, 1), (None, 3), ("scalar", 1), ("table", 1)):  # scalar: the lanes' table decode
                 torch.set_num_threads(th)
                 if path:
                     monkeypatch.setenv("CPD_WIRE_HOP", path)

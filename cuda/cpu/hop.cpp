@@ -830,6 +830,16 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
   const bool fast = loop == LOOP_KAHAN_LANES;
   const auto table = fast ? decode_table16(w) : nullptr;  // the codes' values (<= 16 bits)
   const bool need_sub = cpd::add_f32_needs_subnormals(w.f);
+#if CPD_HOP_AVX2
+  // The lanes' operands straight from the wire bytes, 8 or 16 per step (hop_avx2.h), where the
+  // fused hop and the decode have a vector decode: the binary16 view of 8-bit formats
+  // (decode_block; a block with a code past the view's limit takes the table), bfloat16's and
+  // binary16's own bits (wide_values). CPD_WIRE_HOP=scalar: the table for every block.
+  const bool vec = fast && hop_env() == HOP_AUTO;
+  const std::unique_ptr<cpd_hop_avx2::Consts> vc8(
+      vec && w.bits == 8 && cpd_hop_avx2::applies(w.fe, cpd::NEAREST) ? new cpd_hop_avx2::Consts(w.fe) : nullptr);
+  const int view16 = vec && w.bits == 16 ? wide_view(w) : 0;
+#endif
   NoGil nogil;
   cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
     std::vector<u32> buf((fast ? 10 : 4) * kBlock);
@@ -843,30 +853,34 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
         exact_hop_block(rp, ap, e0, m, w, cr, ca);
         continue;
       }
-      load_codes(rp, e0, m, w, cr);
-      load_codes(ap, e0, m, w, ca);
-      if (rcp) load_codes(rcp, e0, m, w, crc);
-      if (carry || role == 1) load_codes(acp, e0, m, w, cac);
       if (fast && (!need_sub || float32_subnormals_kept())) {
         const float* __restrict t = table->data();
         float *S = reinterpret_cast<float*>(cac + kBlock), *C = S + kBlock, *X = C + kBlock, *CX = X + kBlock;
         u32 *T = reinterpret_cast<u32*>(CX + kBlock), *CC = T + kBlock;
-        const u32* cs = role == 0 ? cr : ca;  // the partial sum: received (ring) or held (sequential)
-        const u32* cx = role == 0 ? ca : cr;
-        auto values = [&](const u32* __restrict c, float* __restrict v) {
-          for (int64_t i = 0; i < m; ++i) v[i] = t[c[i]];
+        // the values of the m codes of bytes p from element e0 (scratch: room for their codes)
+        auto values = [&](const uint8_t* p, u32* __restrict scratch, float* __restrict v) {
+#if CPD_HOP_AVX2
+          if (vc8 && cpd_hop_avx2::decode_block(p + e0, m, v, *vc8, t)) return;
+          if (view16) return wide_values(p + 2 * e0, m, view16, t, v);
+#endif
+          load_codes(p, e0, m, w, scratch);
+          for (int64_t i = 0; i < m; ++i) v[i] = t[scratch[i]];
         };
-        values(cs, S);
-        values(cx, X);
-        if (role == 1 || rcp) values(role == 1 ? cac : crc, C);
+        values(role == 0 ? rp : ap, cr, S);  // the partial sum: received (ring) or held (sequential)
+        values(role == 0 ? ap : rp, ca, X);
+        if (role == 1 || rcp) values(role == 1 ? acp : rcp, crc, C);
         else std::fill(C, C + m, 0.0f);  // no compensation yet: +0
-        if (carry) values(cac, CX);
+        if (carry) values(acp, cac, CX);
         if (!kahan_block_fast(md, carry, S, C, X, CX, m, f, T, CC)) {
           store_codes(ap, e0, m, w, T);
           store_codes(acp, e0, m, w, CC);
           continue;
         }
       }
+      load_codes(rp, e0, m, w, cr);  // add_bits per element (or the lanes met an inf or NaN)
+      load_codes(ap, e0, m, w, ca);
+      if (rcp) load_codes(rcp, e0, m, w, crc);
+      if (carry || role == 1) load_codes(acp, e0, m, w, cac);
       for (int64_t i = 0; i < m; ++i) {
         u32 s, c, x;
         if (role == 0) {
