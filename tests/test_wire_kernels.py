@@ -747,3 +747,44 @@ def test_cuda_kernels_through_the_host_shim_equal_cpu(fmt):
         kernels.decode(cpu, segs, o1, wf, 0.5)
         cuda_kernels.decode(cpu, segs, o2, wf, 0.5, launcher=_shim.launch)
         assert torch.equal(o1.view(torch.int32), o2.view(torch.int32)), (wf.fmt.name, mode)
+
+
+@compiled
+@pytest.mark.parametrize("fmt", SMALL + ["bf16", "fp16"], ids=lambda f: getattr(f, "name", f))
+def test_cuda_hop_lanes_through_the_host_shim(fmt):
+    """hop.cu's hop (its float32 lanes, add_lanes, where arith.h's identities hold; add_bits
+    otherwise), run on the host by the shim, against the public ops (hop_reference: cpd.add per
+    merge): every pair of codes of the formats of <= 8 bits and random pairs of 16-bit codes
+    (inf and NaN included), then the Kahan merge of every role on random codes, sums and
+    compensations both, every deterministic mode, saturate on and off."""
+    from cpd import _shim
+    from cpd.distributed import cuda_kernels
+
+    f = cpd.FloatFormat.parse(fmt) if isinstance(fmt, str) else fmt
+    wf = WireFormat(f)
+    g = torch.Generator().manual_seed(11)
+    if wf.bits <= 8:
+        ra, rb = _all_pairs(wf.bits, False)
+    else:
+        ra, rb = (torch.randint(0, 1 << wf.bits, (6000,), generator=g) for _ in range(2))
+    n = ra.numel()
+    recv, acc = _bytes(ra, wf), _bytes(rb, wf)
+    for mode, sat in itertools.product(MODES, (False, True)):
+        want = acc.clone()
+        kernels.hop_reference(recv, want, n, wf, mode, sat)
+        got = acc.clone()
+        cuda_kernels.hop(recv, got, n, wf, mode, sat, False, None, None, False, False, launcher=_shim.launch)
+        assert _same(got, want, n, wf), (f.name, mode, sat)
+    n = 1000 + 5
+    rows = [_bytes(torch.randint(0, 1 << wf.bits, (n,), generator=g), wf) for _ in range(4)]
+    for mode, sat, (has_c, carry, seq) in itertools.product(
+            MODES, (False, True), [(False, False, False), (True, False, False), (True, True, False),
+                                   (False, True, False), (False, False, True)]):
+        recv, recv_c, acc, acc_c = rows
+        want, want_c = acc.clone(), acc_c.clone()
+        kernels.hop_reference(recv, want, n, wf, mode, sat, kahan=True, recv_c=recv_c if has_c else None,
+                              acc_c=want_c, carry=carry, sequential=seq)
+        got, got_c = acc.clone(), acc_c.clone()
+        cuda_kernels.hop(recv, got, n, wf, mode, sat, True, recv_c if has_c else None, got_c, carry, seq,
+                         launcher=_shim.launch)
+        assert _same(got, want, n, wf) and _same(got_c, want_c, n, wf), (f.name, mode, sat, has_c, carry, seq)

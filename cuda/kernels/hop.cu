@@ -3,7 +3,8 @@
 //
 // One thread per group of 8 elements: 8 codes of b bits are b whole bytes, so every thread owns
 // its bytes (sub-byte codes included) and no atomics are needed. Codes are computed directly by
-// the numerics core (no tables): decode_bits, add_bits, cast_bits, encode_value_bits.
+// the numerics core (no tables): decode_bits, add_bits (or its float32 lanes: add_lanes),
+// cast_bits, encode_value_bits.
 // Wire layout, segments and the Kahan merge: see hop.cpp (the CPU twin, tested bit for bit).
 #include "cpd/numerics.h"
 
@@ -94,6 +95,21 @@ __device__ __forceinline__ int find_segment(const long long* __restrict__ starts
   return lo;
 }
 
+// add_bits(a, b) for values a, b of the format, on float32 arithmetic where one of arith.h's
+// identities holds (lanes: cpd::add_f32_any_applies, tested once per launch): the rounding of
+// cpd::sum_f32_bits(a, b) when those bits are finite (to nearest: the float32 sum, Figueroa; the
+// directed modes: TwoSum's corrected sum), add_bits itself otherwise (an inf or NaN operand, a
+// float32 overflow). The CPU hops' float32 lanes (cuda/cpu/hop.cpp: fast_hop, wide_hop,
+// kahan_lanes) rest on the same identities; NVRTC keeps float32 subnormals (no --ftz), which
+// add_f32_needs_subnormals formats (bfloat16) lean on.
+__device__ __forceinline__ u32 add_lanes(u32 a, u32 b, const Wire& w, int lanes) {
+  if (lanes) {
+    const u32 u = cpd::sum_f32_bits(cpd::float_of(a), cpd::float_of(b), w.mode);
+    if ((u & ~cpd::SIGN) < cpd::INF_BITS) return cpd::cast_bits(u, w.f, w.mode, 0u, 32);
+  }
+  return cpd::add_bits(a, b, w.f, w.mode, 0u, 32);
+}
+
 __device__ __forceinline__ double pow2(long long s) {
   return __longlong_as_double((long long)(s + 1023) << 52);  // 2^s for -1022 <= s <= 1023
 }
@@ -133,6 +149,7 @@ extern "C" __global__ void cpd_wire_hop(const unsigned char* __restrict__ recv, 
                                         int mode, int saturate, int bits, int raw32, int kahan, int has_recv_c,
                                         int carry, int role) {
   const Wire w = make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, raw32);
+  const int lanes = !w.raw32 && cpd::add_f32_any_applies(w.f, w.mode);  // add_lanes' float32 path
   const long long groups = (n + 7) / 8, nb = nbytes_of(n, w.bits);
   const long long stride = (long long)blockDim.x * gridDim.x;
   for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += stride) {
@@ -144,8 +161,7 @@ extern "C" __global__ void cpd_wire_hop(const unsigned char* __restrict__ recv, 
     for (int i = 0; i < 8; ++i) {
       const u32 cr = code_of(recv, g, i, nb, w.bits, wr), ca = code_of(acc, g, i, nb, w.bits, wa);
       if (!kahan) {
-        put_code(acc, g, i, nb, w.bits, oa,
-                 wire_code(cpd::add_bits(wire_value(cr, w), wire_value(ca, w), w.f, w.mode, 0u, 32), w));
+        put_code(acc, g, i, nb, w.bits, oa, wire_code(add_lanes(wire_value(cr, w), wire_value(ca, w), w, lanes), w));
         continue;
       }
       const u32 crc = has_recv_c ? code_of(recv_c, g, i, nb, w.bits, wrc) : 0u;
@@ -155,15 +171,15 @@ extern "C" __global__ void cpd_wire_hop(const unsigned char* __restrict__ recv, 
         s = wire_value(cr, w);
         c = has_recv_c ? wire_value(crc, w) : 0u;
         xv = wire_value(ca, w);
-        if (carry) c = cpd::add_bits(c, wire_value(cac, w), w.f, w.mode, 0u, 32);
+        if (carry) c = add_lanes(c, wire_value(cac, w), w, lanes);
       } else {
         s = wire_value(ca, w);
         c = wire_value(cac, w);
         xv = wire_value(cr, w);
       }
-      const u32 y = cpd::add_bits(xv, c ^ cpd::SIGN, w.f, w.mode, 0u, 32);
-      const u32 t = cpd::add_bits(s, y, w.f, w.mode, 0u, 32);
-      c = cpd::add_bits(cpd::add_bits(t, s ^ cpd::SIGN, w.f, w.mode, 0u, 32), y ^ cpd::SIGN, w.f, w.mode, 0u, 32);
+      const u32 y = add_lanes(xv, c ^ cpd::SIGN, w, lanes);
+      const u32 t = add_lanes(s, y, w, lanes);
+      c = add_lanes(add_lanes(t, s ^ cpd::SIGN, w, lanes), y ^ cpd::SIGN, w, lanes);
       put_code(acc, g, i, nb, w.bits, oa, wire_code(t, w));
       put_code(acc_c, g, i, nb, w.bits, oac, wire_code(c, w));
     }
