@@ -788,3 +788,28 @@ def test_cuda_hop_lanes_through_the_host_shim(fmt):
         cuda_kernels.hop(recv, got, n, wf, mode, sat, True, recv_c if has_c else None, got_c, carry, seq,
                          launcher=_shim.launch)
         assert _same(got, want, n, wf) and _same(got_c, want_c, n, wf), (f.name, mode, sat, has_c, carry, seq)
+
+
+@compiled
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "e4m3", "e5m2", cpd.FloatFormat(3, 0)],
+                         ids=lambda f: getattr(f, "name", f))
+def test_encode_scales_past_float32s_largest_power_of_two(fmt):
+    """The encode's scale 2^s for 127 < s <= 254 (bfloat16's APS scales are about 2^130), taken
+    as two float32 products, and past it (float64), against the public ops in float64
+    (encode_reference): values from float32's smallest subnormal to its largest finite value, so
+    that the scaled values reach every binade of the format, overflow, and stay exact."""
+    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    g = torch.Generator().manual_seed(4)
+    e = torch.randint(-149, 128, (6000,), generator=g).double()
+    x = (torch.rand(6000, generator=g, dtype=torch.float64) + 1.0) * 2.0 ** e
+    x = torch.where(torch.rand(6000, generator=g) < 0.5, -x, x).to(torch.float32)
+    x = torch.cat([x, torch.tensor([0.0, -0.0, 1e-45, -1e-45, 3.4e38, float("inf"), float("nan"), 2.0 ** -127])])
+    scales = [126, 127, 128, 130, 200, 253, 254, 255, 300]
+    k = x.numel() // len(scales)
+    segs = kernels.segments([(i * k, k if i + 1 < len(scales) else x.numel() - i * k, s) for i, s in enumerate(scales)]
+                            + [(0, 40, 140)])  # a second pass over some values, at another scale
+    total = int(segs[:, 1].sum())
+    for mode, sat in itertools.product(MODES, (False, True)):
+        got = kernels.encode(x, segs, wf, mode, sat)
+        want = kernels.encode_reference(x, segs, wf, mode, sat)
+        assert _same(got, want, total, wf), (wf.fmt.name, mode, sat)

@@ -545,12 +545,28 @@ void check_bytes(const at::Tensor& t, const char* name, int64_t need) {
 // would be exact too, but x86 takes a microcode assist for every multiplication by it: see finish).
 inline float scale_pow2(float x, int64_t s, double p) { return s ? (float)((double)x * p) : x; }
 
-template <int MODE, bool FAST, int SCALE>  // SCALE 0: none, 1: float32 multiply, 2: float64 multiply
+// 127 < s <= 254 (bfloat16's APS scales are about 2^130): 2^s is no float32 number, but x * 2^(s -
+// 127) * 2^127 in float32 is the same single rounding: scaling up by a power of two is exact
+// (a subnormal x included) until it overflows, and an overflow of either product is one of the
+// exact product too, to the same infinity. SCALE 3, about 1.5x faster than float64's SCALE 2.
+constexpr float kTwo127 = 0x1p127f;
+
+// x * 2^s in float32 lanes (SCALE 0: s = 0; 1: -126 <= s <= 127, pf = 2^s; 3: 127 < s <= 254,
+// pf = 2^(s - 127)) or through float64 (2: any s, pd = 2^s).
+template <int SCALE>
+inline float scaled(float x, float pf, double pd) {
+  return SCALE == 0 ? x : SCALE == 1 ? x * pf : SCALE == 3 ? (x * pf) * kTwo127 : (float)((double)x * pd);
+}
+
+// Which SCALE serves 2^s.
+inline int scale_kind(int64_t s) { return s == 0 ? 0 : s >= -126 && s <= 127 ? 1 : s > 127 && s <= 254 ? 3 : 2; }
+
+template <int MODE, bool FAST, int SCALE>  // SCALE: see scaled
 void encode_loop(const float* __restrict x, int64_t m, float pf, double pd, const cpd::Format g,
                  u32* __restrict codes, u32& odd) {
   u32 o = 0;
   for (int64_t i = 0; i < m; ++i) {
-    const float xs = SCALE == 0 ? x[i] : SCALE == 1 ? x[i] * pf : (float)((double)x[i] * pd);
+    const float xs = scaled<SCALE>(x[i], pf, pd);
     const u32 v = FAST ? cpd::cast_bits_fast(cpd::bits_of(xs), g, MODE, 0u, 32)
                        : cpd::cast_bits_generic(cpd::bits_of(xs), g, MODE, 0u, 32);
     o |= (u32)((v & ~cpd::SIGN) > cpd::INF_BITS);  // NaN: encodable unless the format has no NaN code
@@ -565,8 +581,7 @@ template <int MODE, int SCALE>
 u32 code_loop(const float* __restrict x, int64_t m, float pf, double pd, const cpd::Format g, u32* __restrict codes) {
   u32 special = 0;
   for (int64_t i = 0; i < m; ++i) {
-    const float xs = SCALE == 0 ? x[i] : SCALE == 1 ? x[i] * pf : (float)((double)x[i] * pd);
-    const u32 u = cpd::bits_of(xs);
+    const u32 u = cpd::bits_of(scaled<SCALE>(x[i], pf, pd));
     special |= (u32)((u & ~cpd::SIGN) >= cpd::INF_BITS);
     codes[i] = cpd::cast_code_fast(u, g, MODE);
   }
@@ -577,16 +592,19 @@ template <int MODE, bool FAST>
 void encode_run(const float* __restrict x, int64_t m, int64_t s, const Wire& w, u32* __restrict codes) {
   const cpd::Format g = w.f;
   const double pd = std::ldexp(1.0, (int)s);
-  const float pf = (float)pd;
+  const int kind = scale_kind(s);
+  const float pf = kind == 3 ? std::ldexp(1.0f, (int)s - 127) : (float)pd;
   if (FAST && cpd::cast_code_applies(g)) {
-    const u32 special = s == 0 ? code_loop<MODE, 0>(x, m, pf, pd, g, codes)
-                      : s >= -126 && s <= 127 ? code_loop<MODE, 1>(x, m, pf, pd, g, codes)
-                                              : code_loop<MODE, 2>(x, m, pf, pd, g, codes);
+    const u32 special = kind == 0 ? code_loop<MODE, 0>(x, m, pf, pd, g, codes)
+                      : kind == 1 ? code_loop<MODE, 1>(x, m, pf, pd, g, codes)
+                      : kind == 3 ? code_loop<MODE, 3>(x, m, pf, pd, g, codes)
+                                  : code_loop<MODE, 2>(x, m, pf, pd, g, codes);
     if (!special) return;
   }
   u32 odd = 0;  // the encoders give inf its code (only IEEE formats, which have one, overflow to inf)
-  if (s == 0) encode_loop<MODE, FAST, 0>(x, m, pf, pd, g, codes, odd);
-  else if (s >= -126 && s <= 127) encode_loop<MODE, FAST, 1>(x, m, pf, pd, g, codes, odd);
+  if (kind == 0) encode_loop<MODE, FAST, 0>(x, m, pf, pd, g, codes, odd);
+  else if (kind == 1) encode_loop<MODE, FAST, 1>(x, m, pf, pd, g, codes, odd);
+  else if (kind == 3) encode_loop<MODE, FAST, 3>(x, m, pf, pd, g, codes, odd);
   else encode_loop<MODE, FAST, 2>(x, m, pf, pd, g, codes, odd);
   if (odd && !w.has_nan) {  // NaN in a format without a NaN code: the wire's rule, element by element
     for (int64_t i = 0; i < m; ++i) {
