@@ -479,6 +479,8 @@ def main(argv=None) -> int:
     p.add_argument("--netns", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
+    if opts.pin and not (hasattr(os, "sched_setaffinity") and os.path.isdir("/proc/self/task")):
+        p.error("--pin needs Linux (os.sched_setaffinity on every thread of /proc/self/task)")
     if opts.inner:
         opts.rate = opts.rates[0]
         return inner(opts)
