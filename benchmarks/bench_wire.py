@@ -348,7 +348,7 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
 
     paths8 = (("vector (AVX2 + F16C)", None), ("scalar loop", "scalar"), ("pair tables", "table"))
     paths16 = (("wide, vector decode", None), ("wide, table decode", "scalar"), ("add_bits per element", "table"))
-    for name in ("e4m3", "e4m3fn", "e5m2", "e3m0", "e3m2", "bf16", "fp16"):
+    for name in ("e4m3", "e4m3fn", "e5m2", "e3m0", "e3m2", "bf16", "fp16", "tf32"):
         fmt = cpd.FloatFormat(3, 0) if name == "e3m0" else cpd.FloatFormat(3, 2, specials="finite") \
             if name == "e3m2" else cpd.FloatFormat.parse(name)
         m = n if fmt.bits <= 8 else n // 4
@@ -386,7 +386,7 @@ def kernel_rates(n: int = 1 << 22, reps: int = 7) -> str:
             t = hop_rate(a, b, m // 16 if variant == "table" and fmt.bits == 16 else m, lay.wf, mode, variant)
             label = "hop (decode, add, encode)" + ("" if mode == Rounding.NEAREST else f", {mode.name.lower()}")
             row(label, fmt.name, codes, path, t)
-        if name in ("e4m3", "e3m0", "bf16"):
+        if name in ("e4m3", "e3m0", "bf16", "tf32"):
             t = rate(lambda: kernels.decode(buf, segs, out, lay.wf, 0.5), m)
             row("decode (unscale, 1/W)", fmt.name, "gradient", "", t)
         if name in ("e4m3", "e5m2", "bf16"):  # Kahan (a received compensation), float32 lanes and add_bits

@@ -750,12 +750,12 @@ def test_cuda_kernels_through_the_host_shim_equal_cpu(fmt):
 
 
 @compiled
-@pytest.mark.parametrize("fmt", SMALL + ["bf16", "fp16"], ids=lambda f: getattr(f, "name", f))
+@pytest.mark.parametrize("fmt", SMALL + ["bf16", "fp16", cpd.TF32], ids=lambda f: getattr(f, "name", f))
 def test_cuda_hop_lanes_through_the_host_shim(fmt):
     """hop.cu's hop (its float32 lanes, add_lanes, where arith.h's identities hold; add_bits
     otherwise), run on the host by the shim, against the public ops (hop_reference: cpd.add per
-    merge): every pair of codes of the formats of <= 8 bits and random pairs of 16-bit codes
-    (inf and NaN included), then the Kahan merge of every role on random codes, sums and
+    merge): every pair of codes of the formats of <= 8 bits and random pairs of 16-bit and TF32
+    codes (inf and NaN included), then the Kahan merge of every role on random codes, sums and
     compensations both, every deterministic mode, saturate on and off."""
     from cpd import _shim
     from cpd.distributed import cuda_kernels
@@ -813,3 +813,111 @@ def test_encode_scales_past_float32s_largest_power_of_two(fmt):
         got = kernels.encode(x, segs, wf, mode, sat)
         want = kernels.encode_reference(x, segs, wf, mode, sat)
         assert _same(got, want, total, wf), (wf.fmt.name, mode, sat)
+
+
+WIDE32 = [cpd.FloatFormat(8, 10), cpd.FloatFormat(8, 12), cpd.FloatFormat(6, 12), cpd.FloatFormat(8, 10, bias=140),
+          cpd.FloatFormat(5, 14, specials="finite")]
+
+
+def _codes_past_16(wf: WireFormat, n: int, g) -> torch.Tensor:
+    """n uniformly random codes of a 17..31-bit format (every binade: sums that cancel, overflow
+    and reach the subnormals); inf/NaN codes only in the first two blocks (the others run the
+    lanes: a block with an inf or NaN goes to add_bits whole)."""
+    f = wf.fmt
+    codes = torch.randint(0, 1 << wf.bits, (n,), generator=g)
+    vals = cpd.decode(codes, f)
+    special = torch.nonzero(~torch.isfinite(vals)).flatten()
+    codes[special[special > 2 * 2048]] = 0  # the first blocks only may hold an inf or NaN code
+    return codes
+
+
+@compiled
+@pytest.mark.parametrize("fmt", WIDE32, ids=lambda f: f.name)
+def test_wide_hop_of_codes_past_16_bits(fmt, monkeypatch):
+    """Codes of 17..31 bits (int32 on the wire; TF32 = (8, 10) is 19 bits) through the wide loop's
+    float32 lanes (the shift view where the format shares float32's exponent field, decode_bits
+    otherwise) and the Kahan lanes, against the public ops (hop_reference: cpd.add per merge) and
+    the add_bits loop (CPD_WIRE_HOP=table): random codes (a block with inf/NaN codes, sums that
+    cancel exactly, mixed magnitudes), a length ending inside a block, every deterministic mode,
+    saturate on and off, every Kahan role, 1 and 3 threads."""
+    wf = WireFormat(fmt)
+    assert wf.bits > 16 and wf.nbytes(3) == 12
+    g = torch.Generator().manual_seed(17)
+    n = 3 * 2048 + 11
+    rows = [_codes_past_16(wf, n, g) for _ in range(4)]
+    rows[2][500:700] = rows[0][500:700] ^ (1 << (wf.bits - 1))  # x = -s
+    rows[3][2048:] = 0  # +0 compensations past the first block
+    rows = [_bytes(r, wf) for r in rows]
+    old = torch.get_num_threads()
+    try:
+        for mode, sat in itertools.product(MODES, (False, True)):
+            path = kernels.hop_path(wf, mode, sat)
+            assert path == "wide" if fmt == cpd.FloatFormat(8, 10) else path in ("wide", "exact"), (fmt.name, mode)
+            assert kernels.hop_path(wf, mode, sat, kahan=True) == ("kahan-lanes" if path == "wide" else "exact")
+            recv, recv_c, acc, acc_c = rows
+            want = acc.clone()
+            kernels.hop_reference(recv, want, n, wf, mode, sat)
+            for path, th in ((None, 1), (None, 3), ("table", 1)):
+                torch.set_num_threads(th)
+                if path:
+                    monkeypatch.setenv("CPD_WIRE_HOP", path)
+                got = acc.clone()
+                kernels.hop(recv, got, n, wf, mode, sat)
+                monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
+                assert _same(got, want, n, wf), (fmt.name, mode, sat, path, th)
+            for has_c, carry, seq in [(False, False, False), (True, False, False), (True, True, False),
+                                      (False, True, False), (False, False, True)]:
+                args = dict(kahan=True, recv_c=recv_c if has_c else None, carry=carry, sequential=seq)
+                want, want_c = acc.clone(), acc_c.clone()
+                kernels.hop_reference(recv, want, n, wf, mode, sat, acc_c=want_c, **args)
+                got, got_c = acc.clone(), acc_c.clone()
+                kernels.hop(recv, got, n, wf, mode, sat, acc_c=got_c, **args)
+                assert _same(got, want, n, wf) and _same(got_c, want_c, n, wf), (fmt.name, mode, sat, has_c,
+                                                                                 carry, seq)
+    finally:
+        torch.set_num_threads(old)
+
+
+@compiled
+def test_decode_every_tf32_code():
+    """The decode of every code of TF32 = (8, 10) (the shift view) and of random codes of the other
+    formats past 16 bits (decode_bits), at scales that keep, shrink (to float32 subnormals) and
+    grow the values, with and without the 1/W factor, against the public ops."""
+    for fmt in WIDE32:
+        wf = WireFormat(fmt)
+        codes = torch.arange(1 << wf.bits) if wf.bits == 19 else \
+            torch.randint(0, 1 << wf.bits, (70000,), generator=torch.Generator().manual_seed(3))
+        n = codes.numel()
+        data = _bytes(codes, wf)
+        scales = (0, -120, 30, 126, 127, 133)
+        k = n // len(scales)
+        segs = kernels.segments([(i * k, k if i + 1 < len(scales) else n - i * k, s) for i, s in enumerate(scales)])
+        for inv in (1.0, 0.25):
+            o1, o2 = torch.full((n,), 7.0), torch.full((n,), 7.0)
+            nbad = kernels.decode(data, segs, o1, wf, inv)
+            kernels.decode_reference(data, segs, o2, wf, inv)
+            assert nbad == kernels._count_nonfinite(o2, segs), (fmt.name, inv)
+            nan = torch.isnan(o1)
+            assert torch.equal(nan, torch.isnan(o2)), (fmt.name, inv)
+            assert torch.equal(o1[~nan].view(torch.int32), o2[~nan].view(torch.int32)), (fmt.name, inv)
+
+
+@compiled
+@pytest.mark.parametrize("fmt", ["e5m2", cpd.FloatFormat(5, 6), "bf16", cpd.FloatFormat(8, 10)],
+                         ids=lambda f: getattr(f, "name", f))
+def test_kernels_refuse_buffers_shorter_than_the_codes(fmt):
+    """The hop and the decode check their byte buffers against the codes' storage (packed up to 8
+    bits, int16 up to 16, int32 beyond): one byte short is an error, not a read past the end."""
+    wf = WireFormat(cpd.FloatFormat.parse(fmt) if isinstance(fmt, str) else fmt)
+    n = 40
+    nb = wf.nbytes(n)
+    ok = torch.zeros(nb, dtype=torch.uint8)
+    short = torch.zeros(nb - 1, dtype=torch.uint8)
+    kernels.hop(ok, ok.clone(), n, wf, Rounding.NEAREST, False)
+    with pytest.raises(RuntimeError, match="recv"):
+        kernels.hop(short, ok.clone(), n, wf, Rounding.NEAREST, False)
+    with pytest.raises(RuntimeError, match="acc"):
+        kernels.hop(ok, short.clone(), n, wf, Rounding.NEAREST, False)
+    segs = kernels.segments([(0, n, 0)])
+    with pytest.raises(RuntimeError, match="in"):
+        kernels.decode(short, segs, torch.zeros(n), wf)

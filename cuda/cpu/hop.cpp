@@ -15,7 +15,7 @@
 // to the format (fast_hop: codes decoded through a table, or through their binary16 views in
 // hop_avx2.h's AVX2 + F16C path) or reads a table of add_bits over every pair of codes (built
 // once per format, rounding mode and saturate flag, by those same functions), a byte gather; the
-// hop of a 9..16-bit format (bf16, fp16, ...) is the same float32 add rounded once (wide_hop, exact
+// hop of a 9..31-bit format (bf16, fp16, TF32, ...) is the same float32 add rounded once (wide_hop, exact
 // by cpd::add_f32_applies to nearest, by cpd::sum_f32_directed's correction in the directed
 // modes), blocks with an inf/NaN sum through add_bits; the Kahan hop of those formats and modes
 // runs in float32 lanes (kahan_lanes). The result equals cpd.add / cpd.encode / cpd.decode bit
@@ -105,7 +105,30 @@ inline u32 code_of_value(u32 v, const Wire& w) { return w.raw32 ? v : cpd::wire_
 
 inline u32 value_of_code(u32 c, const Wire& w) { return w.raw32 ? c : cpd::decode_bits(c, w.fe); }
 
-inline int64_t nbytes_of(int64_t n, int bits) { return (n * bits + 7) / 8; }
+// Bytes of n codes as stored (WireFormat.nbytes, hop.cu's nbytes_of): a packed bit stream up to 8
+// bits, int16 up to 16, int32 beyond.
+inline int64_t nbytes_of(int64_t n, int bits) { return bits <= 8 ? (n * bits + 7) / 8 : n * (bits <= 16 ? 2 : 4); }
+
+// Formats that share float32's exponent field (exp 8, bias 127, IEEE specials, subnormals:
+// bfloat16, TF32 = (8, 10), ...): a code's value is the code shifted into float32's bits,
+//     value bits = code << (23 - man)     (sign, exponent field and fraction land in place;
+// a field-0 code is float32's subnormal of the same fraction, field 255 its inf or a NaN), so the
+// wider codes (no table of 2^bits values) decode with one shift each.
+inline bool shift_view(const cpd::Format& f) {
+  return f.is_signed && !f.uz && !f.no_zero && f.subnormals && f.specials == cpd::SPECIALS_IEEE && f.exp == 8 &&
+         f.bias == 127;
+}
+
+// The float32 values of m codes (u32, any width) into v: by the shift view where it applies, else
+// decode_bits per code.
+inline void values_of_codes(const u32* __restrict c, int64_t m, const Wire& w, bool shift, float* __restrict v) {
+  if (shift) {
+    const u32 sh = 23u - (u32)w.fe.man;
+    for (int64_t i = 0; i < m; ++i) v[i] = cpd::float_of(c[i] << sh);
+  } else {
+    for (int64_t i = 0; i < m; ++i) v[i] = cpd::float_of(value_of_code(c[i], w));
+  }
+}
 
 // ---- code I/O: m codes starting at element e0 (a multiple of 8) of a byte stream
 void load_codes(const uint8_t* in, int64_t e0, int64_t m, const Wire& w, u32* __restrict codes) {
@@ -333,7 +356,7 @@ void exact_hop_block(const uint8_t* rp, uint8_t* ap, int64_t e0, int64_t m, cons
   store_codes(ap, e0, m, w, ca);
 }
 
-// ---- the wide hop: 9..16-bit codes (int16 on the wire: bf16, fp16, (6, 9), ...), deterministic modes
+// ---- the wide hop: 9..31-bit codes (int16 / int32 on the wire: bf16, fp16, TF32, ...), deterministic modes
 // As fast_hop: decode, add in float32, round the float32 sum once to the format and read its code
 // off the rounding (cpd::cast_code_fast). Exact by cpd::add_f32_applies (arith.h): to nearest,
 // the float32 sum of two values of <= 11 significant bits rounded once to the format equals their
@@ -357,9 +380,11 @@ void exact_hop_block(const uint8_t* rp, uint8_t* ap, int64_t e0, int64_t m, cons
 // (and CPD_WIRE_HOP=scalar) through a table of the 2^16 codes' values (decode_bits, built once per
 // format); the encode is a plain loop of cast_code_fast (GCC vectorizes it). Blocks are
 // independent: the result does not depend on the thread count.
+// 17..31-bit codes (int32 on the wire: TF32 = (8, 10) is 19 bits) take the same loop without a
+// table (wide32_hop_mode): their values by the shift view (float32's exponent field: one shift per
+// code), else decode_bits.
 int wide_hop_applies(const Wire& w) {
-  return (int)(!w.raw32 && w.bits > 8 && w.bits <= 16 && cpd::cast_code_applies(w.f) &&
-               cpd::add_f32_any_applies(w.f, w.mode));
+  return (int)(!w.raw32 && w.bits > 8 && cpd::cast_code_applies(w.f) && cpd::add_f32_any_applies(w.f, w.mode));
 }
 
 // Which view of hop_avx2.h decodes w's codes (0: none, the table).
@@ -457,7 +482,48 @@ void wide_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, int
   });
 }
 
+template <int MODE>
+void wide32_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w) {
+  const bool shift = shift_view(w.fe);
+  const bool need_sub = cpd::add_f32_needs_subnormals(w.f);
+  const cpd::Format f = w.f;
+  cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
+    std::vector<u32> buf(3 * kBlock);
+    u32 *cr = buf.data(), *ca = cr + kBlock, *sum = ca + kBlock;
+    std::vector<float> vals(2 * kBlock);
+    float *xv = vals.data(), *yv = xv + kBlock;
+    for (int64_t k = b0; k < b1; ++k) {
+      const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
+      u32 special = (u32)(need_sub && !float32_subnormals_kept());
+      if (!special) {
+        load_codes(rp, e0, m, w, cr);
+        load_codes(ap, e0, m, w, ca);
+        values_of_codes(cr, m, w, shift, xv);
+        values_of_codes(ca, m, w, shift, yv);
+        for (int64_t i = 0; i < m; ++i) {
+          sum[i] = cpd::sum_f32_bits(xv[i], yv[i], MODE);
+          special |= (u32)((sum[i] & ~cpd::SIGN) >= cpd::INF_BITS);
+        }
+      }
+      if (!special) {
+        for (int64_t i = 0; i < m; ++i) ca[i] = cpd::cast_code_fast(sum[i], f, MODE);
+        store_codes(ap, e0, m, w, ca);
+        continue;
+      }
+      exact_hop_block(rp, ap, e0, m, w, cr, ca);
+    }
+  });
+}
+
 void wide_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool vec) {
+  if (w.bits > 16) {
+    switch (w.mode) {
+      case cpd::NEAREST: return wide32_hop_mode<cpd::NEAREST>(rp, ap, n, w);
+      case cpd::TOWARD_ZERO: return wide32_hop_mode<cpd::TOWARD_ZERO>(rp, ap, n, w);
+      case cpd::UP: return wide32_hop_mode<cpd::UP>(rp, ap, n, w);
+      default: return wide32_hop_mode<cpd::DOWN>(rp, ap, n, w);
+    }
+  }
   const int view = vec ? wide_view(w) : 0;
   switch (w.mode) {
     case cpd::NEAREST: return wide_hop_mode<cpd::NEAREST>(rp, ap, n, w, view);
@@ -469,14 +535,14 @@ void wide_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool vec
 
 // Whether a Kahan hop of w runs in float32 lanes (kahan_lanes, below wire_encode).
 int kahan_fast_applies(const Wire& w) {
-  return (int)(!w.raw32 && w.bits <= 16 && cpd::cast_code_applies(w.f) && cpd::add_f32_any_applies(w.f, w.mode));
+  return (int)(!w.raw32 && cpd::cast_code_applies(w.f) && cpd::add_f32_any_applies(w.f, w.mode));
 }
 
 // ---- segments: [k, 3] int64 rows (offset in the float32 tensor, length, scale exponent)
 // The loop a hop of w takes under the current CPD_WIRE_HOP (wire_hop runs it, wire_hop_path
 // reports it). Plain hops: add_bits per element, the pair tables, the fused scalar loop, the
-// fused loop with the AVX2 + F16C path, or the wide loop of 16-bit codes (with or without its
-// vector decode). Formats of 9..16 bits (deterministic modes): the wide loop (wide_hop), with its
+// fused loop with the AVX2 + F16C path, or the wide loop of 9..31-bit codes (with or without its
+// vector decode). Formats of 9..31 bits (deterministic modes): the wide loop (wide_hop), with its
 // AVX2 + F16C decode for bfloat16 and binary16 (CPD_WIRE_HOP=scalar: the table decode;
 // CPD_WIRE_HOP=table: add_bits, as these formats have no pair table). Kahan hops: the float32
 // lanes, or add_bits per element (CPD_WIRE_HOP=table, and the formats the lanes leave).
@@ -846,7 +912,9 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
   const uint8_t* rcp = kahan && has_recv_c ? recv_c.data_ptr<uint8_t>() : nullptr;
   uint8_t* acp = kahan ? acc_c.data_ptr<uint8_t>() : nullptr;
   const bool fast = loop == LOOP_KAHAN_LANES;
-  const auto table = fast ? decode_table16(w) : nullptr;  // the codes' values (<= 16 bits)
+  // the codes' values: a table up to 16 bits, the shift view or decode_bits beyond
+  const auto table = fast && w.bits <= 16 ? decode_table16(w) : nullptr;
+  const bool shift = shift_view(w.fe);
   const bool need_sub = cpd::add_f32_needs_subnormals(w.f);
 #if CPD_HOP_AVX2
   // The lanes' operands straight from the wire bytes, 8 or 16 per step (hop_avx2.h), where the
@@ -872,7 +940,7 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
         continue;
       }
       if (fast && (!need_sub || float32_subnormals_kept())) {
-        const float* __restrict t = table->data();
+        const float* __restrict t = table ? table->data() : nullptr;
         float *S = reinterpret_cast<float*>(cac + kBlock), *C = S + kBlock, *X = C + kBlock, *CX = X + kBlock;
         u32 *T = reinterpret_cast<u32*>(CX + kBlock), *CC = T + kBlock;
         // the values of the m codes of bytes p from element e0 (scratch: room for their codes)
@@ -882,6 +950,7 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
           if (view16) return wide_values(p + 2 * e0, m, view16, t, v);
 #endif
           load_codes(p, e0, m, w, scratch);
+          if (!t) return values_of_codes(scratch, m, w, shift, v);
           for (int64_t i = 0; i < m; ++i) v[i] = t[scratch[i]];
         };
         values(role == 0 ? rp : ap, cr, S);  // the partial sum: received (ring) or held (sequential)
@@ -925,7 +994,7 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
 
 // Which loop wire_hop takes for a format, mode and saturate flag, under the current CPD_WIRE_HOP.
 // Plain hops: 0 add_bits per element, 1 the pair tables, 2 the fused scalar loop, 3 the fused
-// AVX2 + F16C loop, 4 the wide loop (9..16-bit codes, table decode), 5 the wide loop with its
+// AVX2 + F16C loop, 4 the wide loop (9..31-bit codes: table, shift or decode_bits), 5 the wide loop with its
 // bfloat16 / binary16 vector decode. Kahan hops: 6 the float32 lanes (kahan_lanes), else 0
 // (tests and benchmarks/bench_wire.py ask, to know what they measure).
 int64_t wire_hop_path(int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t mode,
@@ -1005,8 +1074,8 @@ at::Tensor wire_decode(const at::Tensor& in, const at::Tensor& segs, at::Tensor 
           if (table) {
             const float* __restrict t = table->data();
             for (int64_t i = 0; i < m; ++i) vals[i] = t[codes[i]];
-          } else {
-            for (int64_t i = 0; i < m; ++i) vals[i] = cpd::float_of(value_of_code(codes[i], w));
+          } else {  // wider codes (and raw float32): the shift view, else decode_bits
+            values_of_codes(codes, m, w, !w.raw32 && shift_view(w.fe), vals);
           }
         }
         for_runs(s, e0, e0 + m, [&](int64_t j, int64_t i0, int64_t e, int64_t run) {
