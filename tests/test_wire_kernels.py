@@ -791,14 +791,14 @@ def test_cuda_hop_lanes_through_the_host_shim(fmt):
 
 
 @compiled
-@pytest.mark.parametrize("fmt", ["bf16", "fp16", "e4m3", "e5m2", cpd.FloatFormat(3, 0)],
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "e4m3", "e5m2", cpd.FloatFormat(3, 0), cpd.FP32],
                          ids=lambda f: getattr(f, "name", f))
 def test_encode_scales_past_float32s_largest_power_of_two(fmt):
     """The encode's scale 2^s for 127 < s <= 254 (bfloat16's APS scales are about 2^130), taken
     as two float32 products, and past it (float64), against the public ops in float64
     (encode_reference): values from float32's smallest subnormal to its largest finite value, so
     that the scaled values reach every binade of the format, overflow, and stay exact."""
-    wf = WireFormat(cpd.FloatFormat.parse(fmt))
+    wf = WireFormat(cpd.FloatFormat.parse(fmt) if isinstance(fmt, str) else fmt)
     g = torch.Generator().manual_seed(4)
     e = torch.randint(-149, 128, (6000,), generator=g).double()
     x = (torch.rand(6000, generator=g, dtype=torch.float64) + 1.0) * 2.0 ** e
@@ -921,3 +921,46 @@ def test_kernels_refuse_buffers_shorter_than_the_codes(fmt):
     segs = kernels.segments([(0, n, 0)])
     with pytest.raises(RuntimeError, match="in"):
         kernels.decode(short, segs, torch.zeros(n), wf)
+
+
+@compiled
+def test_float32_hop(monkeypatch):
+    """cpd.FP32 on the wire (the fp32_layers and the hybrid phase): the wide loop's float32 sums
+    (to nearest the float32 sum, directed sum_f32_directed's bits, non-finite sums through
+    add_bits) against the public ops (hop_reference: cpd.add in FP32) and the add_bits loop
+    (CPD_WIRE_HOP=table): random bit patterns (every binade, subnormals, inf, NaN), sums that
+    cancel exactly, that overflow and that land on float32's subnormals, every deterministic mode,
+    saturate on and off, 1 and 3 threads."""
+    wf = WireFormat(cpd.FP32)
+    g = torch.Generator().manual_seed(23)
+    n = 3 * 2048 + 5
+    r = torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32, generator=g)
+    a = torch.randint(-(2**31), 2**31 - 1, (n,), dtype=torch.int32, generator=g)
+    nan = torch.isnan(r.view(torch.float32)) | torch.isinf(r.view(torch.float32))
+    r[2048:][nan[2048:]] = 0  # inf/NaN operands in the first block only: the later ones run the lanes
+    nan = torch.isnan(a.view(torch.float32)) | torch.isinf(a.view(torch.float32))
+    a[2048:][nan[2048:]] = 0
+    a[2100:2300] = r[2100:2300] ^ (-(2**31))  # x = -s: exact zeros
+    r[2400:2500] = 0x7F7FFFFF  # max + max: past float32's range
+    a[2400:2500] = 0x7F7FFF00
+    r[2600:2700] = torch.randint(0, 1 << 23, (100,), dtype=torch.int32, generator=g)  # subnormal sums
+    a[2600:2700] = torch.randint(-(1 << 23), 1 << 23, (100,), dtype=torch.int32, generator=g) & 0x807FFFFF
+    r[3000:5000] = (torch.randn(2000, generator=g) * 3).view(torch.int32)  # like magnitudes
+    a[3000:5000] = (torch.randn(2000, generator=g) * 3).view(torch.int32)
+    recv, acc = r.view(torch.uint8), a.view(torch.uint8)
+    old = torch.get_num_threads()
+    try:
+        for mode, sat in itertools.product(MODES, (False, True)):
+            assert kernels.hop_path(wf, mode, sat) == "wide"
+            want = acc.clone()
+            kernels.hop_reference(recv, want, n, wf, mode, sat)
+            for path, th in ((None, 1), (None, 3), ("table", 1)):
+                torch.set_num_threads(th)
+                if path:
+                    monkeypatch.setenv("CPD_WIRE_HOP", path)
+                got = acc.clone()
+                kernels.hop(recv, got, n, wf, mode, sat)
+                monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
+                assert _same(got, want, n, wf), (mode, sat, path, th)
+    finally:
+        torch.set_num_threads(old)

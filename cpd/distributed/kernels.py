@@ -160,7 +160,8 @@ def hop_path(wf: WireFormat, rounding: Rounding, saturate: bool, kahan: bool = F
     one rounding), ``"wide-vector"`` / ``"wide"`` (9..31-bit codes, e.g. bf16, fp16, TF32, every
     deterministic mode: float32 add, one rounding (directed: of the sum corrected by TwoSum's error
     term), with bf16 and fp16 decoded 8 codes per step / through a table of the codes' values; codes
-    past 16 bits by a shift where the format shares float32's exponent field, else decode_bits),
+    past 16 bits by a shift where the format shares float32's exponent field, else decode_bits;
+    :data:`cpd.FP32` itself: the float32 sum in the mode),
     ``"tables"`` (a table of every pair of codes), ``"exact"`` (``add_bits`` per element).
     Kahan hops: ``"kahan-lanes"`` (float32 lanes, each add one rounding of a float32 sum: the
     formats and modes of the wide and the fused loops, any code width) or

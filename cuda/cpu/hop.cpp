@@ -382,9 +382,14 @@ void exact_hop_block(const uint8_t* rp, uint8_t* ap, int64_t e0, int64_t m, cons
 // independent: the result does not depend on the thread count.
 // 17..31-bit codes (int32 on the wire: TF32 = (8, 10) is 19 bits) take the same loop without a
 // table (wide32_hop_mode): their values by the shift view (float32's exponent field: one shift per
-// code), else decode_bits.
+// code), else decode_bits. So does float32 itself (cpd.FP32: the fp32_layers and the hybrid
+// phase), whose add_bits is float32's own sum in the mode: to nearest the float32 sum, in the
+// directed modes sum_f32_directed's bits (TwoSum moves the sum one float32 step the way the mode
+// rounds; nothing to cast after), non-finite sums through add_bits (saturate, the NaN rule).
 int wide_hop_applies(const Wire& w) {
-  return (int)(!w.raw32 && w.bits > 8 && cpd::cast_code_applies(w.f) && cpd::add_f32_any_applies(w.f, w.mode));
+  if (w.raw32)  // float32 on the wire (cpd.FP32: fp32_layers, the hybrid phase): the sums' bits themselves
+    return (int)(w.mode == cpd::NEAREST || w.mode == cpd::TOWARD_ZERO || w.mode == cpd::UP || w.mode == cpd::DOWN);
+  return (int)(w.bits > 8 && cpd::cast_code_applies(w.f) && cpd::add_f32_any_applies(w.f, w.mode));
 }
 
 // Which view of hop_avx2.h decodes w's codes (0: none, the table).
@@ -485,7 +490,7 @@ void wide_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, int
 template <int MODE>
 void wide32_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w) {
   const bool shift = shift_view(w.fe);
-  const bool need_sub = cpd::add_f32_needs_subnormals(w.f);
+  const bool need_sub = w.raw32 || cpd::add_f32_needs_subnormals(w.f);
   const cpd::Format f = w.f;
   cpd_cpu::parallel_for(0, (n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
     std::vector<u32> buf(3 * kBlock);
@@ -506,8 +511,11 @@ void wide32_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w) {
         }
       }
       if (!special) {
-        for (int64_t i = 0; i < m; ++i) ca[i] = cpd::cast_code_fast(sum[i], f, MODE);
-        store_codes(ap, e0, m, w, ca);
+        if (w.raw32) std::memcpy(ap + 4 * e0, sum, 4 * m);  // float32: the sums' bits are the codes
+        else {
+          for (int64_t i = 0; i < m; ++i) ca[i] = cpd::cast_code_fast(sum[i], f, MODE);
+          store_codes(ap, e0, m, w, ca);
+        }
         continue;
       }
       exact_hop_block(rp, ap, e0, m, w, cr, ca);
@@ -609,7 +617,6 @@ void check_bytes(const at::Tensor& t, const char* name, int64_t need) {
 // -126 <= s <= 127, 2^s is a normal float32 number and the float32 product is the same single
 // rounding of the same exact product, so the loop stays in float32 lanes (a subnormal 2^s, s < -126,
 // would be exact too, but x86 takes a microcode assist for every multiplication by it: see finish).
-inline float scale_pow2(float x, int64_t s, double p) { return s ? (float)((double)x * p) : x; }
 
 // 127 < s <= 254 (bfloat16's APS scales are about 2^130): 2^s is no float32 number, but x * 2^(s -
 // 127) * 2^127 in float32 is the same single rounding: scaling up by a power of two is exact
@@ -652,6 +659,22 @@ u32 code_loop(const float* __restrict x, int64_t m, float pf, double pd, const c
     codes[i] = cpd::cast_code_fast(u, g, MODE);
   }
   return special;
+}
+
+// cpd.FP32's codes: x * 2^s's float32 bits (the cast of a finite float32 to float32 is itself; an
+// inf or NaN, from x or from an overflow of the scaling, goes through cast_bits: saturate).
+template <int SCALE>
+void raw32_run(const float* __restrict x, int64_t m, int64_t s, const Wire& w, u32* __restrict codes) {
+  const double pd = std::ldexp(1.0, (int)s);
+  const float pf = SCALE == 3 ? std::ldexp(1.0f, (int)s - 127) : (float)pd;
+  u32 special = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    codes[i] = cpd::bits_of(scaled<SCALE>(x[i], pf, pd));
+    special |= (u32)((codes[i] & ~cpd::SIGN) >= cpd::INF_BITS);
+  }
+  if (special)
+    for (int64_t i = 0; i < m; ++i)
+      if ((codes[i] & ~cpd::SIGN) >= cpd::INF_BITS) codes[i] = cpd::cast_bits(codes[i], w.f, w.mode, 0u, 32);
 }
 
 template <int MODE, bool FAST>
@@ -762,9 +785,13 @@ void wire_encode(const at::Tensor& x, const at::Tensor& segs, at::Tensor out, in
         }
 #endif
         if (w.raw32) {  // cpd.FP32: scaled and cast like any format (the cast of a finite float32 is itself)
-          const double pd = std::ldexp(1.0, (int)s.rows[3 * j + 2]);
-          for (int64_t i = 0; i < run; ++i)
-            dst[i] = cpd::cast_bits(cpd::bits_of(scale_pow2(src[i], s.rows[3 * j + 2], pd)), w.f, w.mode, 0u, 32);
+          const int64_t sc = s.rows[3 * j + 2];
+          switch (scale_kind(sc)) {
+            case 0: raw32_run<0>(src, run, sc, w, dst); break;
+            case 1: raw32_run<1>(src, run, sc, w, dst); break;
+            case 3: raw32_run<3>(src, run, sc, w, dst); break;
+            default: raw32_run<2>(src, run, sc, w, dst); break;
+          }
         } else if (w.f.fast) {
           encode_run_mode<true>(src, run, s.rows[3 * j + 2], w, dst);
         } else {
