@@ -750,12 +750,12 @@ def test_cuda_kernels_through_the_host_shim_equal_cpu(fmt):
 
 
 @compiled
-@pytest.mark.parametrize("fmt", SMALL + ["bf16", "fp16", cpd.TF32], ids=lambda f: getattr(f, "name", f))
+@pytest.mark.parametrize("fmt", SMALL + ["bf16", "fp16", cpd.TF32, cpd.FP32], ids=lambda f: getattr(f, "name", f))
 def test_cuda_hop_lanes_through_the_host_shim(fmt):
     """hop.cu's hop (its float32 lanes, add_lanes, where arith.h's identities hold; add_bits
     otherwise), run on the host by the shim, against the public ops (hop_reference: cpd.add per
-    merge): every pair of codes of the formats of <= 8 bits and random pairs of 16-bit and TF32
-    codes (inf and NaN included), then the Kahan merge of every role on random codes, sums and
+    merge): every pair of codes of the formats of <= 8 bits and random pairs of 16-bit, TF32 and
+    float32 codes (inf and NaN included), then the Kahan merge of every role on random codes, sums and
     compensations both, every deterministic mode, saturate on and off."""
     from cpd import _shim
     from cpd.distributed import cuda_kernels
@@ -763,12 +763,15 @@ def test_cuda_hop_lanes_through_the_host_shim(fmt):
     f = cpd.FloatFormat.parse(fmt) if isinstance(fmt, str) else fmt
     wf = WireFormat(f)
     g = torch.Generator().manual_seed(11)
+    def wire(codes):  # cpd.FP32: the codes are the float32 bits themselves
+        return codes.to(torch.int32).view(torch.uint8) if wf.raw32 else _bytes(codes, wf)
+
     if wf.bits <= 8:
         ra, rb = _all_pairs(wf.bits, False)
     else:
         ra, rb = (torch.randint(0, 1 << wf.bits, (6000,), generator=g) for _ in range(2))
     n = ra.numel()
-    recv, acc = _bytes(ra, wf), _bytes(rb, wf)
+    recv, acc = wire(ra), wire(rb)
     for mode, sat in itertools.product(MODES, (False, True)):
         want = acc.clone()
         kernels.hop_reference(recv, want, n, wf, mode, sat)
@@ -776,7 +779,7 @@ def test_cuda_hop_lanes_through_the_host_shim(fmt):
         cuda_kernels.hop(recv, got, n, wf, mode, sat, False, None, None, False, False, launcher=_shim.launch)
         assert _same(got, want, n, wf), (f.name, mode, sat)
     n = 1000 + 5
-    rows = [_bytes(torch.randint(0, 1 << wf.bits, (n,), generator=g), wf) for _ in range(4)]
+    rows = [wire(torch.randint(0, 1 << wf.bits, (n,), generator=g)) for _ in range(4)]
     for mode, sat, (has_c, carry, seq) in itertools.product(
             MODES, (False, True), [(False, False, False), (True, False, False), (True, True, False),
                                    (False, True, False), (False, False, True)]):

@@ -382,9 +382,9 @@ def _sum_rows(lay: Layout, lay32: Layout, rows, out, pos: int, acc, which, base:
         if not n:
             continue
         seg = torch.tensor([[0, n, 0]], dtype=torch.int64)
-        total = None
-        for row in rows:
-            v = torch.empty(n, dtype=torch.float32, device=out.device)
-            kernels.decode(row[lo - base:hi - base], seg, v, lay.wf)
-            total = v if total is None else acc.add(total, v)
-        out[lo32:hi32] = total.view(torch.uint8)
+        total = out[lo32:hi32]  # the float32 sum, in place: row 0 decoded, then each row added
+        v = torch.empty(n, dtype=torch.float32, device=out.device)
+        for r, row in enumerate(rows):
+            kernels.decode(row[lo - base:hi - base], seg, total.view(torch.float32) if r == 0 else v, lay.wf)
+            if r:  # acc.add(total, v): the fused hop of cpd.FP32 (float32's own sum in acc's mode)
+                kernels.hop(v.view(torch.uint8), total, n, lay32.wf, acc.rounding, acc.saturate)

@@ -149,7 +149,11 @@ extern "C" __global__ void cpd_wire_hop(const unsigned char* __restrict__ recv, 
                                         int mode, int saturate, int bits, int raw32, int kahan, int has_recv_c,
                                         int carry, int role) {
   const Wire w = make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, raw32);
-  const int lanes = !w.raw32 && cpd::add_f32_any_applies(w.f, w.mode);  // add_lanes' float32 path
+  // add_lanes' float32 path; for cpd.FP32 itself the sum in the mode is float32's own (its cast is
+  // the identity on finite bits)
+  const int lanes = w.raw32 ? (int)(w.mode == cpd::NEAREST || w.mode == cpd::TOWARD_ZERO || w.mode == cpd::UP ||
+                                    w.mode == cpd::DOWN)
+                            : cpd::add_f32_any_applies(w.f, w.mode);
   const long long groups = (n + 7) / 8, nb = nbytes_of(n, w.bits);
   const long long stride = (long long)blockDim.x * gridDim.x;
   for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += stride) {
