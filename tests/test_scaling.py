@@ -199,6 +199,30 @@ def test_report_numbers_by_hand(tmp_path):
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_report_exponent_histogram(dtype):
+    """LayerReport.exp_hist counts floor(log2|g|) of the nonzero finite inputs: against Python's
+    math.frexp per value (floats are exact there), on every float32 binade, subnormals, powers of
+    two and their neighbours below, with zeros, inf and NaN left out."""
+    import collections
+    import math
+
+    from cpd.report import layer_stats
+
+    g = torch.Generator().manual_seed(5)
+    e = torch.randint(-149, 128, (5000,), generator=g).double()
+    v = (torch.rand(5000, generator=g, dtype=torch.float64) + 1.0) * 2.0 ** e
+    v = torch.where(torch.rand(5000, generator=g) < 0.5, -v, v).to(torch.float32)
+    edges = torch.tensor([2.0 ** k for k in range(-149, 128)], dtype=torch.float32)
+    below = torch.nextafter(edges, torch.zeros_like(edges))  # the largest float32 under 2^k
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, -3.4e38])
+    x = torch.cat([v, edges, -below, special]).to(dtype)
+    want = collections.Counter(math.frexp(float(t))[1] - 1 for t in x.tolist() if t != 0 and math.isfinite(t))
+    rep = layer_stats("a", "lowp", x.reshape(1, -1), x, None)
+    assert rep.exp_hist == dict(want)
+    assert layer_stats("z", "zero", torch.zeros(2, 3, dtype=dtype), torch.zeros(3), None).exp_hist == {}
+
+
 # ------------------------------------------------------------------------------- cost model
 def test_cost_model_formulas():
     a, b = 5e-6, 1 / 12.5e9
