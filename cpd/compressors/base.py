@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from ..primitives import all_finite
+
 __all__ = ["Payload", "Compressor", "CompressorState", "ErrorFeedback", "pack_bits", "unpack_bits", "float_bytes",
            "bytes_float", "int_bytes", "bytes_int"]
 
@@ -148,7 +150,7 @@ def check_tensor(x, name: str = "x") -> torch.Tensor:
 
 
 def check_finite(x: torch.Tensor, method: str) -> None:
-    if x.numel() and not bool(torch.isfinite(x).all()):
+    if not all_finite(x):
         raise ValueError(f"x contains inf or NaN, which the {method} compressor cannot encode "
                          "(skip the step, as cpd.APSOptimizer does, or clip the gradient)")
 

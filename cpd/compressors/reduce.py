@@ -36,7 +36,7 @@ import torch
 from ..collectives import allreduce
 from ..config import COMPRESSED_ALGORITHMS, CompressedReduceConfig
 from ..formats import FP32
-from ..primitives import chunk_bounds, stack_workers
+from ..primitives import all_finite, chunk_bounds, stack_workers
 from .base import Compressor, CompressorState, ErrorFeedback, check_tensor
 from .quantization import matrix_view
 
@@ -108,7 +108,7 @@ def _reduce(comp, x, shape, w, algorithm, states):
     vs, qs = [], []
     for i in range(w):
         ef = ErrorFeedback(x[i].reshape(shape), states[i] if states is not None else None)
-        if ef.value.numel() and not bool(torch.isfinite(ef.value).all()):
+        if not all_finite(ef.value):
             raise ValueError(f"tensors[{i}] contains inf or NaN, which the {comp.name} compressor cannot encode")
         pays, q_chunks, join = quantize_chunks(comp, ef, w)
         info["encodes"] += sum(p is not None for p in pays)
@@ -204,7 +204,7 @@ def reduce_layers(layers: dict, compressor: Compressor, states: dict, *, algorit
     gradient is inf/NaN nothing is compressed and no state changes: every layer is summed in
     float32 and ``report.found_inf`` is set."""
     out, rows = {}, []
-    found_inf = any(g is not None and not bool(torch.isfinite(g).all())
+    found_inf = any(g is not None and not all_finite(g)
                     for grads in layers.values() if grads is not None for g in grads)
     fp32_alg = "ring" if algorithm == "ring" else "sequential"
     for name, grads in layers.items():

@@ -17,6 +17,7 @@ import torch
 from ..compressors import CompressorState, ErrorFeedback
 from ..compressors.reduce import quantize_chunks
 from ..formats import FP32
+from ..primitives import all_finite
 from ..rounding import Rounding
 from . import kernels
 from .layout import layout
@@ -102,13 +103,13 @@ class CompressedReducer:
         for i, (name, g) in enumerate(zip(names, flat)):
             if g is None:
                 codes.append(_NONE)
-            elif g.numel() and not bool(torch.isfinite(g).all()):
+            elif not all_finite(g):
                 codes.append(_NONFINITE)
             else:
                 codes.append(0)
                 if not fp32[i]:
                     values[i] = self._value(name, g)
-                    codes[-1] = int(not bool(torch.isfinite(values[i].value).all()))
+                    codes[-1] = int(not all_finite(values[i].value))
         ex = torch.tensor(codes, dtype=torch.int32)
         if w > 1 and len(codes):
             ex = tp.all_reduce_max(ex)
