@@ -17,7 +17,7 @@ from .formats import FloatFormat
 from .ops import add
 from .rounding import Rounding
 
-__all__ = ["FLOAT_DTYPES", "chunk_bounds", "stack_workers", "Accumulator", "ceil_log2", "all_finite", "aps_exponent",
+__all__ = ["FLOAT_DTYPES", "chunk_bounds", "stack_workers", "Accumulator", "ceil_log2", "all_finite", "scale_pow2", "aps_exponent",
            "match_prefix"]
 
 #: Input dtypes the reductions accept (float16/bfloat16 are upcast to float32 exactly).
@@ -126,6 +126,18 @@ def all_finite(x: torch.Tensor) -> bool:
         return True
     mn, mx = torch.aminmax(x.detach())
     return math.isfinite(float(mn)) and math.isfinite(float(mx))
+
+
+def scale_pow2(x: torch.Tensor, s: int) -> torch.Tensor:
+    """``x * 2**s`` rounded once to float32, as ``(x.double() * 2.0 ** s).to(torch.float32)``: in
+    float32 where ``2**s`` is a normal float32 number (-126 <= s <= 127: the float32 product is the
+    same single rounding of the same exact product, at half the memory traffic), else in float64
+    (a subnormal float32 factor would cost x86 a microcode assist per element). ``x``: float32."""
+    if not s:
+        return x
+    if -126 <= s <= 127:
+        return x * (2.0 ** s)  # the scalar is exact in float32; one float32 rounding
+    return (x.double() * 2.0 ** s).to(torch.float32)
 
 
 def aps_exponent(x: torch.Tensor, fmt: FloatFormat, workers: int, margin: int = 0) -> int | None:

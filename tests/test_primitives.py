@@ -25,3 +25,22 @@ def test_all_finite_is_isfinite_all(dtype):
     for x in cases:
         x = x.to(dtype)
         assert all_finite(x) == bool(torch.isfinite(x).all()), (dtype, x.shape)
+
+
+def test_scale_pow2_is_one_rounding_of_the_exact_product():
+    """scale_pow2(x, s) against the float64 definition, (x.double() * 2**s).to(float32): values
+    of every float32 binade (subnormals, the largest finite value, zeros, inf, NaN) at scales
+    around float32's normal range, its edges and past them."""
+    from cpd.primitives import scale_pow2
+
+    g = torch.Generator().manual_seed(8)
+    e = torch.randint(-149, 128, (4000,), generator=g).double()
+    v = ((torch.rand(4000, generator=g, dtype=torch.float64) + 1.0) * 2.0 ** e).to(torch.float32)
+    x = torch.cat([v, -v, torch.tensor([0.0, -0.0, 1e-45, 3.4028235e38, float("inf"), -float("inf"),
+                                        float("nan")])])
+    for s in (0, 1, -1, 20, -20, 125, 126, 127, 128, -125, -126, -127, -128, -149, -150, 149, 200, -300):
+        got, want = scale_pow2(x, s), (x.double() * 2.0 ** s).to(torch.float32)
+        assert got.dtype == torch.float32
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(got), nan), s
+        assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32)), s

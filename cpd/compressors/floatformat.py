@@ -16,7 +16,7 @@ import torch
 
 from ..codec import FormatCodec
 from ..formats import FloatFormat
-from ..primitives import aps_exponent
+from ..primitives import aps_exponent, scale_pow2
 from ..rounding import Rounding
 from .base import Compressor, Payload
 
@@ -64,7 +64,7 @@ class FormatCompressor(Compressor):
             s = aps_exponent(x, self.fmt, self.workers)
             s = 0 if s is None else max(-128, min(127, s))
             parts["scale"] = torch.tensor([s & 0xFF], dtype=torch.uint8, device=x.device)
-            x = (x.double() * 2.0 ** s).to(torch.float32)
+            x = scale_pow2(x, s)
         parts["codes"] = self.codec.encode(x, self.rounding, saturate=self.saturate, generator=self.generator)
         return self._payload(x.shape, **parts)
 
@@ -77,8 +77,7 @@ class FormatCompressor(Compressor):
         if "scale" in p.parts:
             s = int(p.parts["scale"][0])
             s = s - 256 if s > 127 else s
-            if s:
-                out = (out.double() * 2.0 ** -s).to(torch.float32)
+            out = scale_pow2(out, -s)
         return out.reshape(p.shape)
 
     def __repr__(self) -> str:
