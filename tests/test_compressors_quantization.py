@@ -130,6 +130,27 @@ def test_adaptive_matches_python_per_column(pi):
     assert p.nbytes == 4 * sent + 12 * 6
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_adaptive_selection_ties_and_signed_zeros(seed):
+    """The selection (topk threshold, ties at it taken in row order) against the exact Python
+    selection on tall and wide matrices full of ties (values on a coarse grid, zeros of both
+    signs), π from 1 to 64: more ties at the threshold than places left, and columns that send
+    nothing of a class."""
+    g = torch.Generator().manual_seed(seed)
+    rows, cols = int(torch.randint(1, 400, (1,), generator=g)), int(torch.randint(1, 30, (1,), generator=g))
+    x = torch.round(torch.randn(rows, cols, generator=g) * float(torch.randint(1, 6, (1,), generator=g))) / 4
+    x[torch.rand(rows, cols, generator=g) < 0.15] = -0.0
+    for pi in (1, 2.5, 64):
+        p = Adaptive(pi).encode(x)
+        got = Adaptive(pi).decode(p)
+        sent = 0
+        for j in range(cols):
+            want, k = _py_adaptive(x[:, j].tolist(), pi)
+            sent += k
+            torch.testing.assert_close(got[:, j], torch.tensor(want), rtol=2 ** -23, atol=0)
+        assert p.nbytes == 4 * sent + 12 * cols
+
+
 def test_adaptive_sampling_is_reproducible_and_near_the_proportion():
     x = torch.randn(4096, 8, generator=torch.Generator().manual_seed(5))
 

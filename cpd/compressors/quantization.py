@@ -79,6 +79,27 @@ def _column_of_words(counts: torch.Tensor) -> torch.Tensor:
     return marks[:total].cumsum(0) - 1
 
 
+def _smallest(key: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Mask of the ``n[j]`` smallest entries of each column j of ``key`` (finite keys; +inf marks
+    entries that are never picked, and ``n[j]`` never exceeds a column's finite keys), ties taken
+    in row order: what a stable sort of each column would put first. The ``n[j]``-th smallest key
+    tau comes from one ``topk`` of the largest n; every key below tau is picked, and of the keys
+    equal to tau the first ``n[j] - #below`` rows (a running count, computed only where a column
+    holds more ties at tau than it needs: a full stable sort of every column was most of the
+    compressor's time)."""
+    kmax = int(n.max()) if n.numel() else 0
+    if kmax == 0:
+        return torch.zeros(key.shape, dtype=torch.bool, device=key.device)
+    top = torch.topk(key, kmax, dim=0, largest=False, sorted=True).values
+    tau = top.gather(0, (n - 1).clamp(min=0).unsqueeze(0))[0]
+    below = key < tau
+    at = key == tau
+    need = n - below.sum(0)
+    if bool((at.sum(0) > need).any()):  # more ties at tau than places left: the first rows
+        at &= at.cumsum(0) <= need
+    return (below | at) & (n > 0)
+
+
 def _masked_mean(m: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """Per-column float64 mean of the masked entries, rounded to float32 (0 for an empty column)."""
     s = torch.where(mask, m, 0).sum(0, dtype=torch.float64)
@@ -237,14 +258,11 @@ class Adaptive(Compressor):
             pos = m >= 0
             k_pos = pos.sum(0)
             n_pos, n_neg = self._counts(k_pos), self._counts(rows - k_pos)
-            # One stable sort of the key -v (non-negative) / v (negative): each class in order of
-            # decreasing magnitude, ties by row; a running count gives each entry's rank in its class.
-            order = torch.argsort(torch.where(pos, -m, m), dim=0, stable=True)
-            spos = pos.gather(0, order)
-            rank = torch.where(spos, spos.cumsum(0), (~spos).cumsum(0)) - 1
-            chosen = torch.where(spos, rank < n_pos, rank < n_neg)
-            send = torch.zeros_like(pos).scatter_(0, order, chosen)
-            send_p, send_n = send & pos, send & ~pos
+            # Each class in order of decreasing magnitude, ties by row: the n smallest of the key
+            # -v (non-negative) / v (negative), the other class's entries keyed +inf (_smallest).
+            inf = torch.tensor(math.inf, dtype=m.dtype, device=m.device)
+            send_p = _smallest(torch.where(pos, -m, inf), n_pos)
+            send_n = _smallest(torch.where(pos, inf, m), n_neg)
             mp, mn = _masked_mean(m, send_p, n_pos), _masked_mean(m, send_n, n_neg)
         else:
             s = _sample_columns(m, self.sample, self.generator)
