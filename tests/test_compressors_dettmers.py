@@ -205,3 +205,23 @@ def test_all_zero_and_empty():
     assert torch.equal(c.decode(c.encode(torch.zeros(5))), torch.zeros(5))
     e = c.decode(c.encode(torch.zeros(0, 3)))
     assert e.shape == (0, 3)
+
+
+@pytest.mark.parametrize("kind,offset", [("linear", None), ("dynamic_tree", None), ("static_tree", 1),
+                                         ("static_tree", -3), ("mantissa8", 2)])
+def test_nearest_is_the_count_of_midpoints_below(kind, offset):
+    """_nearest (a table over 16-bit prefixes of the float32 bits, then a compare per midpoint
+    sharing y's prefix) against numpy.searchsorted (side="left": midpoints strictly below y) on
+    every midpoint and its two float32 neighbours, zero, the largest float32 and random
+    non-negative floats of every binade."""
+    import numpy as np
+
+    c = Dettmers8bit(kind, offset=offset) if offset is not None else Dettmers8bit(kind)
+    mids = c._mids
+    g = torch.Generator().manual_seed(1)
+    rnd = torch.randint(0, 0x7F800000, (20000,), dtype=torch.int32, generator=g).view(torch.float32)
+    y = torch.cat([mids, torch.nextafter(mids, torch.zeros_like(mids)),
+                   torch.nextafter(mids, torch.full_like(mids, math.inf)), torch.tensor([0.0, 1.0, 3.4028235e38]), rnd])
+    want = torch.from_numpy(np.searchsorted(mids.numpy(), y.numpy(), side="left"))
+    assert torch.equal(c._nearest(y), want)
+    assert torch.equal(c._nearest(y.reshape(2, -1)), want.reshape(2, -1))
