@@ -294,16 +294,7 @@ def _hop_all_paths(ra, rb, n, wf, monkeypatch, threads=(1,), modes=MODES, paths=
     old = torch.get_num_threads()
     try:
         for mode, sat in itertools.product(modes, (False, True)):
-            want = rb.clone()
-            kernels.hop_reference(ra, want, n, wf, mode, sat)
-            for path, th in itertools.product(paths, threads):
-                torch.set_num_threads(th)
-                if path:
-                    monkeypatch.setenv("CPD_WIRE_HOP", path)
-                got = rb.clone()
-                kernels.hop(ra, got, n, wf, mode, sat)
-                monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
-                assert _same(got, want, n, wf), (wf.fmt.name, n, mode, sat, path, th)
+            _check_plain_hop(ra, rb, n, wf, mode, sat, monkeypatch, list(itertools.product(paths, threads)))
     finally:
         torch.set_num_threads(old)
         monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
@@ -818,6 +809,22 @@ def test_encode_scales_past_float32s_largest_power_of_two(fmt):
         assert _same(got, want, total, wf), (wf.fmt.name, mode, sat)
 
 
+def _check_plain_hop(recv, acc, n, wf, mode, sat, monkeypatch, runs=((None, 1), (None, 3), ("table", 1))) -> None:
+    """The plain hop against hop_reference (cpd.add per element) for each (CPD_WIRE_HOP, torch
+    threads) of ``runs`` (default: the default path with 1 and 3 threads, and add_bits); the
+    caller restores the thread count."""
+    want = acc.clone()
+    kernels.hop_reference(recv, want, n, wf, mode, sat)
+    for path, th in runs:
+        torch.set_num_threads(th)
+        if path:
+            monkeypatch.setenv("CPD_WIRE_HOP", path)
+        got = acc.clone()
+        kernels.hop(recv, got, n, wf, mode, sat)
+        monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
+        assert _same(got, want, n, wf), (wf.fmt.name, n, mode, sat, path, th)
+
+
 WIDE32 = [cpd.FloatFormat(8, 10), cpd.FloatFormat(8, 12), cpd.FloatFormat(6, 12), cpd.FloatFormat(8, 10, bias=140),
           cpd.FloatFormat(5, 14, specials="finite")]
 
@@ -858,16 +865,7 @@ def test_wide_hop_of_codes_past_16_bits(fmt, monkeypatch):
             assert path == "wide" if fmt == cpd.FloatFormat(8, 10) else path in ("wide", "exact"), (fmt.name, mode)
             assert kernels.hop_path(wf, mode, sat, kahan=True) == ("kahan-lanes" if path == "wide" else "exact")
             recv, recv_c, acc, acc_c = rows
-            want = acc.clone()
-            kernels.hop_reference(recv, want, n, wf, mode, sat)
-            for path, th in ((None, 1), (None, 3), ("table", 1)):
-                torch.set_num_threads(th)
-                if path:
-                    monkeypatch.setenv("CPD_WIRE_HOP", path)
-                got = acc.clone()
-                kernels.hop(recv, got, n, wf, mode, sat)
-                monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
-                assert _same(got, want, n, wf), (fmt.name, mode, sat, path, th)
+            _check_plain_hop(recv, acc, n, wf, mode, sat, monkeypatch)
             for has_c, carry, seq in [(False, False, False), (True, False, False), (True, True, False),
                                       (False, True, False), (False, False, True)]:
                 args = dict(kahan=True, recv_c=recv_c if has_c else None, carry=carry, sequential=seq)
@@ -955,15 +953,6 @@ def test_float32_hop(monkeypatch):
     try:
         for mode, sat in itertools.product(MODES, (False, True)):
             assert kernels.hop_path(wf, mode, sat) == "wide"
-            want = acc.clone()
-            kernels.hop_reference(recv, want, n, wf, mode, sat)
-            for path, th in ((None, 1), (None, 3), ("table", 1)):
-                torch.set_num_threads(th)
-                if path:
-                    monkeypatch.setenv("CPD_WIRE_HOP", path)
-                got = acc.clone()
-                kernels.hop(recv, got, n, wf, mode, sat)
-                monkeypatch.delenv("CPD_WIRE_HOP", raising=False)
-                assert _same(got, want, n, wf), (mode, sat, path, th)
+            _check_plain_hop(recv, acc, n, wf, mode, sat, monkeypatch)
     finally:
         torch.set_num_threads(old)

@@ -449,6 +449,18 @@ inline u32 wide_view_sums(const uint8_t* __restrict r, const uint8_t* __restrict
   return 1;  // not reached
 }
 
+// sum[i] = the bits of cpd::sum_f32_bits(x[i], y[i]) (the wide loops' one float32 sum per pair);
+// nonzero when one of them is inf or NaN.
+template <int MODE>
+inline u32 f32_sums(const float* __restrict x, const float* __restrict y, int64_t m, u32* __restrict sum) {
+  u32 special = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    sum[i] = cpd::sum_f32_bits(x[i], y[i], MODE);
+    special |= (u32)((sum[i] & ~cpd::SIGN) >= cpd::INF_BITS);
+  }
+  return special;
+}
+
 template <int MODE>
 void wide_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, int view) {
   const auto dec = view ? nullptr : decode_table16(w);
@@ -471,10 +483,7 @@ void wide_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, int
       } else if (!special) {  // both operands' values, then the bits of cpd::sum_f32_bits
         wide_values(r, m, view, table, xv);
         wide_values(a, m, view, table, yv);
-        for (int64_t i = 0; i < m; ++i) {
-          sum[i] = cpd::sum_f32_bits(xv[i], yv[i], MODE);
-          special |= (u32)((sum[i] & ~cpd::SIGN) >= cpd::INF_BITS);
-        }
+        special = f32_sums<MODE>(xv, yv, m, sum);
       }
       if (!special) {
         for (int64_t i = 0; i < m; ++i) out[i] = (uint16_t)cpd::cast_code_fast(sum[i], f, MODE);
@@ -505,10 +514,7 @@ void wide32_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w) {
         load_codes(ap, e0, m, w, ca);
         values_of_codes(cr, m, w, shift, xv);
         values_of_codes(ca, m, w, shift, yv);
-        for (int64_t i = 0; i < m; ++i) {
-          sum[i] = cpd::sum_f32_bits(xv[i], yv[i], MODE);
-          special |= (u32)((sum[i] & ~cpd::SIGN) >= cpd::INF_BITS);
-        }
+        special = f32_sums<MODE>(xv, yv, m, sum);
       }
       if (!special) {
         if (w.raw32) std::memcpy(ap + 4 * e0, sum, 4 * m);  // float32: the sums' bits are the codes
