@@ -17,8 +17,8 @@ from .formats import FloatFormat
 from .ops import add
 from .rounding import Rounding
 
-__all__ = ["FLOAT_DTYPES", "chunk_bounds", "stack_workers", "Accumulator", "ceil_log2", "all_finite", "scale_pow2", "aps_exponent",
-           "match_prefix"]
+__all__ = ["FLOAT_DTYPES", "chunk_bounds", "stack_workers", "Accumulator", "ceil_log2", "all_finite", "scale_pow2",
+           "aps_exponent", "match_prefix"]
 
 #: Input dtypes the reductions accept (float16/bfloat16 are upcast to float32 exactly).
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
