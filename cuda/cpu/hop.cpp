@@ -782,7 +782,7 @@ void wire_encode(const at::Tensor& x, const at::Tensor& segs, at::Tensor out, in
 #if CPD_HOP_AVX2
         if (direct) {
           const int64_t sc = s.rows[3 * j + 2];
-          if (sc >= -126 && sc <= 127 &&
+          if (scale_kind(sc) <= 1 &&  // 2^sc a normal float32 (or 1)
               cpd_hop_avx2::encode_nearest(src, run, std::ldexp(1.0f, (int)sc), sc != 0, op + e, *vc, w.f))
             return;
           encode_run_mode<true>(src, run, sc, w, dst);
@@ -1059,8 +1059,9 @@ int64_t finish_run(const float* __restrict v, float* __restrict dst, int64_t m, 
 template <bool INV>
 int64_t finish(const float* v, float* dst, int64_t m, int64_t s, float inv) {
   const double pd = std::ldexp(1.0, (int)-s);
-  if (s == 0) return finish_run<0, INV>(v, dst, m, 1.0f, pd, inv);
-  if (-s >= -126 && -s <= 127) return finish_run<1, INV>(v, dst, m, (float)pd, pd, inv);
+  const int kind = scale_kind(-s);  // 3 (two float32 products) is the encode's; here float64
+  if (kind == 0) return finish_run<0, INV>(v, dst, m, 1.0f, pd, inv);
+  if (kind == 1) return finish_run<1, INV>(v, dst, m, (float)pd, pd, inv);
   return finish_run<2, INV>(v, dst, m, 1.0f, pd, inv);
 }
 }  // namespace
