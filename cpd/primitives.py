@@ -122,6 +122,9 @@ def all_finite(x: torch.Tensor) -> bool:
     ``aminmax`` pass, into which a NaN propagates (both results NaN) and an infinity shows (the
     minimum or the maximum). On millions of entries about 14x faster than
     ``torch.isfinite(x).all()``, which first writes a mask as large as ``x``."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"all_finite: x must be a floating-point torch.Tensor, got "
+                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
     if not x.numel():
         return True
     mn, mx = torch.aminmax(x.detach())
@@ -133,6 +136,11 @@ def scale_pow2(x: torch.Tensor, s: int) -> torch.Tensor:
     float32 where ``2**s`` is a normal float32 number (-126 <= s <= 127: the float32 product is the
     same single rounding of the same exact product, at half the memory traffic), else in float64
     (a subnormal float32 factor would cost x86 a microcode assist per element). ``x``: float32."""
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+        raise TypeError(f"scale_pow2: x must be a float32 torch.Tensor, got "
+                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if isinstance(s, bool) or not isinstance(s, int):
+        raise TypeError(f"scale_pow2: s must be an int exponent, got {type(s).__name__}")
     if not s:
         return x
     if -126 <= s <= 127:

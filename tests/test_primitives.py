@@ -44,3 +44,19 @@ def test_scale_pow2_is_one_rounding_of_the_exact_product():
         nan = torch.isnan(want)
         assert torch.equal(torch.isnan(got), nan), s
         assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32)), s
+
+
+def test_all_finite_and_scale_pow2_refuse_what_they_cannot_read():
+    from cpd.primitives import scale_pow2
+
+    for bad in (torch.arange(3), [1.0, 2.0], torch.zeros(2, dtype=torch.bool)):
+        with pytest.raises(TypeError, match="all_finite: x must be a floating-point"):
+            all_finite(bad)
+    x = torch.ones(3)
+    for bad in (torch.ones(3, dtype=torch.float64), torch.arange(3), 1.0):
+        with pytest.raises(TypeError, match="scale_pow2: x must be a float32"):
+            scale_pow2(bad, 1)
+    for s in (1.5, True, "2"):
+        with pytest.raises(TypeError, match="scale_pow2: s must be an int"):
+            scale_pow2(x, s)
+    assert torch.equal(x, torch.ones(3))  # the input is left as it was
