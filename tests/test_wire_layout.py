@@ -8,6 +8,7 @@ Invariants defended:
   smaller than the number of chunks, single elements) and ranges (empty, whole, inside one layer,
   across many);
 * :meth:`Layout.ranges_segments` of several ranges is their segments one after another;
+* segments are kept per arguments (the same tensor again; new rows when a scale or offset moves);
 * a chunk's sub-chunks tile its bytes: as few as hold at most ``sub`` elements, each starting on
   a multiple of 8 elements, of equal size but the last (a chunk a little over ``sub`` goes in two
   halves);
@@ -102,6 +103,26 @@ def test_segments_of_a_bucket_of_many_layers_visit_only_their_rows():
         layout(cpd.FloatFormat.parse("e4m3"), (4,), 2, 12)
 
 
+def test_segments_are_kept_per_arguments():
+    """The segments of a chunk are built once per (chunk, range, offsets, scales) and kept: the same
+    tensor again for the same arguments (the next step, while the scales hold), the rows of the new
+    arguments when a scale or an offset moves, and at most 256 kept per layout."""
+    sizes = (5, 9, 3)
+    lay = layout(cpd.FloatFormat.parse("e5m2"), sizes, 2, 8)
+    offsets = (0, 5, 14)
+    a = lay.segments(1, offsets, (1, 2, 3))
+    assert lay.segments(1, list(offsets), [1, 2, 3]) is a  # lists and tuples alike
+    pos, layer = _chunk_positions(sizes, 2, 1)
+    for scales, offs in [((1, 2, 3), offsets), ((1, 7, 3), offsets), ((1, 2, 3), (100, 105, 114))]:
+        want = [(p - offsets[k] + offs[k], scales[k]) for p, k in zip(pos, layer)]
+        assert _expand(lay.segments(1, offs, scales)) == want
+        assert _expand(lay.segments(1, offs, scales, 2, 6)) == want[2:6]
+    for s in range(600):
+        lay.segments(0, offsets, (s, 0, 0))
+    assert len(lay._memo) <= 256
+    assert _expand(lay.segments(1, offsets, (1, 2, 3))) == [(p, (1, 2, 3)[k]) for p, k in zip(pos, layer)]
+
+
 @settings(max_examples=200, deadline=None)
 @given(numels=st.lists(st.integers(0, 100), max_size=8), world=st.integers(1, 9), data=st.data())
 def test_float32_ring_bytes_counts_the_ring_messages(numels, world, data):
@@ -133,3 +154,5 @@ def test_wire_bytes_of_every_width(fmt):
     wf = WireFormat(fmt)
     for n in (0, 1, 2, 3, 7, 8, 9, 1000, 1001):
         assert wf.nbytes(n) == (4 * n if fmt == cpd.FP32 else code_nbytes(n, fmt.bits)), (fmt, n)
+    f = fmt
+    assert wf.fargs == (f.exp, f.man, f.bias, f.core_specials, f.subnormals)  # the kernels' format fields

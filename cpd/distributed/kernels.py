@@ -21,7 +21,6 @@ import functools
 
 import torch
 
-from ..formats import FloatFormat
 from ..ops import cast
 from ..ops import decode as decode_codes
 from ..ops import encode as encode_codes
@@ -52,8 +51,10 @@ def compiled() -> bool:
     return _ops() is not None
 
 
-def _fargs(fmt: FloatFormat):
-    return fmt.exp, fmt.man, fmt.bias, fmt.core_specials, fmt.subnormals
+@functools.lru_cache(maxsize=1)
+def _none() -> torch.Tensor:
+    """The empty CPU tensor the compiled kernels take for an absent operand (never written)."""
+    return torch.empty(0)
 
 
 # ------------------------------------------------------------------------------------ encode
@@ -65,8 +66,8 @@ def encode(x: torch.Tensor, segs: torch.Tensor, wf: WireFormat, rounding: Roundi
     ``amax`` (a float32 CPU tensor with one entry per segment) also receives each segment's
     :func:`absmax` of the unscaled values, from the same pass over ``x`` on the compiled CPU path
     (the bucket is read from memory once for both)."""
-    total = int(segs[:, 1].sum()) if segs.numel() else 0
     if out is None:
+        total = int(segs[:, 1].sum()) if segs.numel() else 0
         out = torch.empty(wf.nbytes(total), dtype=torch.uint8, device=x.device)
     if amax is not None and (amax.dtype != torch.float32 or amax.device.type != "cpu" or
                              amax.numel() != segs.shape[0] or not amax.is_contiguous()):
@@ -74,8 +75,8 @@ def encode(x: torch.Tensor, segs: torch.Tensor, wf: WireFormat, rounding: Roundi
                          f"segment), got {amax.dtype} of {amax.numel()} on {amax.device}")
     ops = None if x.is_cuda else _ops()
     if ops is not None:
-        ops.wire_encode(x, segs, out, *_fargs(wf.fmt), rounding.code, saturate, wf.bits, False, wf.raw32,
-                        amax if amax is not None and amax.numel() else x.new_zeros(0))
+        ops.wire_encode(x, segs, out, *wf.fargs, rounding.code, saturate, wf.bits, False, wf.raw32,
+                        amax if amax is not None and amax.numel() else _none())
         return out
     if amax is not None and amax.numel():
         amax.copy_(torch.tensor(absmax(x, segs), dtype=torch.float32))
@@ -142,10 +143,10 @@ def hop(recv: torch.Tensor, acc: torch.Tensor, n: int, wf: WireFormat, rounding:
         cuda_kernels.hop(recv, acc, n, wf, rounding, saturate, kahan, recv_c, acc_c, carry, sequential)
         return
     ops = _ops()
-    empty = recv.new_zeros(0)
     if ops is not None:
+        empty = _none()
         ops.wire_hop(recv, empty if recv_c is None else recv_c, acc, empty if acc_c is None else acc_c, n,
-                     *_fargs(wf.fmt), rounding.code, saturate, wf.bits, False, wf.raw32, kahan,
+                     *wf.fargs, rounding.code, saturate, wf.bits, False, wf.raw32, kahan,
                      recv_c is not None, carry, 1 if sequential else 0)
         return
     hop_reference(recv, acc, n, wf, rounding, saturate, kahan=kahan, recv_c=recv_c, acc_c=acc_c, carry=carry,
@@ -169,7 +170,7 @@ def hop_path(wf: WireFormat, rounding: Rounding, saturate: bool, kahan: bool = F
     ops = _ops()
     if ops is None:
         return "reference"
-    k = ops.wire_hop_path(*_fargs(wf.fmt), rounding.code, saturate, wf.bits, wf.raw32, kahan)
+    k = ops.wire_hop_path(*wf.fargs, rounding.code, saturate, wf.bits, wf.raw32, kahan)
     return ("exact", "tables", "scalar", "vector", "wide", "wide-vector", "kahan-lanes")[k]
 
 
@@ -202,7 +203,7 @@ def decode(data: torch.Tensor, segs: torch.Tensor, out: torch.Tensor, wf: WireFo
         return _count_nonfinite(out, segs)
     ops = _ops()
     if ops is not None:
-        return int(ops.wire_decode(data, segs, out, *_fargs(wf.fmt), wf.bits, False, wf.raw32, float(inv)))
+        return int(ops.wire_decode(data, segs, out, *wf.fargs, wf.bits, False, wf.raw32, float(inv)))
     decode_reference(data, segs, out, wf, inv)
     return _count_nonfinite(out, segs)
 

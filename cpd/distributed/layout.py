@@ -47,6 +47,9 @@ class Layout:
     offsets: tuple
     #: Sub-chunk size in elements (a multiple of 8).
     sub: int
+    #: :meth:`segments` already built, by their arguments (the same every step while the scales
+    #: hold): read-only tensors.
+    _memo: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -88,10 +91,19 @@ class Layout:
         """Kernel segments of elements ``[lo, hi)`` of chunk c (default all): (offset in the flat
         tensor, length, scale exponent) rows, for layers at ``layer_offsets`` (per stream layer)
         scaled by ``2**scales[k]``. Only the rows that meet ``[lo, hi)`` are visited (found by
-        bisection), so a sub-chunk of a bucket of many layers costs what its own layers cost."""
-        out: list = []
-        self._rows(c, layer_offsets, scales, lo, self.lengths[c] if hi is None else hi, out)
-        return torch.tensor(out, dtype=torch.int64).reshape(-1, 3)
+        bisection), so a sub-chunk of a bucket of many layers costs what its own layers cost.
+        Kept per arguments (up to 256 per layout): the caller must not write to the tensor."""
+        hi = self.lengths[c] if hi is None else hi
+        key = (c, lo, hi, tuple(layer_offsets), tuple(scales))
+        segs = self._memo.get(key)
+        if segs is None:
+            out: list = []
+            self._rows(c, layer_offsets, scales, lo, hi, out)
+            segs = torch.tensor(out, dtype=torch.int64).reshape(-1, 3)
+            if len(self._memo) >= 256:
+                self._memo.clear()
+            self._memo[key] = segs
+        return segs
 
     def ranges_segments(self, c: int, layer_offsets, scales, ranges) -> torch.Tensor:
         """:meth:`segments` of several ranges ``[(lo, hi), ...]`` of chunk c, one after another."""

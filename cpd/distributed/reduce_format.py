@@ -110,7 +110,7 @@ class FormatReducer:
         else:
             scales = ((scale_exp or 0) if cfg.scaling == "loss" else 0,) * len(low)
         lay = self._layout(cfg.fmt, tuple(sizes[i] for i in low))
-        offs = [offsets[i] for i in low]
+        offs = tuple(offsets[i] for i in low)
         buf = self._buffer(lay.nbytes, flat.device)
         top = dict.fromkeys(low, 0)  # max magnitude bits per layer (NaN's bits above inf's)
         for c in range(lay.parts):
@@ -131,8 +131,9 @@ class FormatReducer:
         w = self.tp.world
         mags = dict(known or {})
         rest = [i for i in range(len(sizes)) if present[i] and i not in mags]
-        segs = torch.tensor([[offsets[i], sizes[i], 0] for i in rest], dtype=torch.int64).reshape(-1, 3)
-        mags.update(zip(rest, kernels.absmax(flat, segs)))
+        if rest:
+            segs = torch.tensor([[offsets[i], sizes[i], 0] for i in rest], dtype=torch.int64).reshape(-1, 3)
+            mags.update(zip(rest, kernels.absmax(flat, segs)))
         codes = []
         for i, here in enumerate(present):
             m = mags.get(i, 0.0)
@@ -237,8 +238,8 @@ class FormatReducer:
         cfg, tp = self.cfg, self.tp
         alg, k = cfg.algorithm, self._group()
         lay = self._layout(fmt, tuple(sizes[i] for i in layers))
-        offs = [offsets[i] for i in layers]
-        sc = [scales.get(i, 0) for i in layers]
+        offs = tuple(offsets[i] for i in layers)
+        sc = tuple(scales.get(i, 0) for i in layers)
         buf = self._buffer(lay.nbytes, flat.device) if ahead is None else ahead.buf
         bad, again = [0], [0]
 

@@ -103,6 +103,8 @@ class Transport:
         self.pg, moved = _batch_gloo_loops(make) if gloo else (make(), 0)
         #: gloo socket threads of this transport's groups moved to SCHED_BATCH (_batch_gloo_loops).
         self.batch_threads = moved
+        # isend/irecv post on the group itself with global ranks: they must be its group ranks
+        assert all(dist.get_group_rank(self.pg, r) == r for r in self.ranks), "group ranks differ from global ranks"
         self.device = (torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
                        else torch.device("cpu"))
         #: gloo: sub-chunk messages with tags, completed by gloo's own threads (pipelining);
@@ -177,17 +179,21 @@ class Transport:
 
     # ---- point to point
     def isend(self, t: torch.Tensor, dst: int, tag: int):
-        """Post a send of the uint8 tensor ``t`` (counted); None for an empty message."""
+        """Post a send of the uint8 tensor ``t`` (counted); None for an empty message. ``dst`` is a
+        global rank: the group holds every rank in order, so it is the group rank too (the
+        group's own ``send``, without ``dist.isend``'s checks of every call: a few hops per bucket
+        and sub-chunk)."""
         if not t.numel():
             return None
         self.sent += t.numel()
-        return dist.isend(t, dst, group=self.pg, tag=tag)
+        return self.pg.send([t], dst, tag)
 
     def irecv(self, t: torch.Tensor, src: int, tag: int):
+        """Post a receive into ``t`` (counted); None for an empty message (``src`` as in isend)."""
         if not t.numel():
             return None
         self.received += t.numel()
-        return dist.irecv(t, src, group=self.pg, tag=tag)
+        return self.pg.recv([t], src, tag)
 
     def batch(self, sends, recvs) -> None:
         """One ``batch_isend_irecv``: sends [(tensor, dst)], recvs [(tensor, src)] (in place), waited."""

@@ -34,6 +34,13 @@ class WireFormat:
         return 32 if self.raw32 else self.fmt.bits
 
     @functools.cached_property
+    def fargs(self) -> tuple:
+        """The format's fields as the compiled kernels take them (exp, man, bias, specials code,
+        subnormals), found once."""
+        f = self.fmt
+        return f.exp, f.man, f.bias, f.core_specials, f.subnormals
+
+    @functools.cached_property
     def _per(self) -> tuple[int, int]:
         """(bits per value, 1) up to 8 bits (packed), else (bytes per value, 0)."""
         b = self.bits
