@@ -388,8 +388,8 @@ void exact_hop_block(const uint8_t* rp, uint8_t* ap, int64_t e0, int64_t m, cons
 // rounds; nothing to cast after), non-finite sums through add_bits (saturate, the NaN rule).
 int wide_hop_applies(const Wire& w) {
   if (w.raw32)  // float32 on the wire (cpd.FP32: fp32_layers, the hybrid phase): the sums' bits themselves
-    return (int)(w.mode == cpd::NEAREST || w.mode == cpd::TOWARD_ZERO || w.mode == cpd::UP || w.mode == cpd::DOWN);
-  return (int)(w.bits > 8 && cpd::cast_code_applies(w.f) && cpd::add_f32_any_applies(w.f, w.mode));
+    return cpd::wire_lanes_apply(w.f, w.mode, 1);
+  return (int)(w.bits > 8 && cpd::cast_code_applies(w.f) && cpd::wire_lanes_apply(w.f, w.mode, 0));
 }
 
 // Which view of hop_avx2.h decodes w's codes (0: none, the table).
@@ -549,7 +549,7 @@ void wide_hop(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, bool vec
 
 // Whether a Kahan hop of w runs in float32 lanes (kahan_lanes, below wire_encode).
 int kahan_fast_applies(const Wire& w) {
-  return (int)(!w.raw32 && cpd::cast_code_applies(w.f) && cpd::add_f32_any_applies(w.f, w.mode));
+  return (int)(!w.raw32 && cpd::cast_code_applies(w.f) && cpd::wire_lanes_apply(w.f, w.mode, 0));
 }
 
 // ---- segments: [k, 3] int64 rows (offset in the float32 tensor, length, scale exponent)

@@ -96,7 +96,7 @@ __device__ __forceinline__ int find_segment(const long long* __restrict__ starts
 }
 
 // add_bits(a, b) for values a, b of the format, on float32 arithmetic where one of arith.h's
-// identities holds (lanes: cpd::add_f32_any_applies, tested once per launch): the rounding of
+// identities holds (lanes: cpd::wire_lanes_apply, tested once per launch): the rounding of
 // cpd::sum_f32_bits(a, b) when those bits are finite (to nearest: the float32 sum, Figueroa; the
 // directed modes: TwoSum's corrected sum), add_bits itself otherwise (an inf or NaN operand, a
 // float32 overflow). The CPU hops' float32 lanes (cuda/cpu/hop.cpp: fast_hop, wide_hop,
@@ -151,9 +151,7 @@ extern "C" __global__ void cpd_wire_hop(const unsigned char* __restrict__ recv, 
   const Wire w = make_wire(exp, man, bias, specials, subnormals, mode, saturate, bits, raw32);
   // add_lanes' float32 path; for cpd.FP32 itself the sum in the mode is float32's own (its cast is
   // the identity on finite bits)
-  const int lanes = w.raw32 ? (int)(w.mode == cpd::NEAREST || w.mode == cpd::TOWARD_ZERO || w.mode == cpd::UP ||
-                                    w.mode == cpd::DOWN)
-                            : cpd::add_f32_any_applies(w.f, w.mode);
+  const int lanes = cpd::wire_lanes_apply(w.f, w.mode, w.raw32);
   const long long groups = (n + 7) / 8, nb = nbytes_of(n, w.bits);
   const long long stride = (long long)blockDim.x * gridDim.x;
   for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += stride) {

@@ -260,6 +260,16 @@ CPD_FN int add_f32_any_applies(const Format& f, int mode) {
   return (int)(add_f32_applies(f, mode) || add_f32_directed_applies(f, mode));
 }
 
+// Whether the adds of a wire hop of f in mode run in float32 lanes (sum_f32_bits, rounded once,
+// add_bits for non-finite bits): the CPU hops (cuda/cpu/hop.cpp) and the CUDA hop
+// (cuda/kernels/hop.cu) both ask this. raw32: float32 itself on the wire (cpd.FP32), whose add in
+// a deterministic mode is float32's own sum in that mode (nothing to cast after); otherwise
+// add_f32_any_applies. (The CPU loops also need cast_code_applies(f) for their encode.)
+CPD_FN int wire_lanes_apply(const Format& f, int mode, int raw32) {
+  if (raw32) return (int)(mode == NEAREST || mode == TOWARD_ZERO || mode == UP || mode == DOWN);
+  return add_f32_any_applies(f, mode);
+}
+
 CPD_FN u32 sum_f32_bits(float x, float y, int mode) {
   return mode == NEAREST ? bits_of(fadd(x, y)) : sum_f32_directed(x, y, mode);
 }
