@@ -10,7 +10,8 @@ Invariants defended:
   ValueError naming the allowed values; a level the host cannot run is refused before it is built;
 * the host's level is read off the CPU flags; the module name differs per target and per
   OpenMP setting (separate caches);
-* the first build announces itself with one line naming the target.
+* the first build announces itself with one line naming the target; the wire loops keep their
+  prefetches.
 """
 
 import pytest
@@ -207,3 +208,20 @@ def test_sources_include_light_torch_headers():
     assert {p.name for p in sources} >= set(_cpu.CORE_SOURCES)
     heavy = [p.name for p in sources if "<torch/extension.h>" in p.read_text()]
     assert heavy == [], heavy
+
+
+def test_the_hops_prefetch():
+    """The wire loops' prefetches of the received bytes survive the compiler (hop.cpp's
+    prefetch_codes: GCC 12 deleted a loop of nothing but prefetches until an empty asm statement
+    kept it). Read off the built library with objdump (x86: prefetcht0 / prefetchw; Arm: prfm)."""
+    import platform
+    import shutil
+    import subprocess
+
+    ext = _cpu.extension()
+    objdump = shutil.which("objdump")
+    if ext is None or objdump is None or not getattr(ext, "__file__", None):
+        pytest.skip("needs the built CPU extension and objdump")
+    text = subprocess.run([objdump, "-d", ext.__file__], capture_output=True, text=True, check=True).stdout
+    ops = ("prfm",) if platform.machine().lower() in ("aarch64", "arm64") else ("prefetcht0", "prefetchw")
+    assert sum(text.count(op) for op in ops) >= 8, "the wire loops' prefetches are gone"

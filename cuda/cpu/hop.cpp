@@ -296,20 +296,30 @@ u32 fast_hop_bytes(const uint8_t* __restrict r, const uint8_t* __restrict a, uin
   return special;
 }
 
-// Prefetch the two operands of block k + kAhead of a hop (codes of `width` bytes; a ends up
-// written): a hop's received bytes were just written by gloo's socket thread, often on another
-// core, and the hardware prefetchers do not run ahead of that transfer. Measured on the 2-core
-// Intel machine (benchmarks/bench_wire.py's MLP, 590K e4m3 codes written on the other core): a
-// hop 0.39 -> 0.30 ms, the same core's data 0.26 -> 0.25; the step at 10 Gbit/s 27.7 -> 26-27 ms.
-// Only a hint: no result depends on it.
+// Prefetch the bytes of the codes [e, e + kBlock) of p (RW 1: to be written): the received bytes of a
+// hop or a decode were just written by gloo's socket thread, often on another core, and the
+// hardware prefetchers do not run ahead of that transfer. The loops below ask for the block kAhead
+// blocks ahead of the one they work on. Measured on the 2-core Intel machine (a hop of 590K e4m3
+// codes, the size of the benchmark MLP's sub-chunks, medians of 41): written on the other core
+// 0.36-0.39 -> 0.29-0.32 ms, on the same core 0.25 -> 0.25-0.26 ms; the benchmark's step at
+// 10 Gbit/s moved less than its run-to-run spread. Only a hint: no result depends on it. The empty
+// asm statement keeps the loop: GCC 12 takes a loop of nothing but prefetches for one without
+// effects and deletes it (tests/test_cpu_build.py checks that the library has prefetches).
 constexpr int64_t kAhead = 4;
-inline void prefetch_ahead(const uint8_t* r, const uint8_t* a, int64_t k, int64_t b1, int64_t width) {
-  if (k + kAhead >= b1) return;
-  const int64_t at = (k + kAhead) * kBlock * width, nbytes = kBlock * width;
-  for (int64_t i = 0; i < nbytes; i += 64) {
-    __builtin_prefetch(r + at + i, 0, 3);
-    __builtin_prefetch(a + at + i, 1, 3);
+template <int RW>
+inline void prefetch_codes(const uint8_t* p, int64_t e, int64_t bits) {
+  const int64_t hi = nbytes_of(e + kBlock, (int)bits);
+  for (int64_t i = nbytes_of(e, (int)bits); i < hi; i += 64) {
+    __builtin_prefetch(p + i, RW, 3);
+    asm volatile("" : : "r"(p + i));
   }
+}
+
+// A hop's two operands (received r, accumulator a) of block k + kAhead, when this range has it.
+inline void prefetch_ahead(const uint8_t* r, const uint8_t* a, int64_t k, int64_t b1, int64_t bits) {
+  if (k + kAhead >= b1) return;
+  prefetch_codes<0>(r, (k + kAhead) * kBlock, bits);
+  prefetch_codes<1>(a, (k + kAhead) * kBlock, bits);
 }
 
 template <int MODE>
@@ -325,7 +335,7 @@ void fast_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, con
     std::unique_ptr<float[]> buf;  // directed modes' float32 sums (cpd_hop_avx2::hop_directed)
     for (int64_t k = b0; k < b1; ++k) {
       const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
-      prefetch_ahead(rp, ap, k, b1, 1);
+      prefetch_ahead(rp, ap, k, b1, 8);
       u32 special = 0;
       int64_t done = 0;
 #if CPD_HOP_AVX2
@@ -492,7 +502,7 @@ void wide_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w, int
     const bool view_sums = MODE == cpd::NEAREST && view;  // decode and add in one vector pass
     for (int64_t k = b0; k < b1; ++k) {
       const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
-      prefetch_ahead(rp, ap, k, b1, 2);
+      prefetch_ahead(rp, ap, k, b1, w.bits);
       const uint8_t* __restrict r = rp + 2 * e0;
       uint8_t* a = ap + 2 * e0;
       u32 special = (u32)(need_sub && !float32_subnormals_kept());
@@ -526,7 +536,7 @@ void wide32_hop_mode(const uint8_t* rp, uint8_t* ap, int64_t n, const Wire& w) {
     float *xv = vals.data(), *yv = xv + kBlock;
     for (int64_t k = b0; k < b1; ++k) {
       const int64_t e0 = k * kBlock, m = std::min(n, e0 + kBlock) - e0;
-      prefetch_ahead(rp, ap, k, b1, 4);
+      prefetch_ahead(rp, ap, k, b1, w.bits);
       u32 special = (u32)(need_sub && !float32_subnormals_kept());
       if (!special) {
         load_codes(rp, e0, m, w, cr);
@@ -991,6 +1001,11 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
         exact_hop_block(rp, ap, e0, m, w, cr, ca);
         continue;
       }
+      prefetch_ahead(rp, ap, k, b1, w.bits);
+      if (k + kAhead < b1) {
+        if (rcp) prefetch_codes<0>(rcp, (k + kAhead) * kBlock, w.bits);
+        prefetch_codes<1>(acp, (k + kAhead) * kBlock, w.bits);
+      }
       if (fast && (!need_sub || float32_subnormals_kept())) {
         const float* __restrict t = table ? table->data() : nullptr;
         float *S = reinterpret_cast<float*>(cac + kBlock), *C = S + kBlock, *X = C + kBlock, *CX = X + kBlock;
@@ -1118,10 +1133,7 @@ at::Tensor wire_decode(const at::Tensor& in, const at::Tensor& segs, at::Tensor 
       int64_t mine = 0;
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t e0 = b * kBlock, m = std::min(s.total, e0 + kBlock) - e0;
-        if (b + kAhead < b1) {  // the received codes (as prefetch_ahead)
-          const int64_t lo = nbytes_of(e0 + kAhead * kBlock, w.bits), hi = nbytes_of(e0 + (kAhead + 1) * kBlock, w.bits);
-          for (int64_t i = lo; i < hi; i += 64) __builtin_prefetch(ip + i, 0, 3);
-        }
+        if (b + kAhead < b1) prefetch_codes<0>(ip, e0 + kAhead * kBlock, w.bits);  // the received codes
         bool done = false;
 #if CPD_HOP_AVX2
         done = vc && cpd_hop_avx2::decode_block(ip + e0, m, vals, *vc, table->data());
