@@ -104,7 +104,8 @@ class Transport:
         #: gloo socket threads of this transport's groups moved to SCHED_BATCH (_batch_gloo_loops).
         self.batch_threads = moved
         # isend/irecv post on the group itself with global ranks: they must be its group ranks
-        assert all(dist.get_group_rank(self.pg, r) == r for r in self.ranks), "group ranks differ from global ranks"
+        if any(dist.get_group_rank(self.pg, r) != r for r in self.ranks):
+            raise RuntimeError("cpd.distributed: the exchange's group numbers its ranks unlike the default group")
         self.device = (torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl"
                        else torch.device("cpu"))
         #: gloo: sub-chunk messages with tags, completed by gloo's own threads (pipelining);
