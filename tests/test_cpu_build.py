@@ -212,7 +212,7 @@ def test_sources_include_light_torch_headers():
 
 def test_the_hops_prefetch():
     """The wire loops' prefetches of the received bytes survive the compiler (hop.cpp's
-    prefetch_codes: GCC 12 deleted a loop of nothing but prefetches until an empty asm statement
+    prefetch_block: GCC 12 deleted a loop of nothing but prefetches until an empty asm statement
     kept it). Read off the built library with objdump (x86: prefetcht0 / prefetchw; Arm: prfm)."""
     import platform
     import shutil

@@ -296,7 +296,7 @@ u32 fast_hop_bytes(const uint8_t* __restrict r, const uint8_t* __restrict a, uin
   return special;
 }
 
-// Prefetch the bytes of the codes [e, e + kBlock) of p (RW 1: to be written): the received bytes of a
+// Prefetch the bytes of a block of codes (RW 1: to be written): the received bytes of a
 // hop or a decode were just written by gloo's socket thread, often on another core, and the
 // hardware prefetchers do not run ahead of that transfer. The loops below ask for the block kAhead
 // blocks ahead of the one they work on. Measured on the 2-core Intel machine (a hop of 590K e4m3
@@ -305,21 +305,23 @@ u32 fast_hop_bytes(const uint8_t* __restrict r, const uint8_t* __restrict a, uin
 // 10 Gbit/s moved less than its run-to-run spread. Only a hint: no result depends on it. The empty
 // asm statement keeps the loop: GCC 12 takes a loop of nothing but prefetches for one without
 // effects and deletes it (tests/test_cpu_build.py checks that the library has prefetches).
+// prefetch_block<RW>(p, k, b1, bits): block k + kAhead of p, when the range of blocks [.., b1)
+// working on block k holds it.
 constexpr int64_t kAhead = 4;
 template <int RW>
-inline void prefetch_codes(const uint8_t* p, int64_t e, int64_t bits) {
-  const int64_t hi = nbytes_of(e + kBlock, (int)bits);
+inline void prefetch_block(const uint8_t* p, int64_t k, int64_t b1, int64_t bits) {
+  if (k + kAhead >= b1) return;
+  const int64_t e = (k + kAhead) * kBlock, hi = nbytes_of(e + kBlock, (int)bits);
   for (int64_t i = nbytes_of(e, (int)bits); i < hi; i += 64) {
     __builtin_prefetch(p + i, RW, 3);
     asm volatile("" : : "r"(p + i));
   }
 }
 
-// A hop's two operands (received r, accumulator a) of block k + kAhead, when this range has it.
+// A hop's two operands: the received bytes r and the accumulator a (written).
 inline void prefetch_ahead(const uint8_t* r, const uint8_t* a, int64_t k, int64_t b1, int64_t bits) {
-  if (k + kAhead >= b1) return;
-  prefetch_codes<0>(r, (k + kAhead) * kBlock, bits);
-  prefetch_codes<1>(a, (k + kAhead) * kBlock, bits);
+  prefetch_block<0>(r, k, b1, bits);
+  prefetch_block<1>(a, k, b1, bits);
 }
 
 template <int MODE>
@@ -669,6 +671,11 @@ inline float scaled(float x, float pf, double pd) {
 // Which SCALE serves 2^s.
 inline int scale_kind(int64_t s) { return s == 0 ? 0 : s >= -126 && s <= 127 ? 1 : s > 127 && s <= 254 ? 3 : 2; }
 
+// The float32 factor pf of scaled<scale_kind(s)>: 2^s (SCALE 1), 2^(s - 127) (SCALE 3); unused otherwise.
+inline float scale_f32(int64_t s) {
+  return scale_kind(s) == 3 ? std::ldexp(1.0f, (int)s - 127) : (float)std::ldexp(1.0, (int)s);
+}
+
 template <int MODE, bool FAST, int SCALE>  // SCALE: see scaled
 void encode_loop(const float* __restrict x, int64_t m, float pf, double pd, const cpd::Format g,
                  u32* __restrict codes, u32& odd) {
@@ -701,7 +708,7 @@ u32 code_loop(const float* __restrict x, int64_t m, float pf, double pd, const c
 template <int SCALE>
 void raw32_run(const float* __restrict x, int64_t m, int64_t s, const Wire& w, u32* __restrict codes) {
   const double pd = std::ldexp(1.0, (int)s);
-  const float pf = SCALE == 3 ? std::ldexp(1.0f, (int)s - 127) : (float)pd;
+  const float pf = scale_f32(s);
   u32 special = 0;
   for (int64_t i = 0; i < m; ++i) {
     codes[i] = cpd::bits_of(scaled<SCALE>(x[i], pf, pd));
@@ -717,7 +724,7 @@ void encode_run(const float* __restrict x, int64_t m, int64_t s, const Wire& w, 
   const cpd::Format g = w.f;
   const double pd = std::ldexp(1.0, (int)s);
   const int kind = scale_kind(s);
-  const float pf = kind == 3 ? std::ldexp(1.0f, (int)s - 127) : (float)pd;
+  const float pf = scale_f32(s);
   if (FAST && cpd::cast_code_applies(g)) {
     const u32 special = kind == 0 ? code_loop<MODE, 0>(x, m, pf, pd, g, codes)
                       : kind == 1 ? code_loop<MODE, 1>(x, m, pf, pd, g, codes)
@@ -1002,10 +1009,8 @@ void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, at::Tensor acc, 
         continue;
       }
       prefetch_ahead(rp, ap, k, b1, w.bits);
-      if (k + kAhead < b1) {
-        if (rcp) prefetch_codes<0>(rcp, (k + kAhead) * kBlock, w.bits);
-        prefetch_codes<1>(acp, (k + kAhead) * kBlock, w.bits);
-      }
+      if (rcp) prefetch_block<0>(rcp, k, b1, w.bits);
+      prefetch_block<1>(acp, k, b1, w.bits);
       if (fast && (!need_sub || float32_subnormals_kept())) {
         const float* __restrict t = table ? table->data() : nullptr;
         float *S = reinterpret_cast<float*>(cac + kBlock), *C = S + kBlock, *X = C + kBlock, *CX = X + kBlock;
@@ -1133,7 +1138,7 @@ at::Tensor wire_decode(const at::Tensor& in, const at::Tensor& segs, at::Tensor 
       int64_t mine = 0;
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t e0 = b * kBlock, m = std::min(s.total, e0 + kBlock) - e0;
-        if (b + kAhead < b1) prefetch_codes<0>(ip, e0 + kAhead * kBlock, w.bits);  // the received codes
+        prefetch_block<0>(ip, b, b1, w.bits);  // the received codes
         bool done = false;
 #if CPD_HOP_AVX2
         done = vc && cpd_hop_avx2::decode_block(ip + e0, m, vals, *vc, table->data());
