@@ -38,6 +38,13 @@ def lanes(kw) -> str:
                                   False)]
 
 CASES = [
+    ("None", "FP32 (the default)", dict(acc=cpd.FP32)),
+    ("E4M3", "FP32", dict(mul=cpd.E4M3, acc=cpd.FP32)),
+    ("E5M2", "FP32", dict(mul=cpd.E5M2, acc=cpd.FP32)),
+    ("None", "FP32 kahan", dict(acc=cpd.FP32, kahan=True)),
+    ("E4M3", "FP32 kahan", dict(mul=cpd.E4M3, acc=cpd.FP32, kahan=True)),
+    ("None", "BF16", dict(acc=cpd.BF16)),
+    ("None", "TF32", dict(acc=cpd.TF32)),
     ("E5M2", "(5,10)", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10))),
     ("E5M2", "(5,10) kahan", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10), kahan=True)),
     ("E5M2", "(6,7)", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(6, 7))),
@@ -46,6 +53,9 @@ CASES = [
     ("None", "FP16 fma", dict(acc=cpd.FP16, fma=True)),
     ("E5M2", "(5,10) block=32", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10), block=32)),
     ("None", "FP16 fma stochastic", dict(acc=cpd.FP16, fma=True, rounding="stochastic")),
+    ("E4M3", "BF16 stochastic", dict(mul=cpd.E4M3, acc=cpd.BF16, rounding="stochastic")),
+    ("E5M2", "(5,10) kahan stochastic", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10), kahan=True,
+                                           rounding="stochastic")),
 ]
 
 
@@ -68,6 +78,7 @@ def main() -> None:
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--only", default=None, help="run only the rows whose 'mul acc' text contains this")
     p.add_argument("--clock", choices=sorted(CLOCK), default="wall", help="wall seconds or process CPU seconds")
     args = p.parse_args()
     global _clock
@@ -80,6 +91,8 @@ def main() -> None:
     print(_cpu.machine_line())
     print(f"{n}x{n}x{n} float32, {torch.get_num_threads()} threads, {args.clock} clock")
     for mul, acc, kw in CASES:
+        if args.only and args.only not in f"{mul} {acc}":
+            continue
         t_mm = _time(lambda: torch.mm(a, b), max(args.repeat, 50))
         t_cpd = _time(lambda: cpd.matmul(a, b, **kw), args.repeat)
         t_mm = min(t_mm, _time(lambda: torch.mm(a, b), max(args.repeat, 50)))

@@ -68,6 +68,7 @@ SELECTION = [
     "tests/test_matmul.py::test_matches_exact_reference",
     "tests/test_matmul.py::test_thread_count_independent",
     "tests/test_matmul_guard.py::test_guarded_kahan_equals_generic_path",
+    "tests/test_matmul_b32.py",
 ]
 LEVELS = [("x86-64-v2", "0"), ("x86-64-v3", "1"), ("x86-64-v4", "1")]  # (CPD_CPU_ARCH, CPD_CPU_OPENMP)
 

@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "cpd/numerics.h"
+#include "fp_env.h"
 #include "hop_avx2.h"  // the AVX2 + F16C path of the 8-bit hop
 #include "parallel.h"  // cpd_cpu::parallel_for: threaded with or without OpenMP
 
@@ -447,11 +448,7 @@ std::shared_ptr<const std::vector<float>> decode_table16(const Wire& w) {
   return t;
 }
 
-// Whether this thread's float32 unit keeps subnormals (2^-149 + 2^-149 = 2^-148; under DAZ or FTZ 0).
-bool float32_subnormals_kept() {
-  volatile float t = cpd::float_of(1u);
-  return cpd::bits_of(t + t) == 2u;
-}
+using cpd_cpu::float32_subnormals_kept;
 
 // The values of m int16 codes at p (byte pointer) into v: through the view, else the table.
 inline void wide_values(const uint8_t* __restrict p, int64_t m, int view, const float* __restrict t,

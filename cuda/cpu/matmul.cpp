@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "cpd/numerics.h"
+#include "fp_env.h"
 #include "matmul_f32.h"
 #include "parallel.h"
 #include "philox_simd.h"
@@ -58,6 +59,24 @@ void for_each_tile(const float* a, const float* b, float* y, const Dims& d, cons
       tile(a + row * d.K, b + bi * d.K * d.N, y + row * d.N, row * d.N + j0, j0, std::min(kTile, d.N - j0));
     }
   });
+}
+
+// Output o (flat index) by the generic steps: dot_step on float32 bits, one k after another, the
+// step's random words from dot_words (numerics.h, "Accumulation"): the reference every loop
+// below is compared with.
+float dot_output(const float* a, const float* b, const Dims& d, const cpd::DotSpec& g, int64_t o, uint64_t seed,
+                 uint64_t offset) {
+  uint32_t w[cpd::DOT_WORDS];
+  const int64_t row = o / d.N, j = o % d.N, bi = row / d.M;
+  const float* ar = a + row * d.K;
+  const float* bc = b + bi * d.K * d.N + j;
+  uint32_t s = 0u, c = 0u, bs = 0u;
+  for (int64_t k = 0; k < d.K; ++k) {
+    cpd::dot_words((uint64_t)o, (uint64_t)d.K, (uint64_t)k, seed, offset, g.mode,
+                   cpd::dot_needs_high(g, (uint64_t)k, (uint64_t)d.K), w);
+    cpd::dot_step(g, cpd::bits_of(ar[k]), cpd::bits_of(bc[k * d.N]), (uint64_t)k, (uint64_t)d.K, s, c, bs, w);
+  }
+  return cpd::float_of(s);
 }
 
 template <bool MUL, bool KAHAN, bool BLOCK>
@@ -99,7 +118,7 @@ void fast_matmul(const float* a, const float* b, float* y, const Dims& d, const 
 }
 
 // The float32-lane variants (matmul_f32.h): which rounding policy rounds acc's sums.
-enum AccKind { ACC_NONE = 0, ACC_F, ACC_I, ACC_I_NORMAL, ACC_H };
+enum AccKind { ACC_NONE = 0, ACC_F, ACC_I, ACC_I_NORMAL, ACC_H, ACC_B32 };
 
 // acc is IEEE binary16 itself, so that the processor's conversion rounds to it.
 inline bool is_binary16(const cpd::Format& af) {
@@ -107,12 +126,21 @@ inline bool is_binary16(const cpd::Format& af) {
          af.outward_bits == cpd::INF_BITS;
 }
 
-// Which float32-lane variant applies (ACC_NONE: none). Products: rounded to mul on float32 lanes
+// acc is IEEE binary32 itself (AccB32): exp 8, man 23, bias 127, infinities, subnormals, no saturation.
+inline bool is_binary32(const cpd::Format& af) {
+  return af.exp == 8 && af.man == 23 && af.bias == 127 && af.specials == cpd::SPECIALS_IEEE && af.subnormals &&
+         af.outward_bits == cpd::INF_BITS;
+}
+
+// Which float32-lane variant applies (ACC_NONE: none). acc binary32 (ACC_B32), on processors with a
+// fused multiply-add instruction: products exact (fused) or rounded to mul on float32 lanes. Products: rounded to mul on float32 lanes
 // (nearest_f_applies) and values of acc (values_within), or fused with the midpoint test
 // (midpoint_test_applies). Sums: acc of at most 11 bits with the fast cast (add_lane_applies).
 // allow_h: binary16 rounding by conversion; only_i: integer lanes even where round_f applies.
 inline AccKind f32_kind(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode, bool allow_h,
                         bool only_i) {
+  if (CPD_CPU_HW_FMA && !only_i && mode == cpd::NEAREST && is_binary32(af))
+    return !has_mul || cpd::nearest_f_applies(mf, mode) ? ACC_B32 : ACC_NONE;
   if (!cpd::add_lane_applies(af, mode)) return ACC_NONE;
   if (has_mul ? !(cpd::nearest_f_applies(mf, mode) && cpd::values_within(mf, af)) : !cpd::midpoint_test_applies(af))
     return ACC_NONE;
@@ -123,46 +151,59 @@ inline AccKind f32_kind(bool has_mul, const cpd::Format& mf, const cpd::Format& 
 
 // GUARD: Kahan's steps on guarded lanes, a tile whose guard trips run again on Acc's lanes
 // (matmul_f32.h f32_tile; the same bits either way).
+// AccB32 (Acc::kExact): a tile on a thread whose float32 unit flushes subnormals runs the generic
+// steps (spec); so does every output the lanes left NaN, so that NaN results keep the generic
+// steps' payload bits (the processor's choice among NaN operands depends on the instruction's
+// operand order, which the compiler may swap).
 template <class Acc, bool FUSED, bool KAHAN, bool BLOCK, bool GUARD>
 void f32_matmul_v(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mf, const Acc& acc,
-                  const cpd::Format& af) {
-  for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t, int64_t j0, int64_t jt) {
+                  const cpd::Format& af, const cpd::DotSpec& spec) {
+  for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t o0, int64_t j0, int64_t jt) {
     const cpd_cpu::Tile t{d.K, d.L, jt};
+    if (Acc::kExact && !cpd_cpu::float32_subnormals_kept()) {
+      for (int64_t jj = 0; jj < jt; ++jj) yr[j0 + jj] = dot_output(a, b, d, spec, o0 + jj, 0u, 0u);
+      return;
+    }
     if (!cpd_cpu::f32_tile<Acc, FUSED, KAHAN, BLOCK, GUARD>(ar, bm + j0, d.N, yr + j0, t, mf, acc, af))
       cpd_cpu::f32_tile<Acc, FUSED, KAHAN, BLOCK>(ar, bm + j0, d.N, yr + j0, t, mf, acc, af);
+    if (Acc::kExact)
+      for (int64_t jj = 0; jj < jt; ++jj)
+        if (yr[j0 + jj] != yr[j0 + jj]) yr[j0 + jj] = dot_output(a, b, d, spec, o0 + jj, 0u, 0u);
   });
 }
 
 template <class Acc>
 void f32_matmul(const float* a, const float* b, float* y, const Dims& d, bool fused, bool kahan, bool guard,
-                const cpd::FormatF& mf, const Acc& acc, const cpd::Format& af) {
+                const cpd::FormatF& mf, const Acc& acc, const cpd::Format& af, const cpd::DotSpec& sp) {
   switch ((guard && kahan ? 8 : 0) | (fused ? 4 : 0) | (kahan ? 2 : 0) | (d.L ? 1 : 0)) {
-    case 0: f32_matmul_v<Acc, false, false, false, false>(a, b, y, d, mf, acc, af); break;
-    case 1: f32_matmul_v<Acc, false, false, true, false>(a, b, y, d, mf, acc, af); break;
-    case 2: f32_matmul_v<Acc, false, true, false, false>(a, b, y, d, mf, acc, af); break;
-    case 3: f32_matmul_v<Acc, false, true, true, false>(a, b, y, d, mf, acc, af); break;
-    case 4: f32_matmul_v<Acc, true, false, false, false>(a, b, y, d, mf, acc, af); break;
-    case 5: f32_matmul_v<Acc, true, false, true, false>(a, b, y, d, mf, acc, af); break;
-    case 6: f32_matmul_v<Acc, true, true, false, false>(a, b, y, d, mf, acc, af); break;
-    case 7: f32_matmul_v<Acc, true, true, true, false>(a, b, y, d, mf, acc, af); break;
-    case 10: f32_matmul_v<Acc, false, true, false, true>(a, b, y, d, mf, acc, af); break;
-    case 11: f32_matmul_v<Acc, false, true, true, true>(a, b, y, d, mf, acc, af); break;
-    case 14: f32_matmul_v<Acc, true, true, false, true>(a, b, y, d, mf, acc, af); break;
-    default: f32_matmul_v<Acc, true, true, true, true>(a, b, y, d, mf, acc, af); break;
+    case 0: f32_matmul_v<Acc, false, false, false, false>(a, b, y, d, mf, acc, af, sp); break;
+    case 1: f32_matmul_v<Acc, false, false, true, false>(a, b, y, d, mf, acc, af, sp); break;
+    case 2: f32_matmul_v<Acc, false, true, false, false>(a, b, y, d, mf, acc, af, sp); break;
+    case 3: f32_matmul_v<Acc, false, true, true, false>(a, b, y, d, mf, acc, af, sp); break;
+    case 4: f32_matmul_v<Acc, true, false, false, false>(a, b, y, d, mf, acc, af, sp); break;
+    case 5: f32_matmul_v<Acc, true, false, true, false>(a, b, y, d, mf, acc, af, sp); break;
+    case 6: f32_matmul_v<Acc, true, true, false, false>(a, b, y, d, mf, acc, af, sp); break;
+    case 7: f32_matmul_v<Acc, true, true, true, false>(a, b, y, d, mf, acc, af, sp); break;
+    case 10: f32_matmul_v<Acc, false, true, false, true>(a, b, y, d, mf, acc, af, sp); break;
+    case 11: f32_matmul_v<Acc, false, true, true, true>(a, b, y, d, mf, acc, af, sp); break;
+    case 14: f32_matmul_v<Acc, true, true, false, true>(a, b, y, d, mf, acc, af, sp); break;
+    default: f32_matmul_v<Acc, true, true, true, true>(a, b, y, d, mf, acc, af, sp); break;
   }
 }
 
 void f32_dispatch(AccKind kind, const float* a, const float* b, float* y, const Dims& d, bool has_mul, bool kahan,
                   bool guard, const cpd::Format& mf, const cpd::Format& af) {
-  const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);  // unused when fused
   const bool fused = !has_mul;
+  const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, kahan ? 1 : 0, (int)d.L, cpd::NEAREST, 32);
+  const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);  // unused when fused
   switch (kind) {
+    case ACC_B32: f32_matmul(a, b, y, d, fused, kahan, false, mg, cpd_cpu::AccB32{}, af, sp); break;
 #if CPD_CPU_F16_LANES
-    case ACC_H: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccH{}, af); break;
+    case ACC_H: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccH{}, af, sp); break;
 #endif
-    case ACC_F: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccF{cpd::make_format_f(af)}, af); break;
-    case ACC_I_NORMAL: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccI<1>{af}, af); break;
-    default: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccI<0>{af}, af); break;
+    case ACC_F: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccF{cpd::make_format_f(af)}, af, sp); break;
+    case ACC_I_NORMAL: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccI<1>{af}, af, sp); break;
+    default: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccI<0>{af}, af, sp); break;
   }
 }
 
@@ -296,19 +337,7 @@ void generic_matmul(const float* a, const float* b, float* y, const Dims& d, con
   const int64_t n_out = d.B * d.M * d.N;
   cpd_cpu::parallel_for(0, n_out, 16, [&](int64_t lo, int64_t hi) {
     const cpd::DotSpec g = spec;
-    uint32_t w[cpd::DOT_WORDS];
-    for (int64_t o = lo; o < hi; ++o) {
-      const int64_t row = o / d.N, j = o % d.N, bi = row / d.M;
-      const float* ar = a + row * d.K;
-      const float* bc = b + bi * d.K * d.N + j;
-      uint32_t s = 0u, c = 0u, bs = 0u;
-      for (int64_t k = 0; k < d.K; ++k) {
-        cpd::dot_words((uint64_t)o, (uint64_t)d.K, (uint64_t)k, seed, offset, g.mode,
-                       cpd::dot_needs_high(g, (uint64_t)k, (uint64_t)d.K), w);
-        cpd::dot_step(g, cpd::bits_of(ar[k]), cpd::bits_of(bc[k * d.N]), (uint64_t)k, (uint64_t)d.K, s, c, bs, w);
-      }
-      y[o] = cpd::float_of(s);
-    }
+    for (int64_t o = lo; o < hi; ++o) y[o] = dot_output(a, b, d, g, o, seed, offset);
   });
 }
 

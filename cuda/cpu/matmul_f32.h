@@ -39,6 +39,14 @@
 #define CPD_CPU_F16_LANES 0
 #endif
 
+// A fused multiply-add instruction (cpd::ffma is one instruction, not a libm call): the binary32
+// accumulator's lanes (AccB32) need it.
+#if defined(__FMA__) || defined(__aarch64__)
+#define CPD_CPU_HW_FMA 1
+#else
+#define CPD_CPU_HW_FMA 0
+#endif
+
 #if defined(__clang__)
 #define CPD_IVDEP _Pragma("clang loop vectorize(assume_safety)")
 #elif defined(__GNUC__)
@@ -75,6 +83,7 @@ inline cpd::FormatF no_flush(const cpd::FormatF& g) {
 // out[i] = R(x[i] + y[i]) (NEG: R(x[i] - y[i])) for the kLanes lanes; out may be x or y (each lane
 // reads its own index only, hence CPD_IVDEP). round(x): x[i] = R(x[i]), x a float32 result.
 struct AccF {
+  static constexpr bool kExact = false;
   cpd::FormatF g;
   template <bool NEG>
   static void add_v(float* out, const float* x, const float* y, const cpd::FormatF h) {
@@ -105,8 +114,29 @@ struct AccF {
   }
 };
 
+// acc is IEEE binary32 itself (exp 8, man 23, bias 127, infinities, subnormals, no saturation):
+// to nearest, add_bits of two float32 values is the processor's float32 sum (IEEE 754 rounds it
+// once; overflow to inf, the exact zero's sign and inf - inf are the standard's too), and
+// fma_bits(x, a, b) is the processor's fused multiply-add (cpd::ffma) of the exact product: the
+// fused lanes' r is the step's result, with nothing left to round (kExact: no midpoint test).
+// NaN results are redone by the caller with the generic steps (matmul.cpp b32_tile), so that
+// they keep add_bits's payload whatever order the instructions took their operands in; so is a
+// tile run on a thread whose float32 unit flushes subnormals (fp_env.h).
+struct AccB32 {
+  static constexpr bool kExact = true;
+  template <bool NEG>
+  void add(float* out, const float* x, const float* y) const {
+    CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) out[i] = NEG ? cpd::fsub(x[i], y[i]) : cpd::fadd(x[i], y[i]);
+  }
+  void round(float*) const {}
+  void sub_sub(float* out, const float* x, const float* y, const float* z) const {
+    CPD_IVDEP for (int64_t i = 0; i < kLanes; ++i) out[i] = cpd::fsub(cpd::fsub(x[i], y[i]), z[i]);
+  }
+};
+
 template <int NORMAL_ONLY>
 struct AccI {
+  static constexpr bool kExact = false;
   cpd::Format f;
   template <bool NEG>
   static void add_v(float* out, const float* x, const float* y, const cpd::Format h) {
@@ -170,6 +200,7 @@ struct H16Vec {
 };
 
 struct AccH {
+  static constexpr bool kExact = false;
   using H = H16Vec;
   template <bool NEG>
   void add(float* out, const float* x, const float* y) const {
@@ -264,13 +295,17 @@ bool f32_tile(const float* __restrict arow, const float* __restrict b, int64_t l
       // p = fl32(x + a*b) for the addend x of this step's fused rounding, then rounded to acc
       const float* x = BLOCK ? bs : KAHAN ? c : s;
       uint32_t any = 0;
-      for (int64_t i = 0; i < jt; ++i) {
-        const float r = cpd::ffma(av, br[i], KAHAN && !BLOCK ? -x[i] : x[i]);
-        tie[i] = cpd::is_midpoint_bits(cpd::bits_of(r) & ~cpd::SIGN, af);
-        any |= tie[i];
-        p[i] = r;
+      if (Acc::kExact) {  // r is the step's result (AccB32)
+        for (int64_t i = 0; i < jt; ++i) p[i] = cpd::ffma(av, br[i], KAHAN && !BLOCK ? -x[i] : x[i]);
+      } else {
+        for (int64_t i = 0; i < jt; ++i) {
+          const float r = cpd::ffma(av, br[i], KAHAN && !BLOCK ? -x[i] : x[i]);
+          tie[i] = cpd::is_midpoint_bits(cpd::bits_of(r) & ~cpd::SIGN, af);
+          any |= tie[i];
+          p[i] = r;
+        }
+        acc.round(p);
       }
-      acc.round(p);
       if (any) {
         for (int64_t i = 0; i < jt; ++i)
           if (tie[i]) {
