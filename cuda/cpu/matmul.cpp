@@ -30,9 +30,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 #include "cpd/numerics.h"
 #include "fp_env.h"
+#include "matmul_chain.h"
 #include "matmul_f32.h"
 #include "parallel.h"
 #include "philox_simd.h"
@@ -157,9 +159,9 @@ inline AccKind f32_kind(bool has_mul, const cpd::Format& mf, const cpd::Format& 
 // operand order, which the compiler may swap).
 template <class Acc, bool FUSED, bool KAHAN, bool BLOCK, bool GUARD>
 void f32_matmul_v(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mf, const Acc& acc,
-                  const cpd::Format& af, const cpd::DotSpec& spec) {
+                  const cpd::Format& af, const cpd::DotSpec& spec, bool finite) {
   for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t o0, int64_t j0, int64_t jt) {
-    const cpd_cpu::Tile t{d.K, d.L, jt};
+    const cpd_cpu::Tile t{d.K, d.L, jt, finite};
     if (Acc::kExact && !cpd_cpu::float32_subnormals_kept()) {
       for (int64_t jj = 0; jj < jt; ++jj) yr[j0 + jj] = dot_output(a, b, d, spec, o0 + jj, 0u, 0u);
       return;
@@ -174,36 +176,67 @@ void f32_matmul_v(const float* a, const float* b, float* y, const Dims& d, const
 
 template <class Acc>
 void f32_matmul(const float* a, const float* b, float* y, const Dims& d, bool fused, bool kahan, bool guard,
-                const cpd::FormatF& mf, const Acc& acc, const cpd::Format& af, const cpd::DotSpec& sp) {
+                const cpd::FormatF& mf, const Acc& acc, const cpd::Format& af, const cpd::DotSpec& sp, bool finite) {
   switch ((guard && kahan ? 8 : 0) | (fused ? 4 : 0) | (kahan ? 2 : 0) | (d.L ? 1 : 0)) {
-    case 0: f32_matmul_v<Acc, false, false, false, false>(a, b, y, d, mf, acc, af, sp); break;
-    case 1: f32_matmul_v<Acc, false, false, true, false>(a, b, y, d, mf, acc, af, sp); break;
-    case 2: f32_matmul_v<Acc, false, true, false, false>(a, b, y, d, mf, acc, af, sp); break;
-    case 3: f32_matmul_v<Acc, false, true, true, false>(a, b, y, d, mf, acc, af, sp); break;
-    case 4: f32_matmul_v<Acc, true, false, false, false>(a, b, y, d, mf, acc, af, sp); break;
-    case 5: f32_matmul_v<Acc, true, false, true, false>(a, b, y, d, mf, acc, af, sp); break;
-    case 6: f32_matmul_v<Acc, true, true, false, false>(a, b, y, d, mf, acc, af, sp); break;
-    case 7: f32_matmul_v<Acc, true, true, true, false>(a, b, y, d, mf, acc, af, sp); break;
-    case 10: f32_matmul_v<Acc, false, true, false, true>(a, b, y, d, mf, acc, af, sp); break;
-    case 11: f32_matmul_v<Acc, false, true, true, true>(a, b, y, d, mf, acc, af, sp); break;
-    case 14: f32_matmul_v<Acc, true, true, false, true>(a, b, y, d, mf, acc, af, sp); break;
-    default: f32_matmul_v<Acc, true, true, true, true>(a, b, y, d, mf, acc, af, sp); break;
+    case 0: f32_matmul_v<Acc, false, false, false, false>(a, b, y, d, mf, acc, af, sp, finite); break;
+    case 1: f32_matmul_v<Acc, false, false, true, false>(a, b, y, d, mf, acc, af, sp, finite); break;
+    case 2: f32_matmul_v<Acc, false, true, false, false>(a, b, y, d, mf, acc, af, sp, finite); break;
+    case 3: f32_matmul_v<Acc, false, true, true, false>(a, b, y, d, mf, acc, af, sp, finite); break;
+    case 4: f32_matmul_v<Acc, true, false, false, false>(a, b, y, d, mf, acc, af, sp, finite); break;
+    case 5: f32_matmul_v<Acc, true, false, true, false>(a, b, y, d, mf, acc, af, sp, finite); break;
+    case 6: f32_matmul_v<Acc, true, true, false, false>(a, b, y, d, mf, acc, af, sp, finite); break;
+    case 7: f32_matmul_v<Acc, true, true, true, false>(a, b, y, d, mf, acc, af, sp, finite); break;
+    case 10: f32_matmul_v<Acc, false, true, false, true>(a, b, y, d, mf, acc, af, sp, finite); break;
+    case 11: f32_matmul_v<Acc, false, true, true, true>(a, b, y, d, mf, acc, af, sp, finite); break;
+    case 14: f32_matmul_v<Acc, true, true, false, true>(a, b, y, d, mf, acc, af, sp, finite); break;
+    default: f32_matmul_v<Acc, true, true, true, true>(a, b, y, d, mf, acc, af, sp, finite); break;
   }
 }
 
+#if CPD_CPU_CHAIN
+// The binary32 chain (matmul_chain.h): tasks of (batch element, column panel of NR, up to kChainRows
+// rows), each packing its panel; a task on a thread that flushes float32 subnormals runs the generic
+// steps, and every NaN output is redone by them (as f32_matmul_v).
+void chain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::DotSpec& spec) {
+  using C = cpd_cpu::ChainVec;
+  constexpr int64_t kChainRows = 16 * C::MR;
+  const int64_t panels = (d.N + C::NR - 1) / C::NR, rblocks = (d.M + kChainRows - 1) / kChainRows;
+  cpd_cpu::parallel_for(0, d.B * panels * rblocks, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> pack;
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t bi = t / (panels * rblocks), p = (t / rblocks) % panels, rb = t % rblocks;
+      const int64_t j0 = p * C::NR, nc = std::min<int64_t>(C::NR, d.N - j0);
+      const int64_t m0 = rb * kChainRows, m1 = std::min(d.M, m0 + kChainRows);
+      float* yb = y + bi * d.M * d.N;
+      const bool lanes = cpd_cpu::float32_subnormals_kept();
+      if (lanes) cpd_cpu::chain_rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack);
+      for (int64_t i = m0; i < m1; ++i)
+        for (int64_t j = j0; j < j0 + nc; ++j) {
+          float& o = yb[i * d.N + j];
+          if (!lanes || o != o) o = dot_output(a, b, d, spec, (bi * d.M + i) * d.N + j, 0u, 0u);
+        }
+    }
+  });
+}
+#endif
+
+// finite: every operand is finite (asked by the caller where a loop uses it: AccB32's products).
 void f32_dispatch(AccKind kind, const float* a, const float* b, float* y, const Dims& d, bool has_mul, bool kahan,
-                  bool guard, const cpd::Format& mf, const cpd::Format& af) {
+                  bool guard, bool finite, const cpd::Format& mf, const cpd::Format& af) {
   const bool fused = !has_mul;
   const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, kahan ? 1 : 0, (int)d.L, cpd::NEAREST, 32);
   const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);  // unused when fused
-  switch (kind) {
-    case ACC_B32: f32_matmul(a, b, y, d, fused, kahan, false, mg, cpd_cpu::AccB32{}, af, sp); break;
-#if CPD_CPU_F16_LANES
-    case ACC_H: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccH{}, af, sp); break;
+#if CPD_CPU_CHAIN
+  if (kind == ACC_B32 && fused && !kahan && !d.L) return chain_matmul(a, b, y, d, sp);
 #endif
-    case ACC_F: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccF{cpd::make_format_f(af)}, af, sp); break;
-    case ACC_I_NORMAL: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccI<1>{af}, af, sp); break;
-    default: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccI<0>{af}, af, sp); break;
+  switch (kind) {
+    case ACC_B32: f32_matmul(a, b, y, d, fused, kahan, false, mg, cpd_cpu::AccB32{}, af, sp, finite); break;
+#if CPD_CPU_F16_LANES
+    case ACC_H: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccH{}, af, sp, finite); break;
+#endif
+    case ACC_F: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccF{cpd::make_format_f(af)}, af, sp, finite); break;
+    case ACC_I_NORMAL: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccI<1>{af}, af, sp, finite); break;
+    default: f32_matmul(a, b, y, d, fused, kahan, guard, mg, cpd_cpu::AccI<0>{af}, af, sp, finite); break;
   }
 }
 
@@ -435,9 +468,10 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
 #endif
   if (lanes == LANES_H16 || lanes == LANES_F32) {
     // guarded lanes: finite operands only (no NaN payload reaches their rounding)
-    const bool guard = plan.guard && kahan && !any_at_least(ap, a.numel(), cpd::INF_BITS) &&
-                       !any_at_least(bp, b.numel(), cpd::INF_BITS);
-    f32_dispatch(plan.acc, ap, bp, yp, d, has_mul, kahan, guard, mf, af);
+    const bool ask = (plan.guard && kahan) || (plan.acc == ACC_B32 && has_mul);
+    const bool finite = ask && !any_at_least(ap, a.numel(), cpd::INF_BITS) && !any_at_least(bp, b.numel(), cpd::INF_BITS);
+    const bool guard = plan.guard && kahan && finite;
+    f32_dispatch(plan.acc, ap, bp, yp, d, has_mul, kahan, guard, finite, mf, af);
     return;
   }
   if (lanes == LANES_F64 && mode == cpd::NEAREST) {

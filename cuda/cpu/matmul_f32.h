@@ -267,7 +267,8 @@ inline void kahan_guarded_lanes(float* s, float* c, const float* p, uint32_t* to
 }
 
 struct Tile {
-  int64_t K, L, jt;  // steps, block length (0: none), live lanes
+  int64_t K, L, jt;     // steps, block length (0: none), live lanes
+  bool finite = false;  // every operand finite (AccB32's products by mul_f_finite)
 };
 
 // One tile: outputs out[0 .. jt) of a row (arow: its K values of a; b: row k of b at b + k * ldb).
@@ -322,6 +323,16 @@ bool f32_tile(const float* __restrict arow, const float* __restrict b, int64_t l
         kahan_lanes<true>(s, c, p, y, t, acc);  // p is y = -c + a*b
       } else {
         for (int64_t i = 0; i < kLanes; ++i) s[i] = p[i];
+      }
+    } else if (Acc::kExact && !KAHAN && !BLOCK) {  // binary32: s = fl32(s + p) in the products' pass
+      if (mf.flush_below == 0u && d.finite) {
+        const cpd::FormatF mh = no_flush(mf);
+        for (int64_t i = 0; i < jt; ++i) s[i] = cpd::fadd(s[i], cpd::float_of(cpd::mul_f_finite(av, br[i], mh)));
+      } else if (mf.flush_below == 0u) {
+        const cpd::FormatF mh = no_flush(mf);
+        for (int64_t i = 0; i < jt; ++i) s[i] = cpd::fadd(s[i], cpd::float_of(cpd::mul_f(av, br[i], mh)));
+      } else {
+        for (int64_t i = 0; i < jt; ++i) s[i] = cpd::fadd(s[i], cpd::float_of(cpd::mul_f(av, br[i], mf)));
       }
     } else {
       if (GUARD && mf.flush_below == 0u) {
