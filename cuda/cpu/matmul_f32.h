@@ -293,25 +293,27 @@ bool f32_tile(const float* __restrict arow, const float* __restrict b, int64_t l
     const float av = arow[k];
     const float* __restrict br = b + k * ldb;
     if (FUSED) {
-      // p = fl32(x + a*b) for the addend x of this step's fused rounding, then rounded to acc
+      // r = fl32(x + a*b) for the addend x of this step's fused rounding, then rounded to acc, into
+      // q: p, or for plain steps the spare lanes t, which then become s (no copy)
       const float* x = BLOCK ? bs : KAHAN ? c : s;
+      float* __restrict q = BLOCK || KAHAN ? p : t;
       uint32_t any = 0;
       if (Acc::kExact) {  // r is the step's result (AccB32)
-        for (int64_t i = 0; i < jt; ++i) p[i] = cpd::ffma(av, br[i], KAHAN && !BLOCK ? -x[i] : x[i]);
+        for (int64_t i = 0; i < jt; ++i) q[i] = cpd::ffma(av, br[i], KAHAN && !BLOCK ? -x[i] : x[i]);
       } else {
         for (int64_t i = 0; i < jt; ++i) {
           const float r = cpd::ffma(av, br[i], KAHAN && !BLOCK ? -x[i] : x[i]);
           tie[i] = cpd::is_midpoint_bits(cpd::bits_of(r) & ~cpd::SIGN, af);
           any |= tie[i];
-          p[i] = r;
+          q[i] = r;
         }
-        acc.round(p);
+        acc.round(q);
       }
       if (any) {
         for (int64_t i = 0; i < jt; ++i)
           if (tie[i]) {
             const float xi = KAHAN && !BLOCK ? -x[i] : x[i];
-            p[i] = cpd::float_of(cpd::fma_bits(cpd::bits_of(xi), cpd::bits_of(av), cpd::bits_of(br[i]), af,
+            q[i] = cpd::float_of(cpd::fma_bits(cpd::bits_of(xi), cpd::bits_of(av), cpd::bits_of(br[i]), af,
                                                cpd::NEAREST, 0u, 32));
           }
       }
@@ -322,7 +324,7 @@ bool f32_tile(const float* __restrict arow, const float* __restrict b, int64_t l
       } else if (KAHAN) {
         kahan_lanes<true>(s, c, p, y, t, acc);  // p is y = -c + a*b
       } else {
-        for (int64_t i = 0; i < kLanes; ++i) s[i] = p[i];
+        std::swap(s, t);
       }
     } else if (Acc::kExact && !KAHAN && !BLOCK) {  // binary32: s = fl32(s + p) in the products' pass
       if (mf.flush_below == 0u && d.finite) {
