@@ -64,10 +64,12 @@ def test_simd_check_aarch64(arch, tmp_path):
 COMPILE_ONLY = [("x86_64", "x86-64-v4", "g++", "avx512"), ("aarch64", "armv8.2-a", "aarch64-linux-gnu-g++", "neon")]
 
 PROBE = """#include <string_view>
+#include "matmul_chain.h"
 #include "matmul_f32.h"
 #include "philox_simd.h"
 static_assert(std::string_view(cpd_cpu::isa_name()) == "%s", "vector ISA");
 static_assert(CPD_CPU_F16_LANES == 1, "binary16 rounding by conversion");
+static_assert(CPD_CPU_HW_FMA == 1 && CPD_CPU_CHAIN == 1, "binary32 lanes: FMA instructions, the register chain");
 #if defined(__AVX512FP16__)
 #error "the AVX512-FP16 loop is for another level"
 #endif
@@ -95,7 +97,7 @@ def test_vector_paths_chosen_for(machine, arch, cxx, isa, tmp_path):
 def _vector_sources():
     """The extension's sources with code per ISA (they include the vector headers or intrinsics);
     the others are the same code on every target and compile in the host's build."""
-    marks = ("philox_simd.h", "matmul_f32.h", "immintrin.h", "arm_neon.h", "__AVX", "__ARM_NEON")
+    marks = ("philox_simd.h", "matmul_f32.h", "matmul_chain.h", "immintrin.h", "arm_neon.h", "__AVX", "__ARM_NEON")
     return [p for p in sorted((ROOT / "cuda/cpu").glob("*.cpp")) if any(m in p.read_text() for m in marks)]
 
 

@@ -243,11 +243,15 @@ CPD_FN double round_d_sr(double x, const FormatD& g, u32 rand) {
   u64 f32 = rem >> (u64)(d - 32 < 63 ? d - 32 : 63);
   u64 up = ((f32 & g.sr_mask) + ((u64)rand & g.sr_mask)) >> 32;  // carry out of bit 31
   double p2 = double_of((u64)(ee - g.man + 1023) << 52);
-  // (double)(r + up), exactly: r < 2^(53 - d) <= 2^20 (d >= 52 - man >= 33 for man <= 19), and a
-  // double whose bits are 2^52's with n in the low mantissa bits is 2^52 + n (n < 2^52), so one
-  // exact subtraction gives n. (x86-64 before AVX-512 has no 64-bit integer -> double vector
-  // conversion: written this way the loop vectorizes there too.)
+  // (double)(r + up), exactly: r < 2^(53 - d) <= 2^20 (d >= 52 - man >= 33 for man <= 19). x86-64
+  // before AVX-512 DQ has no 64-bit integer -> double vector conversion, so there a double whose
+  // bits are 2^52's with n in the low mantissa bits, 2^52 + n (n < 2^52), less 2^52 (exact) gives
+  // n, and the loop vectorizes; elsewhere the conversion itself (one instruction).
+#if !CPD_DEVICE && (defined(__x86_64__) || defined(__i386__)) && !defined(__AVX512DQ__)
   const double n = double_of(0x4330000000000000ull | (r + up)) - 4503599627370496.0;
+#else
+  const double n = (double)(long long)(r + up);
+#endif
   u64 mag = dbits_of(n * p2);
   mag = sel64((u64)(a == 0ull), 0ull, mag);                                 // zeros keep their sign
   mag = sel64((u64)(mag > g.max_mag), g.outward, mag);                     // overflow, x = inf
