@@ -5,7 +5,8 @@ a finished one to :func:`record`. Run with ``CPD_BENCH_RECORD=1`` and the table 
 to ``benchmarks/results/<bench>.json`` -- with the machine, the UTC date, the command that made
 it, the commit and the load average -- replacing the previous record of that benchmark;
 ``CPD_BENCH_RECORD=<label>`` writes ``<bench>@<label>.json`` instead (another ISA level,
-another machine), so that one benchmark can keep one current record per setting.
+another machine), so that one benchmark can keep one current record per setting;
+``CPD_BENCH_NOTES="..."`` adds a note (e.g. that the machine was shared).
 ``python benchmarks/figures.py`` rebuilds docs/figures.md from every record.
 
 Imported as ``from _figures import Table``: the scripts put this folder on ``sys.path`` first
@@ -76,7 +77,8 @@ def record(bench: str, columns: list[str], rows: list[list[str]], *, machine: st
     """Write the table to benchmarks/results/ when ``CPD_BENCH_RECORD`` is set; return the path (else None).
 
     ``machine``: the CPU model and ISA level (or the GPU's name), as the benchmark printed it;
-    ``setup``: sizes, threads, clock, reps; ``notes``: anything a reader needs (e.g. a shared machine)."""
+    ``setup``: sizes, threads, clock, reps; ``notes``: anything a reader needs (e.g. a shared
+    machine), followed by ``CPD_BENCH_NOTES`` when set."""
     label = os.environ.get("CPD_BENCH_RECORD", "")
     if not label:
         return None
@@ -87,12 +89,14 @@ def record(bench: str, columns: list[str], rows: list[list[str]], *, machine: st
     rec = {"bench": bench, "label": "" if label == "1" else label, "title": title,
            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine,
            "command": command(), "commit": _commit(), "setup": setup,
-           "load": f"{load[0]:.1f} (1 min) on {os.cpu_count()} CPUs" if load else "", "notes": notes,
+           "load": f"{load[0]:.1f} (1 min) on {os.cpu_count()} CPUs" if load else "",
+           "notes": " ".join(filter(None, [notes, os.environ.get("CPD_BENCH_NOTES", "")])),
            "source": "measured", "columns": list(columns), "rows": [[str(c) for c in r] for r in rows]}
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(rec, indent=1, ensure_ascii=False) + "\n")
-    print(f"recorded: {path.relative_to(ROOT)} (python benchmarks/figures.py rebuilds docs/figures.md)")
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    print(f"recorded: {shown} (python benchmarks/figures.py rebuilds docs/figures.md)")
     return path
 
 

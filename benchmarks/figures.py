@@ -97,9 +97,14 @@ def summary(recs: dict[str, dict]) -> str:
         row = next((r for r in rec["rows"] if tuple(r[:len(lead)]) == lead), None)
         if row is None or col not in rec["columns"]:
             continue
-        unit = col if col.startswith("x ") else ("x DDP float32" if name.startswith("bench_wire") else "x baseline")
+        if col.startswith("x "):
+            unit = col
+        elif "baseline" in rec["columns"]:
+            unit = "x " + row[rec["columns"].index("baseline")]
+        else:
+            unit = "x DDP float32" if name.startswith("bench_wire") else "x baseline"
         value = row[rec["columns"].index(col)]
-        machine = rec.get("short") or rec["machine"].split(";")[0]
+        machine = rec.get("short") or re.sub(r"^(CPU|GPU): ", "", rec["machine"].split(";")[0])
         lines.append(f"| {what} | {value} {unit} | {machine} | {rec['date'][:10]} |")
     return "\n".join(lines) + "\n"
 
