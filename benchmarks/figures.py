@@ -123,7 +123,8 @@ def page(recs: dict[str, dict]) -> str:
            "process, so they travel between machines better than absolute times; on a machine shared",
            "with other work, use `--threads 1 --clock cpu` where the benchmark has it. A record",
            "marked *recorded from* was measured by an earlier session on a machine not available now and",
-           "transcribed with its machine and date.", "", "## Headlines", "", summary(recs)]
+           "transcribed with its machine and date. A commit marked `-dirty` had uncommitted changes (often",
+           "the benchmark script itself) when the record was made.", "", "## Headlines", "", summary(recs)]
     for bench in order:
         names = [n for n, r in recs.items() if r["bench"] == bench]
         if not names:
