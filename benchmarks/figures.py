@@ -31,6 +31,8 @@ SECTIONS = {
     "bench_matmul": "Emulated GEMM (`bench_matmul.py`: time / `torch.mm`)",
     "bench_tensor_core": "Tensor-core models (`bench_tensor_core.py`: time / `torch.mm`)",
     "bench_allreduce": "Emulated allreduce (`bench_allreduce.py`: time / `torch.stack(ws).sum(0)`)",
+    "bench_compressors": "Gradient compressors (`bench_compressors.py`: time / `out.copy_(x)`)",
+    "bench_codec": "Wire codes: packing (`bench_codec.py`: time / a copy of the codes)",
     "bench_wire": "Low-bit DDP communication (`bench_wire.py`: step time / DDP float32)",
     "bench_gpu": "GPU (`bench_gpu.py`: CUDA events, time / the float32 baseline)",
 }
@@ -42,6 +44,7 @@ HEADLINES = [
     ("bench_cast@intel-avx512", "stochastic (e5m2, e4m3, fp16, bf16)", "x copy", "cast, stochastic rounding"),
     ("bench_mx", "cast MXFP8_E4M3 nearest, out=", "x copy", "MXFP8 cast (one thread)"),
     ("bench_mx", "encode MXFP4 -> packed codes + scales", "x copy", "MXFP4 encode (one thread)"),
+    ("bench_matmul", "mul=None acc=FP32 (the default)", "x torch.mm", "`cpd.matmul` 512^3, the default (exact products, FP32 sums)"),
     ("bench_matmul", "mul=E5M2 acc=(5,10)", "x torch.mm", "`cpd.matmul` 512^3, E5M2 products, (5,10) sums"),
     ("bench_matmul", "mul=E5M2 acc=(6,7) kahan", "x torch.mm", "same into (6,7), Kahan"),
     ("bench_allreduce", "ring", "x stack().sum(0)", "ring allreduce, 64 workers x 2^20, E5M2"),
