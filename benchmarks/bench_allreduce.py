@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 
 import torch
+from _figures import Table
 from _timing import median_time
 
 import cpd
+from cpd import _cpu
 
 
 def main(argv=None) -> int:
@@ -23,14 +25,16 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     ws = [torch.randn(1 << a.log2n) for _ in range(a.workers)]
     ref = median_time(lambda: torch.stack(ws).sum(0), a.repeat)
-    print(f"torch.stack(ws).sum(0): {ref * 1e3:.1f} ms  (W={a.workers}, n=2^{a.log2n}, "
-          f"{torch.get_num_threads()} threads)")
+    tab = Table("bench_allreduce", ["algorithm", "ms", "x stack().sum(0)"], machine=_cpu.machine_line(),
+                setup=f"{a.fmt}, W={a.workers}, n=2^{a.log2n}, {torch.get_num_threads()} threads, medians of "
+                      f"{a.repeat}; torch.stack(ws).sum(0): {ref * 1e3:.1f} ms")
     k = max(d for d in range(1, int(a.workers ** 0.5) + 1) if a.workers % d == 0)
     for alg, gs, kahan in (("ring", None, False), ("ring", None, True), ("hierarchical", k, False),
                            ("tree", None, False), ("sequential", None, False)):
         t = median_time(lambda: cpd.allreduce(ws, a.fmt, algorithm=alg, group_size=gs, kahan=kahan), a.repeat)
         name = f"{alg}{'(k=%d)' % gs if gs else ''}{' kahan' if kahan else ''}"
-        print(f"{name:22s} {t * 1e3:8.1f} ms   ratio {t / ref:5.2f}x")
+        tab.row(name, f"{t * 1e3:.1f}", f"{t / ref:.2f}")
+    tab.save()
     return 0
 
 

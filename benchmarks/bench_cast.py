@@ -20,12 +20,17 @@ encode/decode ratios are against the copy of the float32 input as well. ``--cloc
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
 import cpd._cpu as cpu
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: the shared table format
+from _figures import Table  # noqa: E402
 
 FORMATS = [  # name, exp, man, bias
     ("e5m2", 5, 2, 15),
@@ -91,32 +96,33 @@ def main() -> None:
     x = torch.randn(n) * 100
     out = torch.empty_like(x)
     copy = lambda: out.copy_(x)  # noqa: E731
-    print(cpu.machine_line())
-    print(f"n = {n}, threads = {torch.get_num_threads()}, reps = {args.reps}, {args.clock} clock")
+    tab = Table("bench_cast", ["operation", "x copy", "Gelem/s"], machine=cpu.machine_line(),
+                setup=f"n = {n}, threads = {torch.get_num_threads()}, reps = {args.reps}, {args.clock} clock")
 
     f8 = torch.empty(n, dtype=torch.float8_e5m2)
     r, t = ratio(lambda: f8.copy_(x), copy, args.reps)
-    print(f"{'torch float8_e5m2 copy_':32s} {r:6.2f}x copy  {n / t / 1e9:6.2f} Gelem/s")
+    tab.row("torch float8_e5m2 copy_", f"{r:.2f}", f"{n / t / 1e9:.2f}")
 
     for name, e, mn, b in FORMATS:
         for mname, mode in MODES[:2] if args.short else MODES:
             fn = lambda: m.cast_out(x, out, e, mn, b, 0, True, mode, False, 32, 1234, 0)  # noqa: E731
             r, t = ratio(fn, copy, args.reps)
-            print(f"cast {name:5s} {mname:21s} {r:6.2f}x copy  {n / t / 1e9:6.2f} Gelem/s")
+            tab.row(f"cast {name} {mname}", f"{r:.2f}", f"{n / t / 1e9:.2f}")
 
     # The floor under the stochastic casts: the Philox4x32-10 words of n elements alone (n / 4
     # blocks, one thread, written in chunks to a 256 KiB buffer that stays in cache: no tensor
     # traffic).
     r, t = ratio(philox_words(m, n), copy, args.reps)
-    print(f"{'Philox words alone, 1 thread':32s} {r:6.2f}x copy  {n / t / 1e9:6.2f} Gword/s")
+    tab.row("Philox words alone, 1 thread (Gword/s)", f"{r:.2f}", f"{n / t / 1e9:.2f}")
 
     import cpd  # the public API on top: Python argument checks, custom-op dispatch, seed draw
 
     for mname in ("nearest", "stochastic"):
         r, t = ratio(lambda: cpd.cast(x, cpd.E5M2, mname, out=out), copy, args.reps)
-        print(f"cpd.cast(x, E5M2, {mname!r}, out=) {r:6.2f}x copy  {n / t / 1e9:6.2f} Gelem/s")
+        tab.row(f"cpd.cast(x, E5M2, {mname!r}, out=)", f"{r:.2f}", f"{n / t / 1e9:.2f}")
 
     if args.short:
+        tab.save()
         return
     codes = torch.empty(n, dtype=torch.uint8)
     for name, e, mn, b in FORMATS:
@@ -124,10 +130,11 @@ def main() -> None:
             continue
         fn = lambda: m.encode_out(x, codes, e, mn, b, 0, True, 0, False)  # noqa: E731
         r, t = ratio(fn, copy, args.reps)
-        print(f"encode {name:5s} nearest -> uint8      {r:6.2f}x copy  {n / t / 1e9:6.2f} Gelem/s")
+        tab.row(f"encode {name} nearest -> uint8", f"{r:.2f}", f"{n / t / 1e9:.2f}")
         fn = lambda: m.decode_out(codes, out, e, mn, b, 0, True)  # noqa: E731
         r, t = ratio(fn, copy, args.reps)
-        print(f"decode {name:5s} uint8 -> float32      {r:6.2f}x copy  {n / t / 1e9:6.2f} Gelem/s")
+        tab.row(f"decode {name} uint8 -> float32", f"{r:.2f}", f"{n / t / 1e9:.2f}")
+    tab.save()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import argparse
 import platform
 
 import torch
+from _figures import Table
 from _timing import median_time
 
 import cpd
@@ -35,8 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    print(f"{_cpu_name()}; {a.threads} thread(s); n = {a.n} codes; cpd {cpd.__version__}")
-    print(f"{'bits':>4} {'bytes':>9} {'pack/copy':>10} {'unpack/copy':>12} {'pack G codes/s':>15}")
+    tab = Table("bench_codec", ["bits", "bytes", "pack x copy", "unpack x copy", "pack G codes/s"],
+                machine=f"CPU: {_cpu_name()}", setup=f"{a.threads} thread(s); n = {a.n} codes; cpd {cpd.__version__}")
     g = torch.Generator().manual_seed(0)
     for bits in range(1, 9):
         codes = torch.randint(0, 1 << bits, (a.n,), dtype=torch.uint8, generator=g)
@@ -45,7 +46,8 @@ def main(argv=None) -> int:
         packed = pack_codes(codes, bits)
         tp = median_time(lambda: pack_codes(codes, bits), a.repeat)
         tu = median_time(lambda: unpack_codes(packed, bits, a.n), a.repeat)
-        print(f"{bits:>4} {packed.numel():>9} {tp / copy:>10.1f} {tu / copy:>12.1f} {a.n / tp / 1e9:>15.3f}")
+        tab.row(bits, packed.numel(), f"{tp / copy:.1f}", f"{tu / copy:.1f}", f"{a.n / tp / 1e9:.3f}")
+    tab.save()
     return 0
 
 

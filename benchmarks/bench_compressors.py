@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 
 import torch
+from _figures import Table
 from _timing import median_time
 
 import cpd
+from cpd import _cpu
 from cpd.compressors import Adaptive, CompressorState, get
 
 
@@ -33,15 +35,17 @@ def main(argv=None) -> int:
     comps = [(nm, get(nm)) for nm in names]
     comps.append(("adaptive sample=256",
                   Adaptive(64, sample=256, generator=torch.Generator().manual_seed(0))))
-    print(f"{'compressor':<22} {'bytes':>10} {'ratio':>7} {'encode/copy':>12} {'decode/copy':>12} "
-          f"{'encode+EF/copy':>15}")
+    tab = Table("bench_compressors", ["compressor", "bytes", "ratio", "encode x copy", "decode x copy",
+                                      "encode+EF x copy"], machine=_cpu.machine_line(),
+                setup=f"x: {a.rows} x {a.cols} float32, {torch.get_num_threads()} threads, medians of {a.repeat}")
     for nm, c in comps:
         p = c.encode(x)
         te = median_time(lambda: c.encode(x), a.repeat)
         td = median_time(lambda: c.decode(p), a.repeat)
         st = CompressorState()
         tf = median_time(lambda: c.encode(x, st), a.repeat) if c.error_feedback else float("nan")
-        print(f"{nm:<22} {p.nbytes:>10} {p.ratio:>7.2f} {te / copy:>12.1f} {td / copy:>12.1f} {tf / copy:>15.1f}")
+        tab.row(nm, p.nbytes, f"{p.ratio:.2f}", f"{te / copy:.1f}", f"{td / copy:.1f}", f"{tf / copy:.1f}")
+    tab.save(notes="encode+EF adds the float64 residual update (error feedback).")
     print(f"\ncpd {cpd.__version__}; encode+EF adds the float64 residual update (error feedback)")
     return 0
 

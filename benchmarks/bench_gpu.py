@@ -21,12 +21,16 @@ Prints the GPU's name, CUDA/NVRTC versions and a table; without a GPU it says so
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
 import torch
 
 import cpd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: the shared table format
+from _figures import record  # noqa: E402
 
 
 def event_time(fn, reps: int) -> list[float]:
@@ -112,6 +116,9 @@ def main(argv=None) -> int:
         rows.append((f"allreduce ring {fmt.name}", f"{workers} x 2^{m.bit_length() - 1}", t, b, "stack().sum(0)"))
 
     print(table(rows))
+    record("bench_gpu", ["operation", "size", "cpd ms", "baseline ms", "baseline", "ratio"],
+           [[r[0], r[1], f"{r[2] * 1e3:.3f}", f"{r[3] * 1e3:.3f}", r[4], f"{r[2] / r[3]:.2f}"] for r in rows],
+           machine=f"GPU: {name} (sm_{cc[0]}{cc[1]}), CUDA {torch.version.cuda}", setup=f"reps {args.reps}")
     return 0
 
 

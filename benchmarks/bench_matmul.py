@@ -18,12 +18,17 @@ machine shared with other work the ratio of CPU times stays the ratio of work do
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import torch
 
 import cpd
 from cpd import _cpu
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: the shared table format
+from _figures import Table  # noqa: E402
 
 LANES = {0: "generic", 16: "h16", 32: "f32", 64: "f64"}
 
@@ -88,16 +93,16 @@ def main() -> None:
     n = args.size
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
-    print(_cpu.machine_line())
-    print(f"{n}x{n}x{n} float32, {torch.get_num_threads()} threads, {args.clock} clock")
+    tab = Table("bench_matmul", ["case", "loop", "cpd ms", "torch.mm ms", "x torch.mm"], machine=_cpu.machine_line(),
+                setup=f"{n}x{n}x{n} float32, {torch.get_num_threads()} threads, {args.clock} clock")
     for mul, acc, kw in CASES:
         if args.only and args.only not in f"{mul} {acc}":
             continue
         t_mm = _time(lambda: torch.mm(a, b), max(args.repeat, 50))
         t_cpd = _time(lambda: cpd.matmul(a, b, **kw), args.repeat)
         t_mm = min(t_mm, _time(lambda: torch.mm(a, b), max(args.repeat, 50)))
-        print(f"mul={mul:5s} acc={acc:22s} {lanes(kw):8s} cpd {t_cpd * 1e3:9.2f} ms  torch.mm {t_mm * 1e3:7.3f} ms  "
-              f"ratio {t_cpd / t_mm:8.1f}x")
+        tab.row(f"mul={mul} acc={acc}", lanes(kw), f"{t_cpd * 1e3:.2f}", f"{t_mm * 1e3:.3f}", f"{t_cpd / t_mm:.1f}")
+    tab.save()
 
 
 if __name__ == "__main__":

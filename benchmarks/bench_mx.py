@@ -23,12 +23,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
 
 from cpd import _cpu, _mx_engine, mx
 from cpd.rounding import Rounding
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: the shared table format
+from _figures import Table  # noqa: E402
 
 
 def machine(device: str) -> str:
@@ -76,8 +80,8 @@ def main() -> None:
     out, out2 = torch.empty_like(x), torch.empty_like(x)
     copy = lambda: out.copy_(x)  # noqa: E731
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    print(f"{machine(args.device)}\nn = {x.numel()}, reps = {args.reps}, load average {load[0]:.2f} {load[1]:.2f} "
-          f"{load[2]:.2f}, clock {args.clock}")
+    setup = (f"n = {x.numel()}, reps = {args.reps}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+             f"clock {args.clock}")
     enc4, enc8 = mx.encode(x, mx.MXFP4), mx.encode(x, mx.MXFP8_E4M3)
     cases = [("cast MXFP8_E4M3 nearest, out=", lambda: mx.cast(x, mx.MXFP8_E4M3, out=out2)),
              ("cast MXFP8_E4M3 nearest (new tensor)", lambda: mx.cast(x, mx.MXFP8_E4M3)),
@@ -97,12 +101,13 @@ def main() -> None:
                    lambda: _mx_engine.cast(None, x, zero, mx.MXFP8_E4M3, Rounding.NEAREST)),
                   ("pure torch: encode MXFP4",
                    lambda: _mx_engine.encode(None, x, zero, mx.MXFP4, Rounding.NEAREST, True))]
-    print(f"| {'operation':40s} | x copy | Gelem/s |\n|{'-' * 42}|-------:|--------:|")
+    tab = Table("bench_mx", ["operation", "x copy", "Gelem/s"], machine=machine(args.device), setup=setup)
     for name, fn in cases:
         if args.only not in name:
             continue
         r, t = ratio(fn, copy, args.reps, args.device, clock)
-        print(f"| {name:40s} | {r:6.2f} | {x.numel() / t / 1e9:7.3f} |", flush=True)
+        tab.row(name, f"{r:.2f}", f"{x.numel() / t / 1e9:.3f}")
+    tab.save()
 
 
 if __name__ == "__main__":

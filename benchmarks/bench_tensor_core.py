@@ -23,7 +23,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cpd  # noqa: E402
+from _figures import Table  # noqa: E402
 from _timing import median_time  # noqa: E402
+from cpd import _cpu  # noqa: E402
 
 CASES = [("hopper", "e4m3", "f32"), ("hopper", "e4m3", "f16"), ("ada", "e4m3", "f32"), ("blackwell", "e4m3", "f32"),
          ("blackwell", "mxfp8_e4m3", "f32"), ("blackwell", "nvfp4", "f32"), ("hopper", "fp16", "f32"),
@@ -55,7 +57,8 @@ def main() -> None:
         load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         load = "?"
-    print(f"{cpu_name()}; {n}x{n}x{n}, {torch.get_num_threads()} threads; load average {load}")
+    tab = Table("bench_tensor_core", ["preset", "loop", "cpd ms", "torch.mm ms", "x torch.mm"], machine=_cpu.machine_line(),
+                setup=f"{cpu_name()}; {n}x{n}x{n}, {torch.get_num_threads()} threads; load average {load}")
     lanes = {1: "generic", 2: "float64 carriers", 3: "float32 carriers"}
     for arch, kind, out in CASES:
         acc = cpd.tensor_core(arch, a=kind, out=out)
@@ -70,8 +73,9 @@ def main() -> None:
         t_mm = median_time(lambda: torch.mm(a, b), max(args.repeat, 30))
         t_tc = median_time(lambda: cpd.matmul(a, b, acc=acc), args.repeat)
         t_mm = min(t_mm, median_time(lambda: torch.mm(a, b), max(args.repeat, 30)))
-        print(f"{arch:9s} {kind:>10s}x{kind:<10s} -> {out}  L={acc.group:2d} F={acc.frac_bits:2d}  {path:17s} "
-              f"cpd {t_tc * 1e3:8.1f} ms  torch.mm {t_mm * 1e3:6.2f} ms  ratio {t_tc / t_mm:6.1f}x")
+        tab.row(f"{arch} {kind} -> {out} (L={acc.group}, F={acc.frac_bits})", path, f"{t_tc * 1e3:.1f}",
+                f"{t_mm * 1e3:.2f}", f"{t_tc / t_mm:.1f}")
+    tab.save()
 
 
 if __name__ == "__main__":

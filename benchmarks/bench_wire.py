@@ -50,6 +50,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: the shared table format
+from _figures import parse_markdown, record  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("ddp float32", "torch fp16 hook", "no-op hook (floor)", "cpd e4m3", "cpd e3m0 (4-bit)")
 #: Run only when named in --variants: Kahan sums, a directed mode on 16-bit codes.
@@ -504,6 +507,9 @@ def main(argv=None) -> int:
                 results.append(r)
                 print(f"  done: {rate} N={n} ({r['wall_s']:.0f} s, compiled kernels: {r['kernels']})", flush=True)
     print(table(results))
+    if results:
+        record("bench_wire", *parse_markdown(table(results)), machine=machine(),
+               setup=f"{what}, batch {opts.batch}, bucket_cap_mb {cap}{view}, {opts.reps} reps")
     for r in results:
         for name, v in r["variants"].items():
             a, again = v.get("ahead", (0, 0))

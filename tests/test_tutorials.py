@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = sorted((ROOT / "tutorials").glob("*.py"))
-#: The first run in a fresh environment may compile the CPU extension (about 40 s on 2 cores).
+#: The first run in a fresh environment may compile the CPU extension (76 s on 2 idle cores, minutes on a busy machine).
 TIMEOUT = 900
 
 

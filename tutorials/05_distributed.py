@@ -196,7 +196,7 @@ for f in FORMATS:
 #   (`taskset`, `numactl`, or `os.sched_setaffinity` on every thread at the start of the rank, as
 #   `bench_wire.py --pin` does). A rank's bucket, codes and received bytes then stay in its cores'
 #   caches; on a 2-core machine that took the E4M3 step at 10 Gbit/s from 0.73–0.78 of DDP float32
-#   to 0.61–0.73 (docs/distributed.md). cpd pins nothing itself.
+#   to 0.61–0.73 (2-core Intel Xeon, `bench_wire.py --pin`, 26 Nov 2026). cpd pins nothing itself.
 
 # %% [markdown]
 # ## 6. Encoding ahead of the exponent exchange
