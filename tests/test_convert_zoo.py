@@ -166,7 +166,7 @@ def test_register_conversion_errors():
         register_conversion(Conv1DLike, lambda m, **kw: QuantTransposedLinear(m.nf + 1, m.nx))
         with pytest.raises(ValueError, match="other shapes"):
             convert(net)
-        register_conversion(Conv1DLike, lambda m, **kw: torch.nn.Linear(4, 4))  # other names
+        register_conversion(Conv1DLike, lambda m, **kw: torch.nn.Sequential(torch.nn.Linear(4, 4)))  # other names
         with pytest.raises(ValueError, match="missing"):
             convert(net)
 
@@ -293,3 +293,33 @@ def test_torchvision_resnet18_converts_completely():
     rep = conversion_report(q, x)
     assert rep.unconverted == [] and len(rep.modules) == 21 and rep.gemms == []
     assert torch.allclose(convert(m)(x), m(x), atol=1e-4)
+
+
+@pytest.mark.parametrize("kw", [dict(stride=2, padding=1), dict(padding="same", dilation=2), dict(groups=2),
+                                dict(stride=(1, 2), padding=(2, 0), bias=False)])
+def test_emulate_routes_conv2d_as_quant_conv2d(kw):
+    torch.manual_seed(5)
+    conv = torch.nn.Conv2d(4, 6, 3, **kw)
+    q = convert(conv, **FMT)
+    x = torch.randn(2, 4, 7, 7)
+    with emulate(**FMT) as mode:
+        y = conv(x)
+    y.square().sum().backward()
+    yq = q(x)
+    yq.square().sum().backward()
+    assert mode.calls["conv"] == 1 and torch.equal(y, yq)
+    assert torch.equal(conv.weight.grad, q.weight.grad)
+    if conv.bias is not None:
+        assert torch.equal(conv.bias.grad, q.bias.grad)
+    with emulate():  # exact config: plain float32 GEMMs, close to torch's convolution
+        assert torch.allclose(conv(x), F.conv2d(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation,
+                                                conv.groups), atol=1e-5)
+
+
+def test_emulate_routes_conv1d_unbatched():
+    torch.manual_seed(6)
+    conv = torch.nn.Conv1d(3, 5, 3, padding=1)
+    x = torch.randn(3, 9)
+    with emulate(**FMT):
+        y = conv(x)
+    assert torch.equal(y, convert(conv, **FMT)(x.unsqueeze(0)).squeeze(0))

@@ -95,8 +95,8 @@ def _converted(m: torch.nn.Module) -> bool:
     return isinstance(m, (_QuantMixin, QuantMultiheadAttention))
 
 
-_ROUTED = {"matmul", "mm", "bmm", "baddbmm", "addmm", "linear", "sdpa", "multi_head_attention", "__matmul__",
-           "__rmatmul__"}
+_ROUTED = {"matmul", "mm", "bmm", "baddbmm", "addmm", "linear", "sdpa", "multi_head_attention", "conv1d", "conv2d",
+           "conv3d"}
 _NAMES = {torch.matmul: "matmul", torch.Tensor.matmul: "matmul", torch.Tensor.__matmul__: "matmul",
           torch.Tensor.__rmatmul__: "matmul", torch.mm: "mm", torch.Tensor.mm: "mm", torch.bmm: "bmm",
           torch.Tensor.bmm: "bmm", torch.baddbmm: "baddbmm", torch.Tensor.baddbmm: "baddbmm", torch.addmm: "addmm",
@@ -201,7 +201,10 @@ def conversion_report(model: torch.nn.Module, example_inputs=None) -> Conversion
                         f"arguments, got {type(example_inputs).__name__}")
     info = getattr(model, CONVERSION_ATTR, None) or {"converted": {}, "skipped": {}, "unsupported": {}}
     entries = []
+    whole = [n for n, t in info["unsupported"].items() if t.endswith("(configuration not supported)")]
     for name, m in model.named_modules():
+        if any(name.startswith(w + ".") or (w == "" and name) for w in whole):
+            continue  # inside a module kept whole (its own weights are its row)
         if _converted(m):
             entries.append(ModuleEntry(name, "converted", info["converted"].get(name, _type_name(m)), _type_name(m),
                                        _formats(m)))
