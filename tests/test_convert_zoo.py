@@ -323,3 +323,45 @@ def test_emulate_routes_conv1d_unbatched():
     with emulate(**FMT):
         y = conv(x)
     assert torch.equal(y, convert(conv, **FMT)(x.unsqueeze(0)).squeeze(0))
+
+
+def test_import_cpd_imports_no_model_library():
+    import subprocess
+    import sys
+
+    code = ("import sys, cpd, cpd.nn; bad = [m for m in ('transformers', 'torchvision', 'timm') if m in sys.modules]; "
+            "assert not bad, bad")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_multiplies_by_weight():
+    from cpd.nn.zoo import multiplies_by_weight
+
+    class Tokens(torch.nn.Module):  # ViT-like: a class token and a positional table, no GEMM
+        def __init__(self):
+            super().__init__()
+            self.cls_token = torch.nn.Parameter(torch.zeros(1, 1, 4))
+            self.position_embeddings = torch.nn.Parameter(torch.zeros(1, 5, 4))
+
+    yes = [torch.nn.Linear(2, 2), torch.nn.Conv2d(1, 1, 1), torch.nn.LSTM(2, 2), torch.nn.Bilinear(2, 2, 2),
+           torch.nn.MultiheadAttention(4, 2)]
+    no = [torch.nn.Embedding(3, 2), torch.nn.EmbeddingBag(3, 2), torch.nn.LayerNorm(2), torch.nn.BatchNorm2d(2),
+          torch.nn.GroupNorm(1, 2), torch.nn.PReLU(), Tokens(), torch.nn.Sequential(torch.nn.Linear(2, 2))]
+    assert all(multiplies_by_weight(m) for m in yes) and not any(multiplies_by_weight(m) for m in no)
+
+
+def test_report_names_gemms_no_route_reaches():
+    class Mixer(torch.nn.Module):
+        def forward(self, x):
+            return torch.einsum("bij,bjk->bik", x, x)
+
+    m = torch.nn.Sequential(torch.nn.Linear(3, 3), Mixer())
+    x = torch.randn(2, 3, 3)
+    rep = conversion_report(convert(m, **FMT), x)
+    (site,) = rep.gemms
+    assert (site.module, site.op, site.calls, site.emulated_by_emulate) == ("1", "einsum", 1, False)
+    assert "float32 (no cpd route)" in str(rep)
+    plain = conversion_report(m)  # a model convert never saw: its Linear is unsupported
+    assert plain.unconverted == ["0"] and rep.unconverted == []
+    assert "not a model from cpd.nn.convert" in plain.modules[0].reason

@@ -199,7 +199,8 @@ def conversion_report(model: torch.nn.Module, example_inputs=None) -> Conversion
     if example_inputs is not None and not isinstance(example_inputs, (torch.Tensor, tuple, dict)):
         raise TypeError("example_inputs must be a tensor, a tuple of positional arguments or a dict of keyword "
                         f"arguments, got {type(example_inputs).__name__}")
-    info = getattr(model, CONVERSION_ATTR, None) or {"converted": {}, "skipped": {}, "unsupported": {}}
+    seen = getattr(model, CONVERSION_ATTR, None)
+    info = seen or {"converted": {}, "skipped": {}, "unsupported": {}}
     entries = []
     whole = [n for n, t in info["unsupported"].items() if t.endswith("(configuration not supported)")]
     for name, m in model.named_modules():
@@ -217,7 +218,8 @@ def conversion_report(model: torch.nn.Module, example_inputs=None) -> Conversion
                 continue  # inside a converted module (its own parameters)
             entries.append(ModuleEntry(name, "unsupported", t, _type_name(m),
                                        reason="configuration not supported" if "configuration" in t
-                                       else "no conversion for this type"))
+                                       else "no conversion for this type" if seen is not None
+                                       else "not converted (not a model from cpd.nn.convert)"))
     gemms = None
     if example_inputs is not None:
         gemms = _record(model, example_inputs)
