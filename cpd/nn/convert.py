@@ -107,7 +107,8 @@ def convert(model: torch.nn.Module, *, mul=None, acc=None, weight=None, activati
     (:func:`cpd.nn.zoo.multiplies_by_weight`) of a type with no conversion is kept in float32 and
     named in a :class:`ConversionWarning`. ``example_inputs`` (a tensor, a tuple of positional
     arguments or a dict of keyword arguments of ``model``): both models run once on them (no
-    grad) and a replacement whose output shape differs from its module's raises ValueError.
+    grad; dropout in training mode draws random numbers) and a replacement whose output shape
+    differs from its module's raises ValueError.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
