@@ -3,7 +3,8 @@ attention of :func:`scaled_dot_product_attention` with cpd GEMMs, and
 :class:`QuantMultiheadAttention`.
 
 Inside ``with cpd.nn.emulate(mul=..., acc=...):`` every ``torch.matmul`` / ``@``, ``mm``,
-``bmm``, ``baddbmm``, ``addmm``, ``F.linear``, ``F.scaled_dot_product_attention`` and
+``bmm``, ``baddbmm``, ``addmm``, ``F.linear``, ``F.conv1d/2d/3d`` (im2col, as
+``QuantConv1d/2d/3d``; not with ``scaling=``), ``F.scaled_dot_product_attention`` and
 ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``; its fused fast path is switched
 off meanwhile, see :mod:`cpd.nn.attention`) on float
 tensors runs through :func:`cpd.nn.quant_matmul`: the forward GEMM with ``(mul, acc, ...)``, the
@@ -24,6 +25,7 @@ from torch.overrides import TorchFunctionMode
 from .. import mx
 from ..formats import FloatFormat
 from .attention import multi_head_attention
+from .conv import conv_nd
 from .layers import _SAME, GemmConfig, quant_matmul, quantizer
 
 __all__ = ["emulate", "scaled_dot_product_attention", "QuantMultiheadAttention"]
@@ -153,6 +155,20 @@ class emulate(TorchFunctionMode):
             return y
         return y + b if self.gemm.exact else self.gemm.add_bias(y.float(), b.float()).to(y.dtype)
 
+    _CONVS = {F.conv1d: 1, F.conv2d: 2, F.conv3d: 3}
+
+    def _conv(self, nd, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        """F.conv1d/2d/3d as im2col + the emulated GEMM (:func:`cpd.nn.conv.conv_nd`, what
+        ``QuantConv1d/2d/3d`` compute), the bias added in the GEMM's epilogue format."""
+        def tup(v):
+            return (v,) * nd if isinstance(v, int) else tuple(v)
+        dtype = torch.result_type(input, weight)
+        x = input.unsqueeze(0) if input.dim() == nd + 1 else input
+        y = conv_nd(x.float(), weight.float(), None if bias is None else bias.float(), tup(stride),
+                    padding if isinstance(padding, str) else tup(padding), tup(dilation), groups, self.gemm,
+                    self.backward_gemm)
+        return (y.squeeze(0) if input.dim() == nd + 1 else y).to(dtype)
+
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
 
@@ -176,6 +192,9 @@ class emulate(TorchFunctionMode):
             b = args[2] if len(args) > 2 else kwargs.get("bias")
             if self._ok(x, w):
                 return self._linear(x, w, b)
+        if func in self._CONVS and self.scaling is None and self._ok(*args[:2]):
+            self._count("conv")
+            return self._conv(self._CONVS[func], *args, **kwargs)
         if func is F.multi_head_attention_forward and self._ok(*args[:3]):
             self._count("multi_head_attention")
             def gemm(a, b):
