@@ -36,20 +36,36 @@ FAMILY_CASES = {
 SEED = (0x123456789ABCDEF, 7)
 
 
-def same_bits(a, b):
+def exact(a, b):
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
 
 
+def same_bits(a, b):
+    """Equal bits, except that a NaN matches any NaN: the CPU extension's NaN from inf - inf carries
+    the host's sign (x86: negative), also against the simple kernel; NaN bits are checked exactly
+    against the generic steps on the same device (``run``)."""
+    nan = torch.isnan(a)
+    return exact(torch.where(nan, 0.0, a), torch.where(torch.isnan(b), 0.0, b)) and torch.equal(nan, torch.isnan(b))
+
+
+def launch(a, b, kw, kernel, geometry=G()):
+    mul, acc = kw.get("mul"), kw["acc"]
+    out = torch.full((a.shape[0], a.shape[1], b.shape[2]), 3.0)
+    _kernels.matmul(a, b, out, None if mul is None else _fmt_args(mul), _fmt_args(acc), kw.get("kahan", False), 0, 0,
+                    False, 32, *SEED, _shim.launch, geometry, kernel=kernel)
+    return out
+
+
 def run(a, b, kw, kernel, geometry=G()):
-    """(CPU generic steps, shim kernel) of the same round-to-nearest matmul."""
+    """(CPU generic steps, shim kernel) of the same round-to-nearest matmul; the kernel's bits are
+    also those of the generic steps on the same device (cpd_matmul_simple), NaN bits included."""
     mul, acc = kw.get("mul"), kw["acc"]
     B, M, _ = a.shape
     want = torch.empty(B, M, b.shape[2])
     _cpu.extension().matmul_out(a, b, want, mul is not None, *_fmt_args(mul or acc), *_fmt_args(acc),
                                 kw.get("kahan", False), 0, 0, False, 32, *SEED, 1)
-    got = torch.full((B, M, b.shape[2]), 3.0)
-    _kernels.matmul(a, b, got, None if mul is None else _fmt_args(mul), _fmt_args(acc), kw.get("kahan", False), 0, 0,
-                    False, 32, *SEED, _shim.launch, geometry, kernel=kernel)
+    got = launch(a, b, kw, kernel, geometry)
+    assert exact(got, launch(a, b, kw, "simple")), (kernel, kw)
     return want, got
 
 
@@ -180,8 +196,8 @@ def test_auto_routes_and_matches():
     a, b = torch.randn(1, 6, 10, generator=g), torch.randn(1, 10, 4, generator=g)
     for fam, kws in FAMILY_CASES.items():
         kw = kws[0]
-        want, _ = run(a, b, kw, "simple")
+        want = launch(a, b, kw, "simple")
         got = torch.empty_like(want)
         _kernels.matmul(a, b, got, None if kw.get("mul") is None else _fmt_args(kw["mul"]), _fmt_args(kw["acc"]),
                         kw.get("kahan", False), 0, 0, False, 32, *SEED, spy)
-        assert same_bits(got, want) and seen[-1] == _kernels.FAMILY_KERNELS[fam][0], (fam, seen)
+        assert exact(got, want) and seen[-1] == _kernels.FAMILY_KERNELS[fam][0], (fam, seen)

@@ -208,7 +208,8 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 1)
 // Full slices run with kk unrolled; the last partial slice (K % CPD_FK steps) runs after them, so
 // each output takes exactly its K steps in order (no padding step: adding a +0 product would
 // change a -0 sum). Positions outside the matrices are never copied and never reach an output.
-// CHAIN outputs that end as NaN, and every output when the spec is not the kernel's family
+// Outputs that end as NaN (cpd/gemm.h gemm_redo: a NaN's bits are the float32 unit's, which may
+// differ from the generic steps'), and every output when the spec is not the kernel's family
 // (cpd/_kernels.py routes by the same predicates; this is a safety net), are recomputed by
 // dot_output, the generic steps of cpd_matmul_simple.
 #define CPD_FK 8
@@ -249,8 +250,8 @@ struct LanesStep {
   };
   __device__ __forceinline__ void init(Acc& x) const { x.s = 0.0f; }
   __device__ __forceinline__ void step(Acc& x, float a, float b) const { cpd::gemm_lanes_step(x.s, a, b, mg, ag); }
-  static constexpr bool REDO = false;
-  __device__ __forceinline__ bool redo(float) const { return false; }
+  static constexpr bool REDO = true;
+  __device__ __forceinline__ bool redo(float s) const { return cpd::gemm_redo(s); }
 };
 
 struct KahanStep {
@@ -263,8 +264,8 @@ struct KahanStep {
   __device__ __forceinline__ void step(Acc& x, float a, float b) const {
     cpd::gemm_kahan_step(x.s, x.c, a, b, mg, ag);
   }
-  static constexpr bool REDO = false;
-  __device__ __forceinline__ bool redo(float) const { return false; }
+  static constexpr bool REDO = true;
+  __device__ __forceinline__ bool redo(float s) const { return cpd::gemm_redo(s); }
 };
 
 struct Lanes16Step {
@@ -297,7 +298,7 @@ struct Kahan16Step {
 __device__ __forceinline__ int own(int t, int i) { return (i >> 2) * 64 + t * 4 + (i & 3); }
 
 template <int R>
-struct Tiles {
+struct alignas(16) Tiles {  // 16-byte rows: float4 loads
   static constexpr int T = 16 * R;
   float a[2][CPD_FK][T + 4];
   float b[2][CPD_FK][T + 4];
@@ -408,7 +409,7 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
     const cpd::Format mf = cpd::make_format(mexp, mman, mbias, mspecials, msubnormals, saturate);               \
     const cpd::Format af = cpd::make_format(aexp, aman, abias, aspecials, asubnormals, saturate);               \
     const cpd::DotSpec d = cpd::make_dot_spec(mf, has_mul, af, kahan, block, mode, sr_bits);                    \
-    __shared__ alignas(16) Tiles<R> sh;                                                                         \
+    __shared__ Tiles<R> sh;                                                                                     \
     STEP st;                                                                                                    \
     MAKE;                                                                                                       \
     family_gemm<STEP, R>(a, b, y, B, M, K, N, d, st, seed, offset, sh);                                         \

@@ -46,8 +46,10 @@ CPD_FN void gemm_chain_step(float& s, float a, float b) { s = ffma(a, b, s); }
 // the product rounded once by one fused multiply-add against C = 2^(E + 23 - man); the sum of two
 // values of the accumulator rounded to float32 then to the accumulator, which is one rounding by
 // Figueroa's 24 >= 2 * 11 + 2). NaN, infinities, overflow and flushing are mul_f's and add_f's,
-// which give mul_bits' and add_bits' bits. With Kahan (gemm_kahan_step) the four additions of
-// Kahan's step are add_f too (kahan_step's order).
+// which give mul_bits' and add_bits' values; a NaN's bits are the float32 unit's (a host's NaN
+// from inf - inf is negative on x86, where add_bits' cast of fadd's NaN need not be), so these
+// outputs too are redone by dot_step when they end as NaN (gemm_redo). With Kahan
+// (gemm_kahan_step) the four additions of Kahan's step are add_f too (kahan_step's order).
 CPD_FN int gemm_lanes_applies(const DotSpec& d) {
   return (int)(d.has_mul && nearest_f_applies(d.mf, d.mode) && nearest_f_applies(d.af, d.mode) &&
                add_fast_applies(d.af, d.mode) && values_within(d.mf, d.af) && !d.block);
@@ -115,7 +117,7 @@ CPD_FN void gemm_kahan16_step(float& s, float& c, float a, float b, const Format
   kahan_step(s, c, gemm_product_sub(a, b, mg), [&ag](float x, float y, int) { return round_binary16(fadd(x, y), ag); });
 }
 
-// Whether a family's output s must be redone by dot_step (a NaN: see CHAIN and LANES16).
+// Whether a family's output s must be redone by dot_step (a NaN: see CHAIN, LANES and LANES16).
 CPD_FN int gemm_redo(float s) { return (int)((bits_of(s) & ~SIGN) > INF_BITS); }
 
 // The family of a spec: which kernel of matmul.cu runs it (GEMM_GENERIC: cpd_matmul_tiled).
