@@ -186,9 +186,9 @@ def _values_within(m, f) -> bool:  # cpd/arith.h values_within
 
 def matmul_family(mul, acc, kahan: bool, block: int, mode: int, saturate: bool) -> str:
     """Which kernel of matmul.cu runs a spec: "chain", "lanes16", "kahan16", "lanes", "kahan" (the
-    family kernels) or "tiled" (the generic steps). The conditions are cpd/gemm.h's gemm_family, whose kernels also
-    check them on the device (a spec outside a kernel's family gets the generic steps' bits there,
-    only slower)."""
+    family kernels) or "tiled" (the generic steps). The conditions are cpd/gemm.h's gemm_family,
+    whose kernels also check them on the device (a spec outside a kernel's family gets the generic
+    steps' bits there, only slower)."""
     from .formats import FloatFormat
 
     if mode != 0 or block:  # NEAREST, no blocks
@@ -211,7 +211,7 @@ def matmul(a, b, out, mul, acc, kahan: bool, block: int, mode: int, saturate: bo
 
     ``kernel``: "auto" (the family kernel of :func:`matmul_family`, else "tiled"), "tiled"
     (shared-memory tiles on the generic steps), "simple" (one thread per output), or a family
-    kernel by name ("chain", "lanes", "kahan"); every one gives the same bits."""
+    kernel by name (:data:`FAMILY_KERNELS`); every one gives the same bits."""
     B, M, K = a.shape
     N = b.shape[2]
     if out.numel() == 0:
@@ -232,5 +232,6 @@ def matmul(a, b, out, mul, acc, kahan: bool, block: int, mode: int, saturate: bo
         grid = _grid(geometry.blocks(tiles, 1), MATMUL_THREADS)
         name = "cpd_matmul_tiled"
     else:
-        raise ValueError(f"kernel must be 'auto', 'tiled', 'simple' or one of {sorted(FAMILY_KERNELS)}, got {kernel!r}")
+        raise ValueError(f"kernel must be 'auto', 'tiled', 'simple' or one of {sorted(FAMILY_KERNELS)}, "
+                         f"got {kernel!r}")
     launcher(Launch("matmul.cu", name, **grid, args=(_ptr(a), _ptr(b), _ptr(out), *dims, *rest)), a.device)
