@@ -41,8 +41,8 @@ CPD_FN int gemm_chain_applies(const DotSpec& d) {
 CPD_FN void gemm_chain_step(float& s, float a, float b) { s = ffma(a, b, s); }
 
 // LANES (gemm_lanes_applies): round to nearest, products rounded to a mul format whose values are
-// values of an accumulator of at most 11 significant bits (E5M2 or E4M3 into (5, 10), FP16,
-// BF16, ...), no blocks: the CPU matmul's float32-lane steps, mul_f then add_f (cpd/arith.h:
+// values of an accumulator of at most 11 significant bits whose quanta are float32 normals (E5M2 or
+// E4M3 into (5, 10), FP16, (6, 9), ...; not BF16, whose finest quantum is 2^-133), no blocks: the CPU matmul's float32-lane steps, mul_f then add_f (cpd/arith.h:
 // the product rounded once by one fused multiply-add against C = 2^(E + 23 - man); the sum of two
 // values of the accumulator rounded to float32 then to the accumulator, which is one rounding by
 // Figueroa's 24 >= 2 * 11 + 2). NaN, infinities, overflow and flushing are mul_f's and add_f's,
