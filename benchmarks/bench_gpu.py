@@ -8,14 +8,22 @@ Measurements (CUDA events on the current stream, median of ``reps`` after one wa
 operation timed side by side with its baseline in the same process, interleaved):
 
 * cast, nearest and stochastic, of 2^26 float32 to E5M2 / E4M3 / BF16, against ``out.copy_(x)``
-  on the device (goal: nearest <= 1.15x, stochastic <= 1.3x);
-* cpd.matmul 1024^3 and 4096^3, mul=E5M2 into acc=(5, 10), and Kahan into BF16, against float32
-  ``torch.mm`` with TF32 off (goal at 4096^3, E5M2/(5,10): <= 20x);
+  on the device, one call between two events and 20 calls back to back (goal: nearest <= 1.15x,
+  stochastic <= 1.3x back to back), and one cast of 2^14 floats against ``x.to(torch.bfloat16)``;
+* cpd.mx.cast 2^24 MXFP8 / MXFP4 / NVFP4 back to back against ``out.copy_(x)`` (goal <= 1.5x);
+* cpd.matmul 4096^3 and 2048x512x2048 for each GEMM family (E5M2 into (5, 10), E4M3 x FP16, the
+  float32 chain, the Hopper e4m3 model, Kahan into BF16) against float32 ``torch.mm`` with TF32 off
+  (goals: chain <= 3x, E5M2/(5,10) and E4M3 x FP16 <= 15x, Hopper <= 15x, Kahan BF16 <= 40x);
+* one training step of a 4-layer TransformerEncoder (d=512, seq 256, batch 16) converted with
+  ``cpd.nn.convert(mul=E4M3, acc=FP16)`` and with the Hopper e4m3 model, against float32
+  (goals <= 10x and <= 12x);
 * the emulated allreduce of 64 workers x 2^22 float32 (cpd.allreduce, E5M2 ring, and BF16 ring)
   against ``torch.stack(ws).sum(0)``.
 
 Prints the GPU's name, CUDA/NVRTC versions and a table; without a GPU it says so and exits 0.
-``--quick`` uses smaller sizes (2^22 elements, 1024^3 only, 16 x 2^20).
+``--quick`` uses smaller sizes (2^22 elements, 1024^3 only, a 1-layer transformer, 16 x 2^20).
+The static side of the GEMM goals (SASS per multiply-accumulate, no GPU needed) is
+benchmarks/sass_counts.py.
 """
 
 from __future__ import annotations
@@ -59,6 +67,67 @@ def side_by_side(fn, base, reps: int) -> tuple[float, float]:
     return statistics.median(a), statistics.median(b)
 
 
+def back_to_back(fn, base, reps: int, calls: int = 20) -> tuple[float, float]:
+    """(seconds per call of fn, of base) over ``calls`` calls issued back to back between two
+    events (the host's per-call cost hidden behind the GPU's work), median of ``reps``."""
+    def per_call(f):
+        f()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            f()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+    a, b = [], []
+    for _ in range(reps):
+        a.append(per_call(fn))
+        b.append(per_call(base))
+    return statistics.median(a), statistics.median(b)
+
+
+#: The GEMM families of cuda/kernels/matmul.cu (and the generic kernel), as cpd.matmul keywords.
+#: Built lazily: cpd.tensor_core needs nothing from the GPU, but keeps import cheap.
+GEMM_FAMILIES = (
+    ("E5M2 -> (5,10)", lambda: dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10))),
+    ("E4M3 x FP16", lambda: dict(mul=cpd.E4M3, acc=cpd.FP16)),
+    ("float32 chain (mul=None, acc=FP32)", lambda: dict(acc=cpd.FP32)),
+    ("Hopper e4m3 model", lambda: dict(acc=cpd.tensor_core("hopper", a="e4m3"))),
+    ("Kahan BF16", lambda: dict(acc=cpd.BF16, kahan=True)),
+)
+
+
+def transformer_step(model, x, opt):
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+    return step
+
+
+def transformer_rows(dev, args) -> list:
+    """One SGD step of a TransformerEncoder (4 layers, d=512, seq 256, batch 16; --quick: 1 layer,
+    seq 64, batch 4): float32 against cpd.nn.convert(mul=E4M3, acc=FP16) and the Hopper e4m3 model,
+    each a fresh copy of the same model, timed side by side (CUDA events, one step per sample)."""
+    import copy
+
+    layers, seq, batch = (1, 64, 4) if args.quick else (4, 256, 16)
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.0, batch_first=True)
+    base = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).to(dev)
+    x = torch.randn(batch, seq, 512, device=dev)
+    ref_opt = torch.optim.SGD(base.parameters(), lr=1e-3)
+    rows = []
+    for label, kw in (("convert E4M3 x FP16", dict(mul=cpd.E4M3, acc=cpd.FP16)),
+                      ("convert Hopper e4m3", dict(acc=cpd.tensor_core("hopper", a="e4m3")))):
+        m = cpd.nn.convert(copy.deepcopy(base), **kw)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+        t, b = side_by_side(transformer_step(m, x, opt), transformer_step(base, x, ref_opt), max(3, args.reps // 4))
+        rows.append((f"transformer step, {label}", f"{layers}L d512 S{seq} B{batch}", t, b, "float32 step"))
+    return rows
+
+
 def table(rows) -> str:
     header = ["operation", "size", "cpd", "baseline", "baseline op", "ratio"]
     cells = [header] + [[r[0], r[1], f"{r[2] * 1e3:.3f} ms", f"{r[3] * 1e3:.3f} ms", r[4], f"{r[2] / r[3]:.2f}x"]
@@ -97,17 +166,35 @@ def main(argv=None) -> int:
     out = torch.empty_like(x)
     for fmt in (cpd.E5M2, cpd.E4M3, cpd.BF16):
         for mode in ("nearest", "stochastic"):
-            t, b = side_by_side(lambda: cpd.cast(x, fmt, mode, out=out), lambda: out.copy_(x), args.reps)
-            rows.append((f"cast {fmt.name} {mode}", f"2^{n.bit_length() - 1}", t, b, "out.copy_(x)"))
+            fn, base = (lambda: cpd.cast(x, fmt, mode, out=out)), (lambda: out.copy_(x))
+            t, b = side_by_side(fn, base, args.reps)
+            rows.append((f"cast {fmt.name} {mode}, single call", f"2^{n.bit_length() - 1}", t, b, "out.copy_(x)"))
+            t, b = back_to_back(fn, base, args.reps)
+            rows.append((f"cast {fmt.name} {mode}, back to back", f"2^{n.bit_length() - 1}", t, b, "out.copy_(x)"))
+    small = torch.randn(1 << 14, device=dev, generator=g)
+    small_out = torch.empty_like(small)
+    t, b = side_by_side(lambda: cpd.cast(small, cpd.E5M2, out=small_out), lambda: small.to(torch.bfloat16),
+                        args.reps)
+    rows.append(("cast e5m2 nearest, single call", "2^14", t, b, "x.to(bfloat16)"))
 
-    for size in ((1024,) if args.quick else (1024, 4096)):
-        a = torch.randn(size, size, device=dev, generator=g)
-        bm = torch.randn(size, size, device=dev, generator=g)
-        for label, kw in (("E5M2 -> (5,10)", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10))),
-                          ("Kahan BF16", dict(acc=cpd.BF16, kahan=True))):
-            reps = max(3, args.reps // (4 if size > 1024 else 1))
-            t, b = side_by_side(lambda: cpd.matmul(a, bm, **kw), lambda: torch.mm(a, bm), reps)
-            rows.append((f"matmul {label}", f"{size}^3", t, b, "torch.mm fp32"))
+    for fmt in (cpd.mx.MXFP8_E4M3, cpd.mx.MXFP4, cpd.mx.NVFP4):
+        m = 1 << (20 if args.quick else 24)
+        xm = torch.randn(m, device=dev, generator=g)
+        om = torch.empty_like(xm)
+        t, b = back_to_back(lambda: cpd.mx.cast(xm, fmt, out=om), lambda: om.copy_(xm), args.reps)
+        rows.append((f"mx.cast {fmt.name}, back to back", f"2^{m.bit_length() - 1}", t, b, "out.copy_(x)"))
+
+    for shape in (((1024, 1024, 1024),) if args.quick else ((4096, 4096, 4096), (2048, 512, 2048))):
+        M, K, N = shape
+        a = torch.randn(M, K, device=dev, generator=g)
+        bm = torch.randn(K, N, device=dev, generator=g)
+        size = f"{M}x{K}x{N}"
+        for label, kw in GEMM_FAMILIES:
+            reps = max(3, args.reps // (4 if M * K * N > 2**30 else 1))
+            t, b = side_by_side(lambda: cpd.matmul(a, bm, **kw()), lambda: torch.mm(a, bm), reps)
+            rows.append((f"matmul {label}", size, t, b, "torch.mm fp32"))
+
+    rows += transformer_rows(dev, args)
 
     workers, m = (16, 1 << 20) if args.quick else (64, 1 << 22)
     ws = [torch.randn(m, device=dev, generator=g) for _ in range(workers)]

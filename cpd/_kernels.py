@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["Geometry", "Launch", "pack", "cast", "encode", "decode", "arith", "matmul", "MAX_THREADS",
-           "CAST_KERNELS", "CODE_SUFFIX", "TILE_M", "TILE_N", "MATMUL_THREADS"]
+           "CAST_KERNELS", "CODE_SUFFIX", "TILE_M", "TILE_N", "MATMUL_THREADS", "FAMILY_KERNELS",
+           "matmul_family"]
 
 #: __launch_bounds__ of every kernel (cuda/kernels/*.cu, CPD_THREADS).
 MAX_THREADS = 256
@@ -38,6 +39,11 @@ CODE_SUFFIX = {torch.uint8: "u8", torch.int16: "i16", torch.int32: "i32"}
 #: GENERIC_TILE x GENERIC_TILE outputs on the generic steps (2 x 2 per thread); the grid counts the
 #: smaller tiles (a block past the float32-lane tiles exits at once).
 TILE_M, TILE_N, GENERIC_TILE, MATMUL_THREADS = 64, 64, 32, 256
+#: The family kernels of matmul.cu (cpd/gemm.h gemm_family) and the side of their square output tile
+#: (16 R: an R x R register tile per thread of 256).
+FAMILY_KERNELS = {"chain": ("cpd_matmul_chain", 128), "lanes": ("cpd_matmul_lanes", 64),
+                  "kahan": ("cpd_matmul_kahan", 64), "lanes16": ("cpd_matmul_lanes16", 64),
+                  "kahan16": ("cpd_matmul_kahan16", 64)}
 
 
 @dataclass(frozen=True)
@@ -151,12 +157,61 @@ def arith(op: int, a, b, c, out, fmt, mode: int, saturate: bool, sr_bits: int, s
                           (_I, int(saturate)), (_I, sr_bits), *_seed(seed, offset))), a.device)
 
 
+# ------------------------------------------------------------------------------ matmul families
+_F32_MAX_EXP = 128  # float32's overflow exponent: a format value must be below 2^128
+
+
+def _fast(f) -> bool:  # cpd/format.h fast_path_applies
+    qsub = f.emin - f.man
+    return 0 <= f.man <= 23 and f.emin >= -126 and -149 <= qsub <= 31 and f.max < 2.0 ** _F32_MAX_EXP
+
+
+def _plain_convention(core_specials: int) -> bool:  # cpd/arith.h plain_convention (IEEE, FN, FINITE; signed)
+    return core_specials <= 2
+
+
+def _nearest_f(f, cs: int) -> bool:  # cpd/arith.h nearest_f_applies (mode NEAREST checked by the caller)
+    return _fast(f) and 1 <= f.man <= 21 and f.emax + 24 - f.man <= 127 and _plain_convention(cs)
+
+
+def _add_fast(f, cs: int) -> bool:  # cpd/arith.h add_fast_applies
+    return _fast(f) and f.man <= 10 and f.emin - f.man >= -126 and _plain_convention(cs)
+
+
+def _values_within(m, f) -> bool:  # cpd/arith.h values_within
+    m_min_exp = m.emin - m.man if m.subnormals else m.emin
+    return (m.man <= f.man and m.max <= f.max and m.emin - m.man >= f.emin - f.man
+            and (f.subnormals or m_min_exp >= f.emin))
+
+
+def matmul_family(mul, acc, kahan: bool, block: int, mode: int, saturate: bool) -> str:
+    """Which kernel of matmul.cu runs a spec: "chain", "lanes16", "kahan16", "lanes", "kahan" (the
+    family kernels) or "tiled" (the generic steps). The conditions are cpd/gemm.h's gemm_family,
+    whose kernels also check them on the device (a spec outside a kernel's family gets the generic
+    steps' bits there, only slower)."""
+    from .formats import FloatFormat
+
+    if mode != 0 or block:  # NEAREST, no blocks
+        return "tiled"
+    af = FloatFormat.from_core(*acc)
+    if mul is None:
+        fp32 = tuple(acc[:4]) == (8, 23, 127, 0) and bool(acc[4]) and not saturate
+        return "chain" if fp32 and not kahan else "tiled"
+    mf = FloatFormat.from_core(*mul)
+    if (_nearest_f(mf, mul[3]) and _nearest_f(af, acc[3]) and _add_fast(af, acc[3]) and _values_within(mf, af)):
+        binary16 = tuple(acc[:4]) == (5, 10, 15, 0) and bool(acc[4]) and not saturate  # gemm.h is_binary16_format
+        family = "kahan" if kahan else "lanes"
+        return family + "16" if binary16 and mf.subnormals else family
+    return "tiled"
+
+
 def matmul(a, b, out, mul, acc, kahan: bool, block: int, mode: int, saturate: bool, sr_bits: int, seed: int,
-           offset: int, launcher, geometry: Geometry = Geometry(), kernel: str = "tiled") -> None:
+           offset: int, launcher, geometry: Geometry = Geometry(), kernel: str = "auto") -> None:
     """out (B, M, N) = the accumulated a (B, M, K) @ b (B, K, N); ``mul`` None for exact products.
 
-    ``kernel``: "tiled" (shared-memory tiles, a register tile of outputs per thread) or "simple"
-    (one thread per output); both give the same bits."""
+    ``kernel``: "auto" (the family kernel of :func:`matmul_family`, else "tiled"), "tiled"
+    (shared-memory tiles on the generic steps), "simple" (one thread per output), or a family
+    kernel by name (:data:`FAMILY_KERNELS`); every one gives the same bits."""
     B, M, K = a.shape
     N = b.shape[2]
     if out.numel() == 0:
@@ -164,7 +219,12 @@ def matmul(a, b, out, mul, acc, kahan: bool, block: int, mode: int, saturate: bo
     dims = [(_LL, B), (_LL, M), (_LL, K), (_LL, N)]
     rest = [(_I, int(mul is not None)), *_fmt(mul if mul is not None else acc), *_fmt(acc), (_I, int(kahan)),
             (_I, block), (_I, mode), (_I, int(saturate)), (_I, sr_bits), *_seed(seed, offset)]
-    if kernel == "simple":
+    if kernel == "auto":
+        kernel = matmul_family(mul, acc, kahan, block, mode, saturate)
+    if kernel in FAMILY_KERNELS:
+        name, side = FAMILY_KERNELS[kernel]
+        grid = _grid(geometry.blocks(B * -(-M // side) * -(-N // side), 1), MATMUL_THREADS)
+    elif kernel == "simple":
         grid = _grid(geometry.blocks(out.numel()), geometry.threads)
         name = "cpd_matmul_simple"
     elif kernel == "tiled":
@@ -172,5 +232,6 @@ def matmul(a, b, out, mul, acc, kahan: bool, block: int, mode: int, saturate: bo
         grid = _grid(geometry.blocks(tiles, 1), MATMUL_THREADS)
         name = "cpd_matmul_tiled"
     else:
-        raise ValueError(f"kernel must be 'tiled' or 'simple', got {kernel!r}")
+        raise ValueError(f"kernel must be 'auto', 'tiled', 'simple' or one of {sorted(FAMILY_KERNELS)}, "
+                         f"got {kernel!r}")
     launcher(Launch("matmul.cu", name, **grid, args=(_ptr(a), _ptr(b), _ptr(out), *dims, *rest)), a.device)

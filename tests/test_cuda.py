@@ -71,6 +71,21 @@ def test_no_local_memory(kernel_file):
 
 
 @nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_gemm_family_kernels_do_not_spill(arch):
+    """The GEMM family kernels' register tiles (matmul.cu: R x R outputs per thread, 2 blocks of 256
+    per SM, i.e. at most 128 registers) fit without local memory on Ampere and Hopper."""
+    if int(arch[3:]) not in _cuda.supported_archs():
+        pytest.skip(f"NVRTC lacks {arch}")
+    usage = _cuda.resource_usage("matmul.cu", arch)
+    for name in ("cpd_matmul_chain", "cpd_matmul_lanes", "cpd_matmul_kahan", "cpd_matmul_lanes16",
+                 "cpd_matmul_kahan16"):
+        u = usage[name]
+        assert u["stack"] == 0 and u["spill_stores"] == 0 and u["spill_loads"] == 0, (arch, name, u)
+        assert u["registers"] <= 128, (arch, name, u)
+
+
+@nvrtc
 def test_compile_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("CPD_CACHE_DIR", str(tmp_path))
     first = _cuda.compile_source("cast.cu", "sm_80")
@@ -192,6 +207,29 @@ def test_gpu_matmul_matches_cpu(rounding, kw):
     cpu = cpd.matmul(a, b, rounding=rounding, **kw, **extra())
     gpu = cpd.matmul(a.cuda(), b.cuda(), rounding=rounding, **kw, **extra())
     assert gpu.is_cuda and _same(cpu, gpu.cpu())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kw", [dict(acc=cpd.FP32), dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10)),
+                                dict(mul=cpd.E4M3, acc=cpd.FP16), dict(mul=cpd.E4M3, acc=cpd.FP16, kahan=True),
+                                dict(mul=cpd.E4M3, acc=cpd.FloatFormat(6, 9), kahan=True)],
+                         ids=lambda k: "-".join(f"{n}={getattr(v, 'name', v)}" for n, v in k.items()))
+def test_gpu_gemm_families_match_cpu(kw):
+    """The family kernels (cpd/gemm.h) on the hardware: the FFMA chain, the binary16 conversion
+    (cvt.rn.f16.f32) and cp.async staging, on ragged tiles, every binade, overflow, subnormal
+    sums, signed zeros and inf/NaN operands (tests/test_shim_gemm.py runs the same on the host)."""
+    g = torch.Generator().manual_seed(8)
+    e = torch.randint(-75, 64, (2, 130, 37), generator=g).float()
+    a = torch.randn(2, 130, 37, generator=g) * torch.exp2(e)
+    b = torch.randn(37, 129, generator=g) * torch.exp2(torch.randint(-75, 64, (37, 129), generator=g).float())
+    a[0, 0] = torch.exp2(torch.arange(-149.0, -149.0 + 37))
+    a[0, 1], a[0, 2] = 0.0, -0.0
+    a[0, 3, 5], a[0, 4, 6], a[0, 5, 7], a[1, 7] = float("inf"), -float("inf"), float("nan"), 3e38
+    for x, y in ((a, b), (cpd.cast(a, cpd.E4M3), cpd.cast(b, cpd.E4M3)), (torch.randn(3, 65, 1000, generator=g),
+                                                                         torch.randn(1000, 66, generator=g))):
+        cpu = cpd.matmul(x, y, **kw)
+        gpu = cpd.matmul(x.cuda(), y.cuda(), **kw)
+        assert _same(cpu, gpu.cpu()), kw
 
 
 @pytest.mark.cuda

@@ -6,6 +6,7 @@
 // whatever the tiling, the launch geometry or the device.
 #include "cpd/launch.h"
 #include "cpd/numerics.h"
+#include "cpd/gemm.h"
 
 #define CPD_THREADS 256  // threads per block of every launch of this file (__launch_bounds__)
 
@@ -192,3 +193,232 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 1)
   else
     tiled<false, CPD_GM, CPD_GN>(a, b, y, B, M, K, N, d, seed, offset, As, Bs);
 }
+
+// ------------------------------------------------------------------------------------------
+// The family kernels: one per family of cpd/gemm.h (CHAIN, LANES, KAHAN), each with its step
+// fixed at compile time, so that the inner loop is the step's float32 instructions and two
+// shared-memory loads per four outputs. A block of 256 threads (16 x 16) owns T x T outputs,
+// T = 16 R; thread (tx, ty) owns the R x R outputs in rows own(ty, i) and columns own(tx, j)
+// (groups of four neighbours, 64 apart: each float4 load from shared memory is conflict-free).
+// K is walked in slices of CPD_FK staged in shared memory, double-buffered: while the block
+// computes slice s from one buffer, the copies of slice s + 1 fill the other (cp.async on sm_80
+// and later, plain copies elsewhere and in the host shim: cpd/launch.h copy_async4).
+//   As[buf][kk][m] (A's slice transposed), Bs[buf][kk][n]; rows of T + 4 floats: 16-byte aligned,
+//   and the transposing store (kk = e % 8 fastest, 4 rows per warp) hits 32 distinct banks.
+// Full slices run with kk unrolled; the last partial slice (K % CPD_FK steps) runs after them, so
+// each output takes exactly its K steps in order (no padding step: adding a +0 product would
+// change a -0 sum). Positions outside the matrices are never copied and never reach an output.
+// Outputs that end as NaN (cpd/gemm.h gemm_redo: a NaN's bits are the float32 unit's, which may
+// differ from the generic steps'), and every output when the spec is not the kernel's family
+// (cpd/_kernels.py routes by the same predicates; this is a safety net), are recomputed by
+// dot_output, the generic steps of cpd_matmul_simple.
+#define CPD_FK 8
+
+namespace {
+
+// The generic steps of one output o (row ar of A, column bc of B with stride N): dot_step in order.
+__device__ __noinline__ float dot_output(const float* __restrict__ ar, const float* __restrict__ bc, long long N,
+                                         long long K, unsigned long long o, const cpd::DotSpec& d,
+                                         unsigned long long seed, unsigned long long offset) {
+  cpd::u32 w[cpd::DOT_WORDS];
+  cpd::u32 s = 0u, c = 0u, bs = 0u;
+  for (long long k = 0; k < K; ++k) {
+    cpd::dot_words(o, (unsigned long long)K, (unsigned long long)k, seed, offset, d.mode,
+                   cpd::dot_needs_high(d, (unsigned long long)k, (unsigned long long)K), w);
+    cpd::dot_step(d, cpd::bits_of(ar[k]), cpd::bits_of(bc[k * N]), (unsigned long long)k, (unsigned long long)K, s, c,
+                  bs, w);
+  }
+  return cpd::float_of(s);
+}
+
+struct ChainStep {
+  static constexpr int FAMILY = cpd::GEMM_CHAIN;
+  struct Acc {
+    float s;
+  };
+  __device__ __forceinline__ void init(Acc& x) const { x.s = 0.0f; }
+  __device__ __forceinline__ void step(Acc& x, float a, float b) const { cpd::gemm_chain_step(x.s, a, b); }
+  static constexpr bool REDO = true;
+  __device__ __forceinline__ bool redo(float s) const { return cpd::gemm_redo(s); }
+};
+
+struct LanesStep {
+  static constexpr int FAMILY = cpd::GEMM_LANES;
+  cpd::FormatF mg, ag;
+  struct Acc {
+    float s;
+  };
+  __device__ __forceinline__ void init(Acc& x) const { x.s = 0.0f; }
+  __device__ __forceinline__ void step(Acc& x, float a, float b) const { cpd::gemm_lanes_step(x.s, a, b, mg, ag); }
+  static constexpr bool REDO = true;
+  __device__ __forceinline__ bool redo(float s) const { return cpd::gemm_redo(s); }
+};
+
+struct KahanStep {
+  static constexpr int FAMILY = cpd::GEMM_KAHAN;
+  cpd::FormatF mg, ag;
+  struct Acc {
+    float s, c;
+  };
+  __device__ __forceinline__ void init(Acc& x) const { x.s = x.c = 0.0f; }
+  __device__ __forceinline__ void step(Acc& x, float a, float b) const {
+    cpd::gemm_kahan_step(x.s, x.c, a, b, mg, ag);
+  }
+  static constexpr bool REDO = true;
+  __device__ __forceinline__ bool redo(float s) const { return cpd::gemm_redo(s); }
+};
+
+struct Lanes16Step {
+  static constexpr int FAMILY = cpd::GEMM_LANES16;
+  static constexpr bool REDO = true;
+  cpd::FormatF mg, ag;
+  struct Acc {
+    float s;
+  };
+  __device__ __forceinline__ void init(Acc& x) const { x.s = 0.0f; }
+  __device__ __forceinline__ void step(Acc& x, float a, float b) const { cpd::gemm_f16_step(x.s, a, b, mg, ag); }
+  __device__ __forceinline__ bool redo(float s) const { return cpd::gemm_redo(s); }
+};
+
+struct Kahan16Step {
+  static constexpr int FAMILY = cpd::GEMM_KAHAN16;
+  static constexpr bool REDO = true;
+  cpd::FormatF mg, ag;
+  struct Acc {
+    float s, c;
+  };
+  __device__ __forceinline__ void init(Acc& x) const { x.s = x.c = 0.0f; }
+  __device__ __forceinline__ void step(Acc& x, float a, float b) const {
+    cpd::gemm_kahan16_step(x.s, x.c, a, b, mg, ag);
+  }
+  __device__ __forceinline__ bool redo(float s) const { return cpd::gemm_redo(s); }
+};
+
+// Row (column) of the i-th output of thread t along M (N): groups of 4, 64 apart.
+__device__ __forceinline__ int own(int t, int i) { return (i >> 2) * 64 + t * 4 + (i & 3); }
+
+template <int R>
+struct alignas(16) Tiles {  // 16-byte rows: float4 loads
+  static constexpr int T = 16 * R;
+  float a[2][CPD_FK][T + 4];
+  float b[2][CPD_FK][T + 4];
+};
+
+template <class Step, int R>
+__device__ __forceinline__ void family_gemm(const float* __restrict__ a, const float* __restrict__ b,
+                                            float* __restrict__ y, long long B, long long M, long long K, long long N,
+                                            const cpd::DotSpec& d, const Step& st, unsigned long long seed,
+                                            unsigned long long offset, Tiles<R>& sh) {
+  constexpr int T = 16 * R, PER = T * CPD_FK / CPD_THREADS;  // copies per thread and operand
+  const int tx = (int)(threadIdx.x % 16u), ty = (int)(threadIdx.x / 16u);
+  const bool mine = cpd::gemm_family(d) == Step::FAMILY;
+  const long long tiles_m = (M + T - 1) / T, tiles_n = (N + T - 1) / T, tiles = B * tiles_m * tiles_n;
+  const long long full = K / CPD_FK;
+  const int tail = (int)(K - full * CPD_FK);
+  for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const long long bi = t / (tiles_m * tiles_n), rest = t - bi * tiles_m * tiles_n;
+    const long long m0 = (rest / tiles_n) * T, n0 = (rest % tiles_n) * T;
+    const float* ab = a + bi * M * K;
+    const float* bb = b + bi * K * N;
+    // Stage the next slice into buffer buf: A coalesced along K (8 floats per row), B along N.
+    // Each thread copies fixed rows (columns) of the tile: their pointers, advanced by one slice per
+    // stage, and row/column checks are set once per tile; `left` = K - the slice's first k.
+    const float* ap[PER];
+    const float* bp[PER];
+    int akk[PER], bkk[PER];
+#pragma unroll
+    for (int r = 0; r < PER; ++r) {
+      const int e = (int)threadIdx.x + r * CPD_THREADS;
+      akk[r] = m0 + e / CPD_FK < M ? e % CPD_FK : CPD_FK;  // CPD_FK: the row is outside A, never copied
+      bkk[r] = n0 + e % T < N ? e / T : CPD_FK;
+      ap[r] = ab + (akk[r] < CPD_FK ? (m0 + e / CPD_FK) * K + akk[r] : 0);
+      bp[r] = bb + (bkk[r] < CPD_FK ? bkk[r] * N + n0 + e % T : 0);
+    }
+    auto stage = [&](int buf, long long left) {
+      const int lim = left < CPD_FK ? (int)left : CPD_FK;  // kk < lim are inside A and B
+#pragma unroll
+      for (int r = 0; r < PER; ++r) {
+        const int e = (int)threadIdx.x + r * CPD_THREADS;
+        if (akk[r] < lim) cpd::copy_async4(&sh.a[buf][e % CPD_FK][e / CPD_FK], ap[r]);
+        if (bkk[r] < lim) cpd::copy_async4(&sh.b[buf][e / T][e % T], bp[r]);
+        ap[r] += CPD_FK;
+        bp[r] += CPD_FK * N;
+      }
+      cpd::copy_commit();
+    };
+    typename Step::Acc acc[R][R];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int j = 0; j < R; ++j) st.init(acc[i][j]);
+    auto compute = [&](int buf, int kk) {
+      float av[R], bv[R];
+#pragma unroll
+      for (int q = 0; q < R / 4; ++q) {
+        const float4 va = *reinterpret_cast<const float4*>(&sh.a[buf][kk][q * 64 + ty * 4]);
+        const float4 vb = *reinterpret_cast<const float4*>(&sh.b[buf][kk][q * 64 + tx * 4]);
+        av[4 * q] = va.x, av[4 * q + 1] = va.y, av[4 * q + 2] = va.z, av[4 * q + 3] = va.w;
+        bv[4 * q] = vb.x, bv[4 * q + 1] = vb.y, bv[4 * q + 2] = vb.z, bv[4 * q + 3] = vb.w;
+      }
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < R; ++j) st.step(acc[i][j], av[i], bv[j]);
+    };
+    stage(0, K);
+    cpd::copy_wait_all();
+    __syncthreads();
+    for (long long s = 0; s < full; ++s) {
+      const int cb = (int)(s & 1);
+      if ((s + 1) * CPD_FK < K) stage(cb ^ 1, K - (s + 1) * CPD_FK);  // the next slice, full or partial
+#pragma unroll
+      for (int kk = 0; kk < CPD_FK; ++kk) compute(cb, kk);
+      cpd::copy_wait_all();
+      __syncthreads();  // the next slice is in; this one is read by all before it is overwritten
+    }
+    for (int kk = 0; kk < tail; ++kk) compute((int)(full & 1), kk);
+    __syncthreads();  // the next tile's first stage overwrites buffer 0
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        const long long gm = m0 + own(ty, i), gn = n0 + own(tx, j);
+        if (gm < M && gn < N) y[(bi * M + gm) * N + gn] = acc[i][j].s;
+      }
+    // The outputs to redo, from y (this thread's own stores): no accumulator lives across the call.
+    if (!mine || Step::REDO)
+      for (int i = 0; i < R; ++i)
+        for (int j = 0; j < R; ++j) {
+          const long long gm = m0 + own(ty, i), gn = n0 + own(tx, j), o = (bi * M + gm) * N + gn;
+          if (gm < M && gn < N && (!mine || st.redo(y[o])))
+            y[o] = dot_output(ab + gm * K, bb + gn, N, K, (unsigned long long)o, d, seed, offset);
+        }
+  }
+}
+
+}  // namespace
+
+// The family kernels' parameters are cpd_matmul_tiled's; R: the register tile (R x R outputs per
+// thread), sized per family so that nothing spills (tests/test_cuda.py, ptxas at sm_80 and sm_90).
+#define CPD_FAMILY_KERNEL(NAME, STEP, R, MINB, MAKE)                                                             \
+  extern "C" __global__ void __launch_bounds__(CPD_THREADS, MINB)                                              \
+      NAME(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, long long B,         \
+           long long M, long long K, long long N, int has_mul, int mexp, int mman, int mbias, int mspecials,     \
+           int msubnormals, int aexp, int aman, int abias, int aspecials, int asubnormals, int kahan, int block, \
+           int mode, int saturate, int sr_bits, unsigned long long seed, unsigned long long offset) {            \
+    const cpd::Format mf = cpd::make_format(mexp, mman, mbias, mspecials, msubnormals, saturate);               \
+    const cpd::Format af = cpd::make_format(aexp, aman, abias, aspecials, asubnormals, saturate);               \
+    const cpd::DotSpec d = cpd::make_dot_spec(mf, has_mul, af, kahan, block, mode, sr_bits);                    \
+    __shared__ Tiles<R> sh;                                                                                     \
+    STEP st;                                                                                                    \
+    MAKE;                                                                                                       \
+    family_gemm<STEP, R>(a, b, y, B, M, K, N, d, st, seed, offset, sh);                                         \
+  }
+
+CPD_FAMILY_KERNEL(cpd_matmul_chain, ChainStep, 8, 2, (void)0)
+CPD_FAMILY_KERNEL(cpd_matmul_lanes, LanesStep, 4, 2, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_kahan, KahanStep, 4, 2, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_lanes16, Lanes16Step, 4, 2,
+                  (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_kahan16, Kahan16Step, 4, 2,
+                  (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))

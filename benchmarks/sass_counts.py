@@ -1,0 +1,140 @@
+"""Static instruction counts of the GEMM kernels' inner loops, from the NVRTC cubin (no GPU needed).
+
+    PYTHONPATH=. python benchmarks/sass_counts.py [--arch sm_90]
+
+Compiles ``cuda/kernels/matmul.cu`` with NVRTC (``cpd._cuda.compile_source``, cached), disassembles it
+with ``cuobjdump -sass`` (pip: ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm``; their
+``nvidia/cu13/bin`` is found in site-packages, or on ``PATH``), finds each family kernel's inner loop
+(the innermost loop holding a barrier: one full K slice, kk unrolled) and prints its SASS
+instructions per multiply-accumulate of one output (loop instructions / (CPD_FK x R x R)), next to
+the issue's goals. Nothing is executed: this is the instruction budget a GPU would issue per step,
+so a change that bloats a loop shows up on any machine (tests/test_sass_counts.py checks the goals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+#: kernel -> (what it runs, MACs of one output per iteration of its inner loop: CPD_FK x R x R,
+#: the issue's goal per MAC or None).
+#: CPD_FK = 8 (matmul.cu); R = 8 for the chain, 4 for the rounding families.
+FAMILIES = {
+    "cpd_matmul_chain": ("float32 chain (mul=None, acc=FP32)", 8 * 8 * 8, 1.5),
+    "cpd_matmul_lanes16": ("E5M2/E4M3 -> binary16 (5,10)", 8 * 4 * 4, 12.0),
+    "cpd_matmul_kahan16": ("Kahan, E5M2/E4M3 -> binary16", 8 * 4 * 4, 30.0),
+    "cpd_matmul_lanes": ("other <= 11-bit accumulators", 8 * 4 * 4, None),
+    "cpd_matmul_kahan": ("Kahan, other <= 11-bit accumulators", 8 * 4 * 4, None),
+}
+
+_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_BRA = re.compile(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
+
+
+def tool(name: str) -> str | None:
+    """``cuobjdump`` / ``nvdisasm`` from PATH or the pip wheels' nvidia/cu*/bin."""
+    found = shutil.which(name)
+    if found:
+        return found
+    import site
+
+    for base in site.getsitepackages() + [site.getusersitepackages()]:
+        for p in sorted(Path(base).glob(f"nvidia/cu*/bin/{name}")) + sorted(Path(base).glob(f"nvidia/*/bin/{name}")):
+            if os.access(p, os.X_OK):
+                return str(p)
+    return None
+
+
+def available() -> bool:
+    return tool("cuobjdump") is not None and tool("nvdisasm") is not None
+
+
+def sass(cubin: bytes) -> dict[str, list[tuple[int, str, str]]]:
+    """{function: [(address, opcode, operands)]} of a cubin, by ``cuobjdump -sass``."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(tool("nvdisasm")).parent) + os.pathsep + env.get("PATH", "")
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(cubin)
+        text = subprocess.run([tool("cuobjdump"), "-sass", str(path)], capture_output=True, text=True, check=True,
+                              env=env).stdout
+    out, cur = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Function : (\w+)", line)
+        if m:
+            cur = out.setdefault(m.group(1), [])
+            continue
+        m = _INSN.search(line)
+        if m and cur is not None and (m.group(2) or "").strip() != "@!PT":  # @!PT: never issued
+            cur.append((int(m.group(1), 16), m.group(3), m.group(4)))
+    return out
+
+
+def loops(insns) -> list[tuple[int, int]]:
+    """(first, last) indices of every loop: a backward branch and its target."""
+    index = {addr: i for i, (addr, _, _) in enumerate(insns)}
+    found = []
+    for i, (addr, op, rest) in enumerate(insns):
+        m = _BRA.search(op + rest) if op == "BRA" else None
+        if m:
+            target = int(m.group(1), 16)
+            if target <= addr and target in index:
+                found.append((index[target], i))
+    return found
+
+
+def inner_loop(insns) -> tuple[int, int]:
+    """The K-slice loop: the innermost loop (no other loop inside it) that holds a barrier
+    (BAR.SYNC: __syncthreads between slices), the largest if several."""
+    ls = [(a, b) for a, b in loops(insns) if any(op.startswith("BAR.") for _, op, _ in insns[a:b + 1])]
+    inner = [(a, b) for a, b in ls if not any((a <= c and d <= b) and (c, d) != (a, b) for c, d in ls)]
+    return max(inner, key=lambda ab: ab[1] - ab[0])
+
+
+def counts(arch: str = "sm_90") -> dict[str, dict]:
+    """{kernel: {"insns", "macs", "per_mac", "goal", "label", "ops"}} for the family kernels."""
+    from cpd import _cuda
+
+    functions = sass(_cuda.compile_source("matmul.cu", arch))
+    out = {}
+    for name, (label, macs, goal) in FAMILIES.items():
+        insns = functions[name]
+        a, b = inner_loop(insns)
+        body = [op for _, op, _ in insns[a:b + 1] if op != "NOP"]
+        ops: dict[str, int] = {}
+        for op in body:
+            key = op.split(".")[0]
+            ops[key] = ops.get(key, 0) + 1
+        out[name] = {"label": label, "insns": len(body), "macs": macs, "per_mac": len(body) / macs, "goal": goal,
+                     "ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", default="sm_90")
+    args = p.parse_args(argv)
+    if not available():
+        print("cuobjdump/nvdisasm not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+        return 0
+    from cpd import _cuda
+
+    if not _cuda.available():
+        print("NVRTC (cuda-bindings) not installed")
+        return 0
+    print(f"SASS per multiply-accumulate of one output, inner loop of matmul.cu at {args.arch}:")
+    for name, c in counts(args.arch).items():
+        top = ", ".join(f"{k} {v}" for k, v in list(c["ops"].items())[:6])
+        print(f"  {name:18s} {c['label']:42s} {c['insns']:5d} / {c['macs']:4d} = {c['per_mac']:6.2f}"
+              f"  (goal {'<= ' + str(c['goal']) if c['goal'] else '-'})  [{top}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

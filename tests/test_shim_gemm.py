@@ -1,0 +1,203 @@
+"""The GEMM family kernels (cuda/kernels/matmul.cu: cpd_matmul_chain, _lanes, _kahan; their steps in
+cuda/include/cpd/gemm.h), executed on the host by the shim, give the CPU extension's generic steps'
+bits (path 1: dot_step on float32 bits, itself checked against exact oracles in test_matmul.py).
+
+Invariants defended (no GPU needed):
+* each family kernel equals the generic steps on ragged shapes (M, N, K not multiples of the tiles
+  or of the K slice, K = 0 and 1, batches), on inputs spread over every float32 binade, subnormal
+  products and sums, overflow, signed zeros, and inf/NaN operands (a chain output ending as NaN is
+  redone by the generic steps, so even NaN bits agree);
+* the binary16 families (LANES16, KAHAN16) round on the host with round_f, the function the
+  GPU's cvt.rn.f16.f32 computes; that instruction itself is checked only on a GPU (cuda mark);
+* a spec outside a kernel's family still gets the generic bits there (the kernels' safety net);
+* cpd/_kernels.py matmul_family routes exactly the specs of gemm.h's predicates to each kernel.
+Shapes are small: the shim runs GPU threads one after another on one core.
+"""
+
+import pytest
+import torch
+
+import cpd
+from cpd import _cpu, _kernels, _shim
+from cpd.ops import _fmt_args
+
+pytestmark = pytest.mark.skipif(not _shim.available(), reason="no host C++ compiler for the shim")
+
+G = _kernels.Geometry
+F510 = cpd.FloatFormat(5, 10)
+FAMILY_CASES = {
+    "chain": [dict(acc=cpd.FP32)],
+    "lanes16": [dict(mul=cpd.E5M2, acc=F510), dict(mul=cpd.E4M3, acc=cpd.FP16), dict(mul=cpd.E4M3FN, acc=cpd.FP16)],
+    "kahan16": [dict(mul=cpd.E5M2, acc=F510, kahan=True), dict(mul=cpd.E4M3, acc=cpd.FP16, kahan=True)],
+    "lanes": [dict(mul=cpd.FloatFormat(4, 3, subnormals=False), acc=cpd.FloatFormat(6, 9)),
+              dict(mul=cpd.FloatFormat(5, 2, subnormals=False), acc=F510)],
+    "kahan": [dict(mul=cpd.E4M3, acc=cpd.FloatFormat(6, 9), kahan=True)],
+}
+SEED = (0x123456789ABCDEF, 7)
+
+
+def exact(a, b):
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
+
+
+def same_bits(a, b):
+    """Equal bits, except that a NaN matches any NaN: the CPU extension's NaN from inf - inf carries
+    the host's sign (x86: negative), also against the simple kernel; NaN bits are checked exactly
+    against the generic steps on the same device (``run``)."""
+    nan = torch.isnan(a)
+    return exact(torch.where(nan, 0.0, a), torch.where(torch.isnan(b), 0.0, b)) and torch.equal(nan, torch.isnan(b))
+
+
+def launch(a, b, kw, kernel, geometry=G()):
+    mul, acc = kw.get("mul"), kw["acc"]
+    out = torch.full((a.shape[0], a.shape[1], b.shape[2]), 3.0)
+    _kernels.matmul(a, b, out, None if mul is None else _fmt_args(mul), _fmt_args(acc), kw.get("kahan", False), 0, 0,
+                    False, 32, *SEED, _shim.launch, geometry, kernel=kernel)
+    return out
+
+
+def run(a, b, kw, kernel, geometry=G()):
+    """(CPU generic steps, shim kernel) of the same round-to-nearest matmul; the kernel's bits are
+    also those of the generic steps on the same device (cpd_matmul_simple), NaN bits included."""
+    mul, acc = kw.get("mul"), kw["acc"]
+    B, M, _ = a.shape
+    want = torch.empty(B, M, b.shape[2])
+    _cpu.extension().matmul_out(a, b, want, mul is not None, *_fmt_args(mul or acc), *_fmt_args(acc),
+                                kw.get("kahan", False), 0, 0, False, 32, *SEED, 1)
+    got = launch(a, b, kw, kernel, geometry)
+    assert exact(got, launch(a, b, kw, "simple")), (kernel, kw)
+    return want, got
+
+
+def spread(shape, seed, lo=-30, hi=30):
+    """Random signs and mantissas over the binades 2^lo .. 2^hi."""
+    g = torch.Generator().manual_seed(seed)
+    m = torch.rand(shape, generator=g) + 1.0
+    e = torch.randint(lo, hi + 1, shape, generator=g).float()
+    s = torch.randint(0, 2, shape, generator=g).float() * 2 - 1
+    return s * m * torch.exp2(e)
+
+
+def cases():
+    return [(fam, kw) for fam, kws in FAMILY_CASES.items() for kw in kws]
+
+
+def ids(case):
+    fam, kw = case
+    return fam + "-" + "-".join(f"{n}={getattr(v, 'name', v)}" for n, v in kw.items())
+
+
+# ------------------------------------------------------------------------------------ routing
+def test_matmul_family_routes_by_the_headers_predicates():
+    f = lambda x: None if x is None else _fmt_args(x)  # noqa: E731
+    fam = lambda mul, acc, kahan=False, block=0, mode=0, sat=False: _kernels.matmul_family(  # noqa: E731
+        f(mul), f(acc), kahan, block, mode, sat)
+    for family, kws in FAMILY_CASES.items():
+        for kw in kws:
+            assert fam(kw.get("mul"), kw["acc"], kw.get("kahan", False)) == family, kw
+    # float32 chain: only float32 itself, nearest, no saturation, no Kahan, no blocks
+    assert fam(None, cpd.FP32, sat=True) == "tiled"
+    assert fam(None, cpd.FP32, kahan=True) == "tiled"
+    assert fam(None, cpd.FP32, block=4) == "tiled"
+    assert fam(None, cpd.FP32, mode=1) == "tiled"
+    assert fam(None, cpd.FloatFormat(8, 23, subnormals=False)) == "tiled"
+    assert fam(None, cpd.FP16) == "tiled"
+    # lanes: accumulators of <= 11 bits whose quanta are float32 normals; mul values within acc
+    assert fam(cpd.E5M2, cpd.BF16) == "tiled"          # BF16's quantum 2^-133: not add_fast_applies
+    assert fam(cpd.BF16, cpd.FP16) == "tiled"          # BF16 values are not FP16 values
+    assert fam(cpd.E5M2, cpd.E4M3) == "tiled"          # E5M2's range exceeds E4M3's
+    assert fam(cpd.E4M3, cpd.FloatFormat(8, 12)) == "tiled"  # 13 bits: Figueroa's bound fails
+    assert fam(cpd.E4M3FNUZ, cpd.FP16) == "tiled"      # not a plain convention
+    assert fam(cpd.E5M2, F510, mode=2) == "tiled"
+    assert fam(cpd.E5M2, F510, block=2) == "tiled"
+
+
+def test_kernel_name_is_checked():
+    a = torch.zeros(1, 1, 1)
+    with pytest.raises(ValueError, match="kernel must be"):
+        _kernels.matmul(a, a, a.clone(), None, _fmt_args(cpd.FP32), False, 0, 0, False, 32, 0, 0, _shim.launch,
+                        kernel="fast")
+
+
+# ------------------------------------------------------------------------------------ bits
+@pytest.mark.parametrize("case", cases(), ids=ids)
+@pytest.mark.parametrize("shape", [(1, 1, 0, 1), (1, 1, 1, 1), (2, 5, 9, 7), (1, 17, 8, 3), (1, 66, 19, 70),
+                                   (1, 130, 17, 129)])
+def test_family_shapes(case, shape):
+    """Ragged tiles in M and N, K = 0, 1, a multiple of the slice and a partial last slice, batches."""
+    fam, kw = case
+    B, M, K, N = shape
+    if fam != "chain" and M * N > 2000:
+        shape = (B, 65, K, 66)
+        M, N = 65, 66
+    a, b = torch.randn(B, M, K, generator=torch.Generator().manual_seed(M)), spread((B, K, N), K, -8, 8)
+    want, got = run(a, b, kw, fam, G(256, 3))
+    assert same_bits(got, want), (shape, kw)
+
+
+@pytest.mark.parametrize("case", cases(), ids=ids)
+def test_family_every_binade_and_specials(case):
+    """Inputs over every float32 binade (the products over float32's range and beyond it: overflow
+    to inf, subnormal products and sums), signed zeros, cancellation, inf and NaN operands."""
+    fam, kw = case
+    B, M, K, N = 2, 9, 37, 10
+    a = spread((B, M, K), 1, -75, 64)
+    b = spread((B, K, N), 2, -75, 64)
+    a[0, 0] = torch.exp2(torch.arange(-149.0, -149.0 + K))         # subnormal products
+    a[0, 1] = 0.0
+    a[0, 2] = -0.0                                                 # signed zero sums
+    b[0, :, 3] = -b[0, :, 4]                                       # exact cancellation
+    a[0, 3, 5], a[0, 4, 6], a[0, 5, 7] = float("inf"), -float("inf"), float("nan")
+    a[0, 6, 1], b[0, 1, 2] = float("inf"), 0.0                      # 0 * inf
+    a[1, 7] = 3e38                                                 # overflow mid-sum
+    b[1, :, 5] = torch.tensor([(-1.0) ** k for k in range(K)])
+    a[1, 8] = torch.exp2(torch.arange(-120.0, -120.0 + K))
+    b[1, :, 6] = 2.0 ** -25                                         # sums in float32's subnormal range
+    want, got = run(a, b, kw, fam, G(256, 2))
+    assert same_bits(got, want), kw
+    want, got = run(a.transpose(1, 2).contiguous(), b.transpose(1, 2).contiguous(), kw, fam, G(256, 1))
+    assert same_bits(got, want), kw
+
+
+@pytest.mark.parametrize("case", cases(), ids=ids)
+def test_family_values_of_the_formats(case):
+    """Operands that are values of the mul format (products near the accumulator's ties) and long
+    sums that overflow and underflow the accumulator."""
+    fam, kw = case
+    fmt = kw.get("mul") or cpd.BF16
+    B, M, K, N = 1, 7, 200, 9
+    a = cpd.cast(spread((B, M, K), 5, -20, 12), fmt)
+    b = cpd.cast(spread((B, K, N), 6, -20, 12), fmt)
+    want, got = run(a, b, kw, fam)
+    assert same_bits(got, want), kw
+
+
+@pytest.mark.parametrize("kernel", sorted(_kernels.FAMILY_KERNELS))
+def test_spec_outside_the_family_gets_the_generic_bits(kernel):
+    """A family kernel launched for another spec (the Python route and the header disagree) runs the
+    generic steps for every output: right bits, only slower."""
+    g = torch.Generator().manual_seed(11)
+    a, b = torch.randn(2, 9, 12, generator=g), torch.randn(2, 12, 5, generator=g)
+    for kw in (dict(acc=cpd.BF16, kahan=True), dict(mul=cpd.E5M2, acc=cpd.BF16), dict(acc=cpd.FP32)):
+        if _kernels.matmul_family(None if kw.get("mul") is None else _fmt_args(kw["mul"]), _fmt_args(kw["acc"]),
+                                  kw.get("kahan", False), 0, 0, False) == kernel:
+            continue
+        want, got = run(a, b, kw, kernel)
+        assert same_bits(got, want), kw
+
+
+def test_auto_routes_and_matches():
+    """kernel='auto' (the default) picks the family kernel; the bits are the generic ones."""
+    seen = []
+    def spy(launch, device):
+        seen.append(launch.name)
+        _shim.launch(launch, device)
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(1, 6, 10, generator=g), torch.randn(1, 10, 4, generator=g)
+    for fam, kws in FAMILY_CASES.items():
+        kw = kws[0]
+        want = launch(a, b, kw, "simple")
+        got = torch.empty_like(want)
+        _kernels.matmul(a, b, got, None if kw.get("mul") is None else _fmt_args(kw["mul"]), _fmt_args(kw["acc"]),
+                        kw.get("kahan", False), 0, 0, False, 32, *SEED, spy)
+        assert exact(got, want) and seen[-1] == _kernels.FAMILY_KERNELS[fam][0], (fam, seen)
