@@ -122,9 +122,10 @@ constexpr int64_t kSrBlocks = 96;  // blocks per span: 384 elements (a multiple 
 static_assert(kSrBlocks % kPhiloxCallBlocks == 0, "a span is whole Philox calls");
 
 // dst[i] = the stochastic cast of xb[i] with words[i], i < m (FAST: SUB says whether the span
-// has an element in region S, cast_span_fast; else the generic cast).
+// has an element in region S, cast_span_fast; else the generic cast). xb and dst may be the same
+// array (an in-place cast): no __restrict on them.
 template <bool FAST, bool SUB>
-inline void cast_sr_words(const float* __restrict xb, float* __restrict dst, int64_t m, const cpd::Format& g,
+inline void cast_sr_words(const float* xb, float* dst, int64_t m, const cpd::Format& g,
                           const uint32_t* __restrict words, int sr_bits) {
   for (int64_t i = 0; i < m; ++i) {
     const uint32_t u = cpd::bits_of(xb[i]);
