@@ -61,6 +61,7 @@ SELECTION = [
     "tests/test_native.py::test_every_16_bit_value",
     "tests/test_stochastic.py",
     "tests/test_cast_stream.py",
+    "tests/test_cast_fused_sr.py",
     "tests/test_arith_fast.py",
     "tests/test_matmul.py::test_float32_lane_path_equals_generic_path",
     "tests/test_matmul.py::test_fused_lane_path_equals_generic_path",

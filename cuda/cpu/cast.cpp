@@ -85,10 +85,12 @@ void cast_out(const at::Tensor& x, at::Tensor& out, int64_t exp, int64_t man, in
 }
 
 namespace {
-template <typename Code, int MODE, bool FAST>
+// PLAIN: the format's conventions as constants (cast_loops.h plain_format: the same numerics
+// functions on the same values, with the convention selects folded away).
+template <typename Code, int MODE, bool FAST, bool PLAIN>
 void encode_loop(const float* x, Code* c, int64_t n, const cpd::Format f) {
   cpd_cpu::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
-    const cpd::Format g = f;
+    const cpd::Format g = cpd_cpu::loop_format<PLAIN>(f);
     // Local restrict pointers: a store through a uint8_t pointer may alias anything, including
     // the lambda's captures, which would otherwise be reloaded every element (no vectorization).
     const float* __restrict xr = x;
@@ -100,25 +102,27 @@ void encode_loop(const float* x, Code* c, int64_t n, const cpd::Format f) {
   });
 }
 
-template <typename Code, bool FAST>
+template <typename Code, bool FAST, bool PLAIN>
 void encode_path(const float* x, Code* c, int64_t n, const cpd::Format f, int64_t mode) {
   switch (mode) {
-    case cpd::NEAREST: encode_loop<Code, cpd::NEAREST, FAST>(x, c, n, f); break;
-    case cpd::TOWARD_ZERO: encode_loop<Code, cpd::TOWARD_ZERO, FAST>(x, c, n, f); break;
-    case cpd::UP: encode_loop<Code, cpd::UP, FAST>(x, c, n, f); break;
-    case cpd::DOWN: encode_loop<Code, cpd::DOWN, FAST>(x, c, n, f); break;
-    case cpd::NEAREST_AWAY: encode_loop<Code, cpd::NEAREST_AWAY, FAST>(x, c, n, f); break;
-    case cpd::ODD: encode_loop<Code, cpd::ODD, FAST>(x, c, n, f); break;
+    case cpd::NEAREST: encode_loop<Code, cpd::NEAREST, FAST, PLAIN>(x, c, n, f); break;
+    case cpd::TOWARD_ZERO: encode_loop<Code, cpd::TOWARD_ZERO, FAST, PLAIN>(x, c, n, f); break;
+    case cpd::UP: encode_loop<Code, cpd::UP, FAST, PLAIN>(x, c, n, f); break;
+    case cpd::DOWN: encode_loop<Code, cpd::DOWN, FAST, PLAIN>(x, c, n, f); break;
+    case cpd::NEAREST_AWAY: encode_loop<Code, cpd::NEAREST_AWAY, FAST, PLAIN>(x, c, n, f); break;
+    case cpd::ODD: encode_loop<Code, cpd::ODD, FAST, PLAIN>(x, c, n, f); break;
     default: TORCH_CHECK(false, "cpd: encode takes a deterministic rounding mode, got ", mode);
   }
 }
 
 template <typename Code>
 void encode_mode(const float* x, Code* c, int64_t n, const cpd::Format f, int64_t mode) {
-  if (f.fast)
-    encode_path<Code, true>(x, c, n, f, mode);
+  if (cpd_cpu::plain_format_applies(f))
+    encode_path<Code, true, true>(x, c, n, f, mode);
+  else if (f.fast)
+    encode_path<Code, true, false>(x, c, n, f, mode);
   else
-    encode_path<Code, false>(x, c, n, f, mode);
+    encode_path<Code, false, false>(x, c, n, f, mode);
 }
 
 template <typename Code>

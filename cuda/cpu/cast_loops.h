@@ -13,8 +13,9 @@
 //     stores (stream_store.h): each span of results is formed in an L1 buffer, then stored by
 //     stream_out; each range ends with stream_fence(), so the results are globally visible
 //     before parallel_for returns.
-//   * Stochastic rounding: the Philox words of kSrBlocks blocks go to a 1.5 KiB buffer (L1),
-//     then the cast of their elements reads them (one fused pass over x and y).
+//   * Stochastic rounding: the Philox words of one vector Philox call (kPhiloxCallBlocks blocks)
+//     go to a small buffer and the cast of their elements reads them at once: the Philox work
+//     overlaps the loads and stores (cast_sr_range).
 #ifndef CPD_CPU_CAST_LOOPS_H
 #define CPD_CPU_CAST_LOOPS_H
 
@@ -107,15 +108,59 @@ void cast_det_range(const float* x, float* y, int64_t lo, int64_t hi, const cpd:
 // ------------------------------------------------------------------------------------------
 // Stochastic rounding: one Philox call serves four consecutive elements (block i >> 2).
 // cpd_cpu::philox_blocks (philox_simd.h: AVX-512, AVX2, SSE4.1 or NEON lanes, else scalar) writes
-// the words of kSrBlocks blocks in element order, words[4k + j] = random_word(4 (b0 + k) + j):
-// the words of cpd::philox4x32_10, bit for bit.
-constexpr int64_t kSrBlocks = 96;  // blocks per buffer: 384 words, 1.5 KiB, stays in L1 (a multiple of
-                                   // the vector Philox's 6 (SSE4.1), 12 (AVX2), 16 (NEON) and 32
-                                   // (AVX-512) blocks)
+// the words of nb blocks in element order, words[4k + j] = random_word(4 (b0 + k) + j): the
+// words of cpd::philox4x32_10, bit for bit.
+//
+// Fused: the words are drawn one vector Philox call at a time (kPhiloxCallBlocks blocks: 32 on
+// AVX-512, 12 on AVX2, 6 on SSE4.1, 16 on NEON) into a buffer of a few hundred bytes, and the
+// elements of those blocks are cast at once, reading them back from the store buffer / L1. Each
+// step's integer Philox work (multiplies, shifts, xors) is then a few hundred instructions from
+// the loads, casts and stores of its elements, inside the out-of-order window, so that the two
+// overlap; words drawn for a whole span first and cast after (the loop before this one) ran the
+// Philox work with no memory traffic in flight, and the two costs added up.
+constexpr int64_t kSrBlocks = 96;  // blocks per span: 384 elements (a multiple of every kPhiloxCallBlocks)
+static_assert(kSrBlocks % kPhiloxCallBlocks == 0, "a span is whole Philox calls");
 
-// The blocks [blo, bhi) of a stochastic cast of n elements: the words of kSrBlocks blocks into a
-// buffer, then the cast of their 4 * kSrBlocks elements (a span on the fast path, a straight loop
-// on the generic one); the last, partial block (n % 4 elements) one element at a time.
+// dst[i] = the stochastic cast of xb[i] with words[i], i < m (FAST: SUB says whether the span
+// has an element in region S, cast_span_fast; else the generic cast). xb and dst may be the same
+// array (an in-place cast): no __restrict on them.
+template <bool FAST, bool SUB>
+inline void cast_sr_words(const float* xb, float* dst, int64_t m, const cpd::Format& g,
+                          const uint32_t* __restrict words, int sr_bits) {
+  for (int64_t i = 0; i < m; ++i) {
+    const uint32_t u = cpd::bits_of(xb[i]);
+    dst[i] = cpd::float_of(!FAST ? cpd::cast_bits_generic(u, g, cpd::STOCHASTIC, words[i], sr_bits)
+                           : SUB ? cpd::cast_bits_fast(u, g, cpd::STOCHASTIC, words[i], sr_bits)
+                                 : cpd::cast_bits_fast_normal(u, g, cpd::STOCHASTIC, words[i], sr_bits));
+  }
+}
+
+// The blocks [b0, b0 + nb) of a span: one Philox call's words, then the cast of its elements.
+// A whole call (the span's body) casts a constant count (no remainder loop). The loop format is
+// made here, from f (PLAIN: loop_format), so that its constants fold whether or not the compiler
+// inlines this function into cast_sr_range (a shared out-of-line copy taking the format by
+// reference ran every convention select: measured 3.0-3.5x a copy instead of 2.0x).
+template <bool FAST, bool PLAIN, bool SUB>
+inline void cast_sr_span(const float* xb, float* dst, uint64_t b0, int64_t nb, const cpd::Format& f, int sr_bits,
+                         uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  const cpd::Format g = loop_format<PLAIN>(f);
+  alignas(64) uint32_t words[4 * kPhiloxCallBlocks];
+  int64_t k = 0;
+  for (; k + kPhiloxCallBlocks <= nb; k += kPhiloxCallBlocks) {
+    philox_blocks(b0 + (uint64_t)k, kPhiloxCallBlocks, c2, c3, k0, k1, words);
+    cast_sr_words<FAST, SUB>(xb + 4 * k, dst + 4 * k, 4 * kPhiloxCallBlocks, g, words, sr_bits);
+  }
+  if (k < nb) {
+    philox_blocks(b0 + (uint64_t)k, nb - k, c2, c3, k0, k1, words);
+    cast_sr_words<FAST, SUB>(xb + 4 * k, dst + 4 * k, 4 * (nb - k), g, words, sr_bits);
+  }
+}
+
+// The blocks [blo, bhi) of a stochastic cast of n elements, kSrBlocks blocks (a span) at a time:
+// on the fast path a scan of the span for region S first (cast_span_fast's choice), then
+// cast_sr_span; the last, partial block (n % 4 elements) one element at a time. The scan reads
+// the span before any of it is written (an in-place cast stays correct: each element is read
+// before it is written in the cast too).
 template <bool FAST, bool PLAIN, bool STREAM>
 void cast_sr_range(const float* x, float* y, int64_t n, int64_t blo, int64_t bhi, const cpd::Format& f, int sr_bits,
                    uint64_t seed, uint64_t offset) {
@@ -123,19 +168,16 @@ void cast_sr_range(const float* x, float* y, int64_t n, int64_t blo, int64_t bhi
   const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
   const uint32_t c2 = (uint32_t)offset, c3 = (uint32_t)(offset >> 32);
   const int64_t full_hi = std::min(bhi, n / 4);
-  alignas(64) uint32_t words[4 * kSrBlocks];
   alignas(64) float buf[STREAM ? 4 * kSrBlocks : 1];
   for (int64_t b0 = blo; b0 < full_hi; b0 += kSrBlocks) {
     const int64_t nb = std::min(kSrBlocks, full_hi - b0);
-    cpd_cpu::philox_blocks((uint64_t)b0, nb, c2, c3, k0, k1, words);
     const float* xb = x + 4 * b0;
     float* dst = STREAM ? buf : y + 4 * b0;
-    if (FAST) {
-      cast_span_fast<cpd::STOCHASTIC>(xb, dst, 4 * nb, g, words, sr_bits);
-    } else {
-      for (int64_t i = 0; i < 4 * nb; ++i)
-        dst[i] = cpd::float_of(cpd::cast_bits_generic(cpd::bits_of(xb[i]), g, cpd::STOCHASTIC, words[i], sr_bits));
-    }
+    uint32_t any_sub = 0;
+    if (FAST)
+      for (int64_t i = 0; i < 4 * nb; ++i) any_sub |= (uint32_t)((cpd::bits_of(xb[i]) & ~cpd::SIGN) < g.min_normal_bits);
+    if (FAST && !any_sub) cast_sr_span<FAST, PLAIN, false>(xb, dst, (uint64_t)b0, nb, f, sr_bits, c2, c3, k0, k1);
+    else cast_sr_span<FAST, PLAIN, true>(xb, dst, (uint64_t)b0, nb, f, sr_bits, c2, c3, k0, k1);
     if (STREAM) stream_out(y + 4 * b0, buf, 4 * nb);
   }
   if (STREAM) stream_fence();

@@ -61,6 +61,20 @@ constexpr const char* isa_name() {
 #endif
 }
 
+// Blocks of one vector Philox call of philox_blocks on this build (its vector body runs whole
+// multiples of it; the fused stochastic cast, cast_loops.h, takes its words one call at a time).
+#if defined(__AVX512F__)
+constexpr int64_t kPhiloxCallBlocks = 32;  // 4 vectors of 8 blocks
+#elif defined(__AVX2__)
+constexpr int64_t kPhiloxCallBlocks = 12;  // 3 vectors of 4
+#elif defined(__SSE4_1__)
+constexpr int64_t kPhiloxCallBlocks = 6;   // 3 vectors of 2
+#elif defined(CPD_CPU_NEON)
+constexpr int64_t kPhiloxCallBlocks = 16;  // 4 vectors of 4
+#else
+constexpr int64_t kPhiloxCallBlocks = 4;   // scalar: 16 words
+#endif
+
 inline void philox_one(uint64_t b, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1, uint32_t* w4) {
   const cpd::U32x4 w = cpd::philox4x32_10((uint32_t)b, (uint32_t)(b >> 32), c2, c3, k0, k1);
   for (int j = 0; j < 4; ++j) w4[j] = w.v[j];
@@ -225,6 +239,7 @@ inline void philox_blocks(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uin
                           uint32_t* __restrict words) {
   int64_t k = 0;
 #if defined(__AVX512F__)
+  static_assert(kPhiloxCallBlocks == 8 * kGroups512, "one call of the vector body");
   // v01 lane k = [w1 | w0] of block k, v23 = [w3 | w2]; block k's four words are then 64-bit
   // lanes k of v01 and v23, interleaved by two permutes into 2 x 16 words.
   const __m512i lo4 = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0), hi4 = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
@@ -240,6 +255,7 @@ inline void philox_blocks(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uin
     }
   }
 #elif defined(__AVX2__)
+  static_assert(kPhiloxCallBlocks == 4 * kGroups256, "one call of the vector body");
   // v01 = [b0: w0 w1 | b1: w0 w1 || b2: ... | b3: ...], v23 the same for w2 w3; unpacking their
   // 64-bit halves gives [b0 | b2] and [b1 | b3], and two 128-bit permutes element order.
   for (; k + 4 * kGroups256 <= nb; k += 4 * kGroups256) {
@@ -255,6 +271,7 @@ inline void philox_blocks(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uin
     }
   }
 #elif defined(__SSE4_1__)
+  static_assert(kPhiloxCallBlocks == 2 * kGroups128, "one call of the vector body");
   // v01 = [b0: w0 w1 | b1: w0 w1], v23 the same for w2 w3; unpacking their 64-bit halves gives
   // the blocks in element order.
   for (; k + 2 * kGroups128 <= nb; k += 2 * kGroups128) {
@@ -270,6 +287,7 @@ inline void philox_blocks(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uin
   }
 #elif defined(CPD_CPU_NEON)
   constexpr int G = 4;
+  static_assert(kPhiloxCallBlocks == 4 * G, "one call of the vector body");
   for (; k + 4 * G <= nb; k += 4 * G) {
     uint32x4_t x[4][G];
     philox_neon<G>(b0 + (uint64_t)k, 1, c2, c3, k0, k1, x);

@@ -8,6 +8,12 @@
 //     cpd::cast_bits_generic to IEEE binary16, round to nearest, on every float32 value whose
 //     top 16 bits are anything and low bits are a few patterns (ties, near-ties, subnormals,
 //     overflow, infinities; NaN compared as NaN);
+//   * the stochastic cast with its Philox words drawn in the cast loop (cast_loops.h
+//     cast_sr_range, every PLAIN / STREAM / FAST combination that applies) equals cpd::cast_bits
+//     with random_word(i, seed, offset) element by element: lengths 0..67 and a few spans long,
+//     inputs and outputs at float offsets 0..3 of an aligned buffer, the blocks split between two
+//     ranges as two threads split them, IEEE, FN, FNUZ, unsigned P3109, E8M0, no-subnormal,
+//     man = 0 and a generic-path format;
 //   * the integer-lane rounding (AccI, round_lane_i) equals cast_bits_generic for BF16 and FP16
 //     on the same values;
 //   * Kahan's step on guarded lanes (kahan_guarded_lanes, round_lane_guarded) equals Kahan's step
@@ -19,9 +25,14 @@
 //       tests/cpp/simd_check.cpp -o /tmp/simd_check && /tmp/simd_check
 // Prints the ISA it was built for; exit status 0 when everything matches.
 #include <cstdint>
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
+#include <vector>
+
 #include "cpd/numerics.h"
+#include "cast_loops.h"
 #include "matmul_f32.h"
 #include "philox_simd.h"
 
@@ -133,9 +144,70 @@ static void check_kahan_guarded(const char* what, const cpd::Format& f) {
   }
 }
 
+// cast_sr_range<FAST, PLAIN, STREAM> over x[0 .. n) against the scalar reference.
+template <bool FAST, bool PLAIN, bool STREAM>
+static void check_sr_range(const char* what, const cpd::Format& f, const float* x, float* y, int64_t n, int64_t split,
+                           int sr_bits, u64 seed, u64 offset) {
+  const int64_t nblocks = (n + 3) / 4, mid = std::min(split, nblocks);
+  for (int64_t i = 0; i < n; ++i) y[i] = -1.0f;
+  cpd_cpu::cast_sr_range<FAST, PLAIN, STREAM>(x, y, n, mid, nblocks, f, sr_bits, seed, offset);  // the second thread
+  cpd_cpu::cast_sr_range<FAST, PLAIN, STREAM>(x, y, n, 0, mid, f, sr_bits, seed, offset);
+  for (int64_t i = 0; i < n; ++i) {
+    const u32 want = cpd::cast_bits(cpd::bits_of(x[i]), f, cpd::STOCHASTIC, cpd::random_word((u64)i, seed, offset), sr_bits);
+    if (!same(cpd::bits_of(y[i]), want)) fail(what, (u64)n, (u64)i, cpd::bits_of(x[i]));
+  }
+}
+
+static void check_fused_cast() {
+  const cpd::Format formats[] = {
+      cpd::make_format(5, 2, 15, cpd::SPECIALS_IEEE, 1, 0),   cpd::make_format(4, 3, 7, cpd::SPECIALS_FN, 1, 1),
+      cpd::make_format(8, 7, 127, cpd::SPECIALS_IEEE, 1, 0),  cpd::make_format(4, 3, 8, cpd::SPECIALS_FNUZ, 1, 0),
+      cpd::make_format(5, 2, 16, cpd::SPECIALS_P3109 + cpd::SPECIALS_UNSIGNED, 1, 0),
+      cpd::make_format(8, 0, 127, cpd::SPECIALS_FNU + cpd::SPECIALS_UNSIGNED, 1, 0),
+      cpd::make_format(4, 3, 7, cpd::SPECIALS_IEEE, 0, 0),    cpd::make_format(5, 0, 15, cpd::SPECIALS_IEEE, 1, 0),
+      cpd::make_format(3, 20, 129, cpd::SPECIALS_FN, 1, 0)};
+  std::vector<int64_t> lengths;
+  for (int64_t n = 0; n <= 67; ++n) lengths.push_back(n);
+  for (int64_t n : {383, 385, 4 * 96 * 3 + 5, 4099}) lengths.push_back(n);
+  const int64_t cap = 4200 + 16;
+  std::vector<float> xbuf(cap + 64), ybuf(cap + 64);
+  float* xa = (float*)(((uintptr_t)xbuf.data() + 63) & ~(uintptr_t)63);
+  float* ya = (float*)(((uintptr_t)ybuf.data() + 63) & ~(uintptr_t)63);
+  u64 r = 0x243F6A8885A308D3ull;
+  auto next = [&r] { r = r * 6364136223846793005ull + 1442695040888963407ull; return (u32)(r >> 32); };
+  const u64 seed = 0xA5A5F00D12345678ull, offset = 0x7FFF000100000003ull;
+  int k = 0;
+  for (const cpd::Format& f : formats) {
+    for (int64_t n : lengths) {
+      const int kx = k % 4, ky = (k / 4) % 4, sr_bits = (k % 3 == 0) ? 32 : 1 + k % 9;
+      const int64_t split = ((n + 3) / 4) / 2 + (k % 5);
+      ++k;
+      float* x = xa + kx;
+      float* y = ya + ky;
+      for (int64_t i = 0; i < n; ++i) {  // near the format's binades, random patterns, specials
+        const u32 m = next();
+        const int elo = std::max(f.emin - f.man - 3, -150), ehi = std::min((int)(f.max_bits >> 23) - 127 + 2, 128);
+        const int e = elo + (int)((m >> 8) % (u32)(ehi - elo + 1));
+        x[i] = (m & 7) == 0 ? cpd::float_of(next()) : (m & 7) == 1 ? 0.0f : std::ldexp(1.0f + (next() >> 9) * 0x1p-23f, e) * ((m & 8) ? -1.0f : 1.0f);
+      }
+      if (!f.fast) {
+        check_sr_range<false, false, false>("fused sr generic", f, x, y, n, split, sr_bits, seed, offset);
+        check_sr_range<false, false, true>("fused sr generic stream", f, x, y, n, split, sr_bits, seed, offset);
+      } else if (cpd_cpu::plain_format_applies(f)) {
+        check_sr_range<true, true, false>("fused sr plain", f, x, y, n, split, sr_bits, seed, offset);
+        check_sr_range<true, true, true>("fused sr plain stream", f, x, y, n, split, sr_bits, seed, offset);
+      } else {
+        check_sr_range<true, false, false>("fused sr fast", f, x, y, n, split, sr_bits, seed, offset);
+        check_sr_range<true, false, true>("fused sr fast stream", f, x, y, n, split, sr_bits, seed, offset);
+      }
+    }
+  }
+}
+
 int main() {
   std::printf("simd_check: %s\n", cpd_cpu::isa_name());
   check_philox();
+  check_fused_cast();
   const cpd::Format fp16 = cpd::make_format(5, 10, 15, cpd::SPECIALS_IEEE, 1, 0);
   const cpd::Format bf16 = cpd::make_format(8, 7, 127, cpd::SPECIALS_IEEE, 1, 0);
   const cpd::Format e5m2 = cpd::make_format(5, 2, 15, cpd::SPECIALS_IEEE, 1, 0);
