@@ -153,8 +153,9 @@ class _Group:
                             self.ready.add(r)
                         else:
                             self.steps[r] = text
-                except (EOFError, OSError):
+                except (EOFError, OSError):  # the rank closed its end (it exited)
                     del self.conns[obj]
+                    obj.close()
         return True
 
     def where(self, ranks) -> str:
