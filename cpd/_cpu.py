@@ -14,6 +14,13 @@ arch, OpenMP) without that machine, so the choice is testable anywhere. The modu
 sources, the flags, the compiler, torch's version and, for ``native``, the host CPU's flags, so an
 edit, another level or another machine builds its own library instead of loading a stale one.
 
+**Loading a built library.** Since the name is the build's identity, a library already in its
+folder is imported directly (:func:`_import_library`), under a shared ``flock``: loads run side by side
+and wait only while a process builds in that folder. torch's ``load`` (and ninja) runs only to
+build: ninja would rebuild every object of a finished library whenever its build file names other
+paths (a clone elsewhere, another worktree with the same sources) or the sources are newer than
+the objects (a fresh clone), holding the folder for minutes.
+
 **OpenMP** is detected by compiling a probe with the compiler's OpenMP flags (``-fopenmp``; Apple
 clang needs ``-Xpreprocessor -fopenmp`` and libomp). Without it (or with ``CPD_CPU_OPENMP=0``)
 the extension still builds and runs multi-threaded: ``cuda/cpu/parallel.h`` splits the work over
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import os
 import platform
 import re
@@ -266,6 +274,10 @@ def _build_dir(name: str) -> Path:
     return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / name
 
 
+#: The suffix torch's ``load`` gives the library it builds.
+_LIB_EXT = ".pyd" if sys.platform == "win32" else ".so"
+
+
 def _built(name: str) -> bool:
     d = _build_dir(name)
     return any(d.glob(f"{name}*.so")) or any(d.glob(f"{name}*.pyd"))
@@ -328,30 +340,51 @@ def build_info() -> dict:
 
 
 @contextlib.contextmanager
-def _build_lock(build_dir: Path):
-    """One build per folder at a time, and no hang after a build that was killed.
+def _build_lock(build_dir: Path, shared: bool = False):
+    """One build per folder at a time, no load during a build, and no hang after a build that was
+    killed.
 
     torch's ``load`` guards a build with a ``lock`` file that only its builder removes: a build
     interrupted by Ctrl-C or a kill leaves it, and every later process waits for it forever. cpd
-    builds under an ``flock`` of its own instead (the kernel releases it when its holder dies), so
-    a ``lock`` file found while holding the flock belongs to a dead build and is removed."""
+    builds under an exclusive ``flock`` of its own instead (the kernel releases it when its holder
+    dies), so a ``lock`` file found while holding the flock belongs to a dead build and is removed.
+    ``shared``: the flock of a load of a finished library: loads do not wait for each other, only
+    for a build."""
     try:
         import fcntl
     except ImportError:  # not POSIX: torch's lock file alone
         yield
         return
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     fd = os.open(build_dir / "cpd.flock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except OSError:
             print("cpd: waiting for another process that is building cpd's CPU extension…", file=sys.stderr,
                   flush=True)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        (build_dir / "lock").unlink(missing_ok=True)  # a dead build's: nobody else holds the flock
+            fcntl.flock(fd, mode)
+        if not shared:
+            (build_dir / "lock").unlink(missing_ok=True)  # a dead build's: nobody else holds the flock
         yield
     finally:
         os.close(fd)  # releases the flock
+
+
+def _import_library(name: str, build_dir: Path):
+    """The finished library in ``build_dir``, imported without torch's ``load`` (no ninja run: see
+    the module docstring); None when there is none or it does not import (a library cut short by
+    a killed link, say: the caller builds it again). The caller holds the folder's flock."""
+    path = build_dir / f"{name}{_LIB_EXT}"
+    if not path.is_file():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError):
+        return None
+    return module
 
 
 def _build(flags: BuildFlags):
@@ -364,13 +397,21 @@ def _build(flags: BuildFlags):
             name = _module_name(flags)
         build_dir = _build_dir(name)
         build_dir.mkdir(parents=True, exist_ok=True)
-        if not _built(name):
+        _state["flags"] = flags
+        if _built(name):  # the common case: load it beside any other loads
+            with _build_lock(build_dir, shared=True):
+                module = _import_library(name, build_dir)
+            if module is not None:
+                return module
+        with _build_lock(build_dir):
+            module = _import_library(name, build_dir)  # built meanwhile by the process waited for
+            if module is not None:
+                return module
+            (build_dir / f"{name}{_LIB_EXT}").unlink(missing_ok=True)  # one that does not import: link it again
             omp = "" if flags.openmp else ", without OpenMP"
             core = " (core only)" if _core_only() else ""
             print(f"cpd: building cpd's CPU extension{core} for {describe(flags)}{omp} (one time, about a minute)…",
                   file=sys.stderr, flush=True)
-        _state["flags"] = flags
-        with _build_lock(build_dir):
             return load(
                 name=name,
                 sources=[str(p) for p in _sources()],

@@ -29,6 +29,7 @@ import torch.multiprocessing as mp
 
 import cpd
 
+from . import _cpu
 from .demo import DEFAULT_FORMATS, demo_configs, demo_data, results_table, run_config
 from .demo import setup_parser as demo_parser
 
@@ -106,6 +107,7 @@ def _rank_main(rank: int, world: int, args: argparse.Namespace) -> None:
 
 
 def _spawned(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
+    _cpu.extension()  # loaded before the rendezvous, so that no rank waits for a peer's load
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     _rank_main(rank, world, args)
@@ -126,6 +128,7 @@ def main(args: argparse.Namespace) -> int:
     if args.algorithm not in ("ring", "hierarchical", "one_rounding", "pairwise"):
         raise SystemExit(f"cpd launch-demo: --algorithm {args.algorithm} has no real implementation; "
                          "use ring or hierarchical")
+    _cpu.extension()  # built (or waited for) here, before any rank's --timeout runs
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
         _rank_main(dist.get_rank(), dist.get_world_size(), args)

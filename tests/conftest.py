@@ -43,6 +43,21 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 FIRST = ("test_isa_levels.py", "test_distributed.py", "test_isa_compile.py", "test_tutorials.py", "test_cuda.py")
 
 
+def pytest_sessionstart(session):
+    """The CPU extension built once, before any test (issue 32): in the pytest-xdist controller,
+    before the workers start (each worker's collection then loads the finished library, side by
+    side under a shared flock), so that no two processes of the suite wait on one build and no
+    timed test runs while one is under way. A plain ``-n 0`` run builds at its first collection,
+    before its first test, as before. The ISA-level tests build other libraries, in folders of
+    their own (no shared flock), at nice 10."""
+    config = session.config
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return  # a worker (the controller built it), or no workers
+    from cpd import _cpu
+
+    _cpu.extension()
+
+
 def pytest_collection_modifyitems(config, items):
     order = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: order.get(item.path.name, len(FIRST)))  # stable: the order within is kept

@@ -11,7 +11,11 @@ Invariants defended:
 * the host's level is read off the CPU flags; the module name differs per target and per
   OpenMP setting (separate caches);
 * the first build announces itself with one line naming the target; the wire loops keep their
-  prefetches.
+  prefetches;
+* a finished library is imported without torch's ``load`` (no ninja run, which would rebuild it
+  for a clone at another path: issue 32), beside other loads (a shared flock); one that does not
+  import is built again; the module name hashes every file of cuda/ the build includes, so a
+  library under a name is always the build of these sources.
 """
 
 import pytest
@@ -136,10 +140,12 @@ def test_first_build_says_so(monkeypatch, tmp_path, capsys):
     assert err.count("\n") == 1
     assert "building cpd's CPU extension for x86-64-v2 (one time, about a minute)" in err
     assert seen["extra_cflags"] == list(flags.cflags) and str(tmp_path) in seen["build_directory"]
-    # once built (the library is in its folder), nothing is printed
+    # once built (the library is in its folder), nothing is printed, and torch's load is not run
     (tmp_path / f"py{__import__('sys').version_info.major}{__import__('sys').version_info.minor}_cpu" /
      seen["name"] / f"{seen['name']}.so").write_bytes(b"")
-    _cpu._build(flags)
+    monkeypatch.setattr(_cpu, "_import_library", lambda name, folder: "imported")
+    monkeypatch.setattr(ce, "load", None)
+    assert _cpu._build(flags) == "imported"
     assert capsys.readouterr().err == ""
 
 
@@ -225,3 +231,89 @@ def test_the_hops_prefetch():
     text = subprocess.run([objdump, "-d", ext.__file__], capture_output=True, text=True, check=True).stdout
     ops = ("prfm",) if platform.machine().lower() in ("aarch64", "arm64") else ("prefetcht0", "prefetchw")
     assert sum(text.count(op) for op in ops) >= 8, "the wire loops' prefetches are gone"
+
+
+def _copy_of_the_library(tmp_path):
+    """A folder holding only a copy of the built library (no build file, no objects), as
+    ``TORCH_EXTENSIONS_DIR``; the library's folder there."""
+    import shutil
+    from pathlib import Path
+
+    ext = _cpu.extension()
+    if ext is None or not getattr(ext, "__file__", None):
+        pytest.skip("needs the built CPU extension")
+    name = Path(ext.__file__).name.split(".")[0]
+    folder = tmp_path / Path(ext.__file__).parent.parent.name / name
+    folder.mkdir(parents=True)
+    shutil.copy2(ext.__file__, folder / Path(ext.__file__).name)
+    return folder
+
+
+def test_a_built_library_is_imported_without_torch_load(tmp_path):
+    """The library is loaded as it is, with no ninja run (none could run: the folder has no build
+    file), while another process loads it too (a shared flock held here: no wait)."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = _copy_of_the_library(tmp_path)
+    root = Path(__file__).resolve().parent.parent
+    code = ("import torch.utils.cpp_extension as ce\n"
+            "def no_load(**kw): raise AssertionError(\"torch's load ran\")\n"
+            "ce.load = no_load\n"
+            "from cpd import _cpu\n"
+            "e = _cpu.extension()\n"
+            "print(e.__file__, e.isa(), sep='|')\n")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "PYTHONPATH": str(root)}
+    env.pop("CPD_NO_EXTENSION", None)
+    fd = os.open(folder / "cpd.flock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # another process loading it
+        r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
+                           timeout=300)
+    finally:
+        os.close(fd)
+    assert r.returncode == 0, r.stderr[-3000:]
+    path, isa = r.stdout.strip().splitlines()[-1].split("|")
+    assert Path(path).parent == folder and isa == _cpu.extension().isa()
+    assert "waiting" not in r.stderr and "building" not in r.stderr, r.stderr[-2000:]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([Path(path).name, "cpd.flock"])  # nothing built
+
+
+def test_a_library_that_does_not_import_is_built_again(monkeypatch, tmp_path, capsys):
+    """A library cut short (a killed link) is removed and built again under the exclusive flock."""
+    import torch.utils.cpp_extension as ce
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(_cpu, "_state", {})
+    flags = _cpu.build_flags("x86_64", "gcc", "x86-64-v2")
+    name = _cpu._module_name(flags)
+    folder = _cpu._build_dir(name)
+    folder.mkdir(parents=True)
+    (folder / f"{name}.so").write_bytes(b"\x7fELF cut short")
+
+    def fake_load(**kw):
+        assert not (folder / f"{name}.so").exists()
+        return "built"
+
+    monkeypatch.setattr(ce, "load", fake_load)
+    assert _cpu._build(flags) == "built"
+    assert "building cpd's CPU extension for x86-64-v2" in capsys.readouterr().err
+
+
+def test_module_name_covers_every_file_the_build_includes():
+    """A finished library is loaded without asking ninja whether it is up to date, so its name
+    must change with every file of cuda/ its build reads: every quoted include of the sources and
+    headers resolves to a file the name hashes."""
+    import re
+
+    src = _cpu.source_dir()
+    hashed = {p.resolve() for p in [*(src / "cpu").glob("*.cpp"), *(src / "cpu").glob("*.h"),
+                                    *(src / "include" / "cpd").glob("*.h")]}
+    for f in sorted(hashed):
+        for inc in re.findall(r'^\s*#\s*include\s*"([^"]+)"', f.read_text(), re.M):
+            found = next((c.resolve() for c in (f.parent / inc, src / "include" / inc, src / "cpu" / inc)
+                          if c.is_file()), None)
+            assert found is not None and found in hashed, f"{f.name} includes {inc!r}, which the module name does not hash"

@@ -31,80 +31,32 @@ Invariants defended:
   mismatched compressors raise a ValueError naming the field on every rank.
 
 Spawning is slow, so each spawned group runs a list of cases and returns results to the parent.
+The harness (tests/ranks.py) builds or waits for the CPU extension before spawning and starts each
+group's deadline when every rank has loaded it and is ready: the deadline covers the exchange
+only, and a hang names each rank still running and the step it reported (``ranks.step``).
 """
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
-import socket
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import pytest
+import ranks
 import torch
+from ranks import DEADLINE
 
 import cpd
 
-#: Deadline of one spawned group (the whole group is killed after it).
-DEADLINE = 120.0
-
 
 # ------------------------------------------------------------------------------------ harness
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank: int, world: int, port: int, job: str, out: str, args) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    backend = os.environ.get("CPD_TEST_BACKEND", "gloo")
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    try:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))
-        res = JOBS[job](rank, world, *args)
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        res = {"harness_error": traceback.format_exc()}
-    torch.save(res, os.path.join(out, f"{rank}.pt"))
-    os._exit(0)  # no teardown: a failed group must not hang at exit
-
-
 def spawn(job: str, world: int, tmp_path: Path, *args, deadline: float = DEADLINE) -> list:
-    """Run ``JOBS[job](rank, world, *args)`` in ``world`` spawned gloo processes; their results."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    out = tmp_path / f"{job}-{world}"
-    out.mkdir()
-    port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, job, str(out), args), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    end = time.monotonic() + deadline
-    for p in procs:
-        p.join(max(0.0, end - time.monotonic()))
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-    assert not alive, f"{job} (W={world}) did not finish within {deadline} s: a hang"
-    res = []
-    for r in range(world):
-        f = out / f"{r}.pt"
-        assert f.is_file(), f"rank {r} of {job} wrote no result (exit code {procs[r].exitcode})"
-        res.append(torch.load(f, weights_only=False))
-    errors = [f"rank {r}:\n{x['harness_error']}" for r, x in enumerate(res)
-              if isinstance(x, dict) and "harness_error" in x]
-    assert not errors, "\n".join(errors)
-    return res
+    """Run ``JOBS[job](rank, world, *args)`` in ``world`` spawned gloo processes; their results.
+    The deadline covers the exchange only, not the set-up (tests/ranks.py)."""
+    return ranks.spawn(JOBS[job], world, tmp_path / f"{job}-{world}", *args, name=job, deadline=deadline)
 
 
 # ------------------------------------------------------------------------------------ jobs
@@ -180,6 +132,7 @@ def job_hook(rank: int, world: int, cases: list) -> list:
     cuda = os.environ.get("CPD_TEST_BACKEND") == "nccl"
     dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
     for seed, case in enumerate(cases):
+        ranks.step(f"case {seed}: {case}")
         model = Toy().to(dev)
         ddp = DDP(model, bucket_cap_mb=case.get("bucket_cap_mb", 25), device_ids=[rank] if cuda else None,
                   gradient_as_bucket_view=case.get("bucket_view", False))
@@ -235,6 +188,7 @@ def job_train(rank: int, world: int, cases: list) -> list:
 
     out = []
     for case in cases:
+        ranks.step(f"case {case}")
         steps, fmt, alg = case["steps"], case["fmt"], case.get("algorithm", "ring")
         gs, scaling, fp32 = case.get("group_size"), case.get("scaling", "aps"), case.get("fp32_layers", ())
         hybrid = case.get("hybrid_steps", 0)
@@ -265,6 +219,7 @@ def job_train(rank: int, world: int, cases: list) -> list:
                               loss_scaler=scaler(), hybrid_steps=hybrid)
         skipped = []
         for step in range(steps):
+            ranks.step(f"case {case}, training step {step}")
             x, y = _batch(step)
             wx, wy = torch.tensor_split(x, world)[rank], torch.tensor_split(y, world)[rank]
             o1.zero_grad()
@@ -305,12 +260,14 @@ def job_faults(rank: int, world: int) -> dict:
 
     res = {}
     # 1. Mismatched formats: every rank raises a ValueError at construction.
+    ranks.step("mismatched formats")
     try:
         cpd.distributed.APSHookState(cpd.E5M2 if rank else cpd.E4M3, timeout=20)
         res["mismatch"] = None
     except ValueError as exc:
         res["mismatch"] = str(exc)
     # 2. NaN on rank 1 only: every rank sees found_inf; APSOptimizer skips the step everywhere.
+    ranks.step("NaN on rank 1")
     model = Toy()
     state = cpd.distributed.APSHookState("e4m3", model=model, timeout=20)
     ddp = DDP(model)
@@ -344,6 +301,7 @@ def job_faults(rank: int, world: int) -> dict:
         res["workers_error"] = str(exc)
     # 3. Rank 1 raises in the middle of a step (after its forward, before its backward) and
     #    lingers (its connections stay open): the others must time out with a clear error.
+    ranks.step("rank 1 raises mid-step")
     timeout = 4.0
     model = Toy()
     state = cpd.distributed.APSHookState("e5m2", model=model, timeout=timeout)
@@ -605,6 +563,11 @@ def test_nccl_hook_bit_identical(tmp_path):  # pragma: no cover - needs GPUs
 JOBS["nccl"] = job_nccl
 
 
+#: Limit of a command-line run with real processes (``python -m cpd launch-demo``): its set-up
+#: cannot be told apart from outside, so the limit is generous.
+CLI_LIMIT = 600.0
+
+
 def test_launch_demo_prints_the_emulated_table_and_bytes(tmp_path):
     """``python -m cpd launch-demo --nproc 2`` (real gloo processes) prints the same table as the
     emulated ``python -m cpd demo --workers 2`` (seconds aside; formats and a compressor) plus the
@@ -618,10 +581,11 @@ def test_launch_demo_prints_the_emulated_table_and_bytes(tmp_path):
     common = ["--fast", "--epochs", "1", "--format", "e3m0", "--compressor", "onebit"]
     cmds = [[sys.executable, "-m", "cpd", "launch-demo", "--nproc", "2", *common],
             [sys.executable, "-m", "cpd", "demo", "--workers", "2", "--no-plot", *common]]
+    ranks.ensure_extension()  # a build is not timed; the command builds nothing then, and loads before its ranks
     procs = [subprocess.Popen(c, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               stdin=subprocess.DEVNULL) for c in cmds]
-    try:
-        outs = [p.communicate(timeout=DEADLINE) for p in procs]
+    try:  # a backstop: the command's own --timeout (120 s) fails a rank that waits for a peer
+        outs = [p.communicate(timeout=CLI_LIMIT) for p in procs]
     finally:
         for p in procs:
             p.kill()
@@ -652,6 +616,7 @@ def job_comp_hook(rank: int, world: int, cases: list) -> list:
 
     results = []
     for ci, case in enumerate(cases):
+        ranks.step(f"case {ci}: {case}")
         model = Toy()
         ddp = DDP(model, bucket_cap_mb=case.get("bucket_cap_mb", 25))
         alg = case.get("algorithm", "ring")
@@ -660,6 +625,7 @@ def job_comp_hook(rank: int, world: int, cases: list) -> list:
         ddp.register_comm_hook(state, cpd.distributed.aps_hook)
         comp, states, steps = get(case["comp"]), {}, []
         for step in range(case.get("steps", 3)):
+            ranks.step(f"case {ci}: {case}, step {step}")
             every = [synthetic(r, 10 * ci + step) for r in range(world)]
             if step == case.get("nan_step"):
                 every[1]["b"][2] = math.nan
@@ -755,6 +721,7 @@ def job_comp_train(rank: int, world: int, cases: list) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     res = {"mismatch": []}
+    ranks.step("mismatched compressors")
     for mine in (("onebit", "threshold"), ("threshold:0.01", "threshold:0.02"), ("e5m2", None)):
         spec = mine[0] if rank == 0 else mine[1]
         try:
@@ -767,6 +734,7 @@ def job_comp_train(rank: int, world: int, cases: list) -> dict:
             res["mismatch"].append(str(exc))
     out = []
     for case in cases:
+        ranks.step(f"case {case}")
         comp, alg, steps = case["comp"], case.get("algorithm", "ring"), case["steps"]
         kw = dict(fp32_layers=case.get("fp32_layers", ()), hybrid_steps=case.get("hybrid_steps", 0))
 
@@ -902,6 +870,7 @@ def job_pipeline(rank: int, world: int, cases: list) -> list:
             every[k] = [torch.randn(s, generator=gen) * 2.0 ** (-4 * r) for r in range(world)]
         grads, reports = {}, {}
         for sub in (8, 1 << 20):
+            ranks.step(f"case {seed}: {case}, sub-chunks of {sub}")
             model = Toy2()
             ddp = DDP(model, bucket_cap_mb=case.get("bucket_cap_mb", 25))
             state = cpd.distributed.APSHookState(case["fmt"], case.get("algorithm", "ring"), model=model, timeout=30,
@@ -1028,6 +997,7 @@ def job_ahead(rank: int, world: int, cases: list) -> list:
         ddp.register_comm_hook(state, cpd.distributed.aps_hook)
         steps = []
         for step in range(9):
+            ranks.step(f"case {case}, step {step}")
             exp = state.loss_scaler.scale_exp if state.loss_scaler is not None else case.get("scale_exp", 0)
             model.zero_grad()
             ddp(_ahead_grads(rank, world, step)).backward()
