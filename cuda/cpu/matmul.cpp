@@ -135,7 +135,8 @@ inline bool is_binary32(const cpd::Format& af) {
 }
 
 // Which float32-lane variant applies (ACC_NONE: none). acc binary32 (ACC_B32), on processors with a
-// fused multiply-add instruction: products exact (fused) or rounded to mul on float32 lanes. Products: rounded to mul on float32 lanes
+// fused multiply-add instruction: products exact (fused) or rounded to mul on float32 lanes
+// (nearest_f_applies). Otherwise products: rounded to mul on float32 lanes
 // (nearest_f_applies) and values of acc (values_within), or fused with the midpoint test
 // (midpoint_test_applies). Sums: acc of at most 11 bits with the fast cast (add_lane_applies).
 // allow_h: binary16 rounding by conversion; only_i: integer lanes even where round_f applies.
