@@ -12,8 +12,8 @@ addition. Invariants defended, on every ISA level the suite builds (tests/test_i
 * every output equals the generic path (one output at a time, ``dot_step``) bit for bit, NaN
   payloads included, on ragged shapes (partial tiles, batches, K = 0 and 1) and with NaN and
   infinite operands;
-* the result does not depend on the thread count, nor on the calling thread's flush-to-zero
-  setting (a thread that flushes float32 subnormals runs the generic steps);
+* the result does not depend on the thread count; a thread that flushes float32 subnormals runs
+  the generic steps (their bits on that thread);
 * the lanes are taken only where they apply: round to nearest, binary32 without saturation, and
   products either exact or rounded on float32 lanes.
 """
@@ -214,8 +214,12 @@ def test_thread_count_independent():
 
 
 def test_flush_to_zero_thread_takes_the_generic_steps():
-    """Subnormal sums on a calling thread that flushes them (torch.set_flush_denormal): the results
-    keep gradual underflow, as the contract says (one thread, so the tiles run on that thread)."""
+    """Subnormal sums on a calling thread that flushes them (torch.set_flush_denormal; one thread, so
+    the tiles run on that thread): the binary32 lanes give the generic steps' bits on that thread.
+    (Those are not gradual underflow's: the generic steps' float32 operations flush there too, as
+    every CPU loop's do; see docs/performance.md.)"""
+    if _lanes(None, FP32) != 32:
+        pytest.skip("no binary32 lanes in this build")
     g = torch.Generator().manual_seed(9)
     a, b = _binade_operands(g, (1, 3, 21), -80, -60), _binade_operands(g, (1, 21, 70), -80, -60)
     want = _run(a, b, None, path=1)
@@ -226,8 +230,8 @@ def test_flush_to_zero_thread_takes_the_generic_steps():
     try:
         torch.set_num_threads(1)
         for kahan in (False, True):
-            got = _run(a, b, None, kahan)
-            assert _same_bits(got, _run(a, b, None, kahan, path=1)), _mismatch(got, want)
+            got, gen = _run(a, b, None, kahan), _run(a, b, None, kahan, path=1)
+            assert _same_bits(got, gen), _mismatch(got, gen)
     finally:
         torch.set_flush_denormal(False)
         torch.set_num_threads(old)
