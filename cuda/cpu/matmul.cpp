@@ -81,6 +81,14 @@ float dot_output(const float* a, const float* b, const Dims& d, const cpd::DotSp
   return cpd::float_of(s);
 }
 
+// The binary32 lanes' redo (AccB32, the chain): outputs o0 .. o0 + n of one row, at yrow, by the
+// generic steps where all is set (a thread that flushes subnormals), else only where they are NaN.
+void redo_generic(const float* a, const float* b, const Dims& d, const cpd::DotSpec& g, float* yrow, int64_t o0,
+                  int64_t n, bool all) {
+  for (int64_t j = 0; j < n; ++j)
+    if (all || yrow[j] != yrow[j]) yrow[j] = dot_output(a, b, d, g, o0 + j, 0u, 0u);
+}
+
 template <bool MUL, bool KAHAN, bool BLOCK>
 void fast_tile(const float* __restrict arow, const float* __restrict b, float* __restrict out, int64_t j0,
                int64_t jt, const Dims& d, const cpd::FormatD& mg, const cpd::FormatD& ag) {
@@ -163,15 +171,10 @@ void f32_matmul_v(const float* a, const float* b, float* y, const Dims& d, const
                   const cpd::Format& af, const cpd::DotSpec& spec, bool finite) {
   for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t o0, int64_t j0, int64_t jt) {
     const cpd_cpu::Tile t{d.K, d.L, jt, finite};
-    if (Acc::kExact && !cpd_cpu::float32_subnormals_kept()) {
-      for (int64_t jj = 0; jj < jt; ++jj) yr[j0 + jj] = dot_output(a, b, d, spec, o0 + jj, 0u, 0u);
-      return;
-    }
-    if (!cpd_cpu::f32_tile<Acc, FUSED, KAHAN, BLOCK, GUARD>(ar, bm + j0, d.N, yr + j0, t, mf, acc, af))
+    const bool lanes = !Acc::kExact || cpd_cpu::float32_subnormals_kept();
+    if (lanes && !cpd_cpu::f32_tile<Acc, FUSED, KAHAN, BLOCK, GUARD>(ar, bm + j0, d.N, yr + j0, t, mf, acc, af))
       cpd_cpu::f32_tile<Acc, FUSED, KAHAN, BLOCK>(ar, bm + j0, d.N, yr + j0, t, mf, acc, af);
-    if (Acc::kExact)
-      for (int64_t jj = 0; jj < jt; ++jj)
-        if (yr[j0 + jj] != yr[j0 + jj]) yr[j0 + jj] = dot_output(a, b, d, spec, o0 + jj, 0u, 0u);
+    if (Acc::kExact) redo_generic(a, b, d, spec, yr + j0, o0, jt, !lanes);
   });
 }
 
@@ -212,10 +215,7 @@ void chain_matmul(const float* a, const float* b, float* y, const Dims& d, const
       const bool lanes = cpd_cpu::float32_subnormals_kept();
       if (lanes) cpd_cpu::chain_rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack);
       for (int64_t i = m0; i < m1; ++i)
-        for (int64_t j = j0; j < j0 + nc; ++j) {
-          float& o = yb[i * d.N + j];
-          if (!lanes || o != o) o = dot_output(a, b, d, spec, (bi * d.M + i) * d.N + j, 0u, 0u);
-        }
+        redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, !lanes);
     }
   });
 }
