@@ -224,7 +224,13 @@ int64_t matmul_lanes(bool has_mul, int64_t mexp, int64_t mman, int64_t mbias, in
                      int64_t aexp, int64_t aman, int64_t abias, int64_t aspecials, bool asubnormals, int64_t mode,
                      bool saturate);
 
+// cuda/cpu/ops.cpp
+void install_ops();
+void set_cpu_kernels(bool on);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("install_ops", &install_ops);
+  m.def("set_cpu_kernels", &set_cpu_kernels);
   m.def("arith_out", &arith_out);
   m.def("matmul_out", &matmul_out);
   m.def("matmul_lanes", &matmul_lanes);
