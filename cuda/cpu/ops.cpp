@@ -346,3 +346,10 @@ void install_ops() {
   g_autograd->impl("encode", torch::autograd::autogradNotImplementedFallback());
   g_autograd->impl("decode", torch::autograd::autogradNotImplementedFallback());
 }
+
+// cuda/cpu/cast.cpp binds these into the module when they are set (this file is linked in).
+extern void (*cpd_install_ops)();
+extern void (*cpd_set_cpu_kernels)(bool);
+namespace {
+[[maybe_unused]] const bool linked = (cpd_install_ops = &install_ops, cpd_set_cpu_kernels = &set_cpu_kernels, true);
+}  // namespace
