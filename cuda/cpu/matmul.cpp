@@ -434,12 +434,14 @@ uint32_t max_magnitude_bits(const float* x, int64_t n) {
   return top.load();
 }
 
+#if CPD_CPU_H16_CHAIN
 // The binary16 chain's bounded products (matmul_h16.h) apply: every operand finite (top bits below
 // INF_BITS) and max|a| * max|b| (exact in double: 24 x 24 bits) at most mul's largest value.
 bool h16_bounded(uint32_t top_a, uint32_t top_b, const cpd::FormatF& mg) {
   return top_a < cpd::INF_BITS && top_b < cpd::INF_BITS &&
          (double)cpd::float_of(top_a) * (double)cpd::float_of(top_b) <= (double)mg.max;
 }
+#endif
 
 enum { LANES_GENERIC = 0, LANES_H16 = 16, LANES_F32 = 32, LANES_F64 = 64 };
 
