@@ -6,7 +6,9 @@
 //   * binary16 lanes (LANES_H16): round to nearest into an IEEE binary16 accumulator: on CPUs
 //     with AVX512-FP16 products on float32 lanes (mul_f) and sums in the processor's binary16
 //     adds (h16_tile); elsewhere the float32 lanes below with the processor's float32 ->
-//     binary16 conversion as the rounding (matmul_f32.h, AccH: F16C on x86, FCVT on Arm);
+//     binary16 conversion as the rounding (matmul_f32.h, AccH: F16C on x86, FCVT on Arm); with
+//     mul a format with subnormals, no Kahan and no blocks, on x86-64-v3 and up, the same steps
+//     in a register tile (matmul_h16.h, h16_chain_matmul);
 //   * float32 lanes (LANES_F32, matmul_f32.h): round to nearest into an accumulator of at most
 //     11 bits, with products rounded to mul (mul_f, values of acc) or fused (fma, the midpoint
 //     lanes redone exactly); sums rounded by round_f, or on integer lanes for wide exponent
