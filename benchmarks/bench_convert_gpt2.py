@@ -8,8 +8,8 @@ one process. Also the step of the original model under ``emulate`` alone (same b
 
 Goal (issue 30): the converted step <= 5x float32 on CPU. One thread by default (see
 bench_emulate_step.py: on a shared machine two-thread timings of millisecond steps measure the
-scheduler). Each step is timed ``repeat`` times (float32: at least 20) and the best time kept,
-the float32 step timed before and after the others; ``--clock cpu`` times CPU seconds of the
+scheduler). The steps are timed in ``repeat`` interleaved rounds (four float32 steps, one of
+each other per round) and each one's best time kept; ``--clock cpu`` times CPU seconds of the
 process instead of wall seconds (on a machine shared with other work the ratio of CPU times stays
 the ratio of work done; with ``--threads 1``). ``CPD_BENCH_RECORD=1`` records the table for
 docs/figures.md (benchmarks/_figures.py).
@@ -33,15 +33,20 @@ from cpd._cpu import machine_line  # noqa: E402
 CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def best_time(fn, repeat: int, clock) -> float:
-    """The best of ``repeat`` calls of ``fn`` after one warm-up call, in seconds of ``clock``."""
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t = clock()
+def interleaved_best(fns: list, rounds: int, clock, inner: list[int]) -> list[float]:
+    """The best time of each of ``fns`` over ``rounds`` rounds, each round timing ``inner[i]``
+    calls of every function one after another (after one warm-up call each): the steps see the
+    same load of a shared machine, so a busy spell inflates neither side of the ratio alone."""
+    for fn in fns:
         fn()
-        ts.append(clock() - t)
-    return min(ts)
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            for _ in range(inner[i]):
+                t = clock()
+                fn()
+                best[i] = min(best[i], clock() - t)
+    return best
 
 
 def main() -> None:
@@ -82,13 +87,11 @@ def main() -> None:
 
     tab = Table("bench_convert_gpt2", ["step", "ms", "x float32"], machine=machine_line(),
                 title="One training step of a converted Hugging Face GPT-2 (issue 30; goal <= 5x float32)",
-                setup=f"{torch.get_num_threads()} threads, {args.clock} clock, best of {args.repeat}; GPT-2 2 layers, "
+                setup=f"{torch.get_num_threads()} threads, {args.clock} clock, best of {args.repeat} interleaved rounds; GPT-2 2 layers, "
                       f"width {args.width}, vocab {V}, batch {args.batch} x {args.seq} tokens; mul=E4M3, acc=FP16 "
                       f"(backward the same)")
-    t32 = best_time(lambda: step(model, False), max(args.repeat, 20), clock)
-    tc = best_time(lambda: step(conv, True), args.repeat, clock)
-    te = best_time(lambda: step(model, True), args.repeat, clock)
-    t32 = min(t32, best_time(lambda: step(model, False), max(args.repeat, 20), clock))
+    t32, tc, te = interleaved_best([lambda: step(model, False), lambda: step(conv, True), lambda: step(model, True)],
+                                   args.repeat, clock, [4, 1, 1])
     tab.row("float32", f"{t32 * 1e3:.2f}", "1.0")
     tab.row("converted + emulate", f"{tc * 1e3:.2f}", f"{tc / t32:.1f}")
     tab.row("original under emulate", f"{te * 1e3:.2f}", f"{te / t32:.1f}")
