@@ -87,9 +87,9 @@ def main() -> None:
 
     tab = Table("bench_convert_gpt2", ["step", "ms", "x float32"], machine=machine_line(),
                 title="One training step of a converted Hugging Face GPT-2 (issue 30; goal <= 5x float32)",
-                setup=f"{torch.get_num_threads()} threads, {args.clock} clock, best of {args.repeat} interleaved rounds; GPT-2 2 layers, "
-                      f"width {args.width}, vocab {V}, batch {args.batch} x {args.seq} tokens; mul=E4M3, acc=FP16 "
-                      f"(backward the same)")
+                setup=f"{torch.get_num_threads()} threads, {args.clock} clock, best of {args.repeat} interleaved "
+                      f"rounds; GPT-2 2 layers, width {args.width}, vocab {V}, batch {args.batch} x {args.seq} "
+                      f"tokens; mul=E4M3, acc=FP16 (backward the same)")
     t32, tc, te = interleaved_best([lambda: step(model, False), lambda: step(conv, True), lambda: step(model, True)],
                                    args.repeat, clock, [4, 1, 1])
     tab.row("float32", f"{t32 * 1e3:.2f}", "1.0")

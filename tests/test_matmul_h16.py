@@ -52,7 +52,8 @@ def ref_matmul(a, b, mul):
     B, M, K = a.shape
     N = b.shape[-1]
     a3, b3 = a.tolist(), b.tolist()
-    out = [ref_dot(a3[i][m], [b3[i][k][n] for k in range(K)], mul) for i in range(B) for m in range(M) for n in range(N)]
+    out = [ref_dot(a3[i][m], [b3[i][k][n] for k in range(K)], mul)
+           for i in range(B) for m in range(M) for n in range(N)]
     return torch.tensor(out, dtype=torch.float32).reshape(B, M, N)
 
 

@@ -245,7 +245,8 @@ void h16_chain_matmul(const float* a, const float* b, float* y, const Dims& d, c
       const int64_t m0 = rb * kRows, m1 = std::min(d.M, m0 + kRows);
       float* yb = y + bi * d.M * d.N;
       cpd_cpu::h16_chain_rows<BOUNDED>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack, m);
-      for (int64_t i = m0; i < m1; ++i) redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, false);
+      for (int64_t i = m0; i < m1; ++i)
+        redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, false);
     }
   });
 }
@@ -417,7 +418,6 @@ bool any_at_least(const float* x, int64_t n, uint32_t lo) {
   });
   return found;
 }
-
 
 // The largest magnitude's float32 bits in x[0 .. n) (above INF_BITS: a NaN; one vectorized pass per
 // span, in parallel).
