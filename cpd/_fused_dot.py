@@ -41,10 +41,10 @@ class FusedDot:
             ``"toward_zero"`` (TF32 inputs on NVIDIA).
         name: a label (the presets name themselves ``"hopper e4m3 x e4m3 -> f32"``).
         algorithm: the step (``cuda/include/cpd/fused_dot.h``): ``"nvidia"`` (the five steps
-            above), ``"amd_pairwise"`` (CDNA1/2: float32 products summed pairwise in float32;
-            ``group`` a power of two <= 16, F unused), ``"amd_cdna3"`` / ``"amd_cdna3_fp8"``
-            (CDNA3: the products' fused sum cut to F = 24 bits, then rounded down against c and
-            rounded to nearest FP32), ``"nvidia_chunk16"`` (Blackwell mxf4nvf4: exact sums of 16
+            of :mod:`cpd.tensor_core`), ``"amd_pairwise"`` (CDNA1/2: float32 products summed
+            pairwise in float32; ``group`` a power of two <= 16, F unused), ``"amd_cdna3"`` /
+            ``"amd_cdna3_fp8"`` (CDNA3: the products' fused sum cut to F = 24 bits, then rounded
+            down against c and rounded to nearest FP32), ``"nvidia_chunk16"`` (Blackwell mxf4nvf4: exact sums of 16
             e2m1 products aligned by their block scales). AMD algorithms have ``out="f32"``.
         ftz: ``"amd_pairwise"`` only: flush subnormal inputs, products and sums (CDNA2).
         a_block, b_block: block-scaled operands (Blackwell MX/NVFP4): :class:`cpd.mx.BlockFormat`

@@ -612,9 +612,3 @@ def _ready() -> None:
     after that)."""
     if not _core.done:
         _core.install()
-
-
-def _route_cpu_to_kernels(on: bool) -> None:
-    """Used by cpd._shim.on_host: run the CUDA code path (kernels on the host) for CPU tensors
-    (for every op registered through cpd._impl: these and cpd.mx's)."""
-    _impl.route_cpu_to_kernels(on)
