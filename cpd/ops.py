@@ -527,8 +527,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
         saturate: overflows give ±max in both formats.
         sr_bits, generator: as in :func:`cast`.
     """
-    # --- tensor-core accumulators (issue 15, cpd/tensor_core.py): acc=FusedDot runs its own op, ---
-    # --- cpd.tensor_core.tensor_core_matmul, reached through cpd.registry (it imports this module) ---
+    # --- tensor-core accumulators (issue 15, cpd/tensor_core.py): acc=FusedDot runs its own op ---
+    # (cpd.tensor_core.tensor_core_matmul, looked up in cpd.registry: that module imports this one)
     if isinstance(acc, FusedDot):
         return lookup(FUSED_DOT_MATMUL)(a, b, acc, mul=mul, fma=fma, kahan=kahan, block=block, rounding=rounding,
                                         saturate=saturate, sr_bits=sr_bits, generator=generator)
