@@ -41,6 +41,6 @@ def lookup(name: str):
     try:
         return _ENTRIES[name]
     except KeyError:
-        owner, what = _OWNERS.get(name, ("cpd", name))
-        raise RuntimeError(f"nothing is registered as {name!r}: import {owner} (import cpd does) "
-                           f"before using {what}") from None
+        owner, what = _OWNERS.get(name, (None, None))
+        hint = f": import {owner} (import cpd does) before using {what}" if owner else ""
+        raise RuntimeError(f"nothing is registered as {name!r}{hint}") from None
