@@ -232,9 +232,10 @@ def source_dir() -> Path:
 
 
 #: The core of the extension: casts, encode/decode, arithmetic and matmul (``cast.cpp`` defines the
-#: module and links the others; ``ops.cpp`` registers the core ops' CPU and autograd kernels). The other sources add op libraries of their own
-#: (``torch.ops.cpd_fused_dot``, ``cpd_wire``, ``cpd_mx_cpu``).
-CORE_SOURCES = ("arith.cpp", "cast.cpp", "matmul.cpp", "ops.cpp")
+#: module and links the other two). The other sources add op libraries of their own
+#: (``torch.ops.cpd_fused_dot``, ``cpd_wire``, ``cpd_mx_cpu``) and the C++ kernels of the core ops
+#: (``ops.cpp``; without it the core ops run on their Python kernels).
+CORE_SOURCES = ("arith.cpp", "cast.cpp", "matmul.cpp")
 
 
 def _sources() -> list[Path]:

@@ -505,13 +505,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
     Autograd is straight-through: ``grad_a = grad @ b^T`` and ``grad_b = a^T @ grad`` computed
     by ``torch.matmul`` in float32 (reduced over broadcast batch dims).
 
-    Speed (CPU, 512^3, one core, ratio to ``torch.mm``; ``benchmarks/bench_matmul.py``): round to
-    nearest with products that are values of an accumulator of at most 11 bits (E5M2 or E4M3
-    products into FP16, say) runs on float32 / binary16 lanes, about 19-28x (24x with Kahan into
-    FP16); other round-to-nearest cases, and stochastic rounding for formats of up to 19 mantissa
-    bits, run a float64-lane path, about 90-450x; the rest (directed modes, wider stochastic
-    formats) a scalar path over float32 bits, several times slower again. Every path gives the
-    same bits.
+    Speed (CPU, 512^3, one core, ratio to ``torch.mm``; ``benchmarks/bench_matmul.py``, figures
+    on the docs' Figures page): the default (``mul=None, acc=FP32``) is a float32 FMA chain, about
+    2x; products of an 8-bit format into FP16 or FP32, about 8-15x; other round-to-nearest
+    accumulators of up to 11 bits and BF16/TF32, 15-40x; stochastic rounding for formats of up to
+    19 mantissa bits runs a float64-lane path, several hundred times; the rest (directed modes,
+    wider stochastic formats) a scalar path, slower again. Every path gives the same bits.
 
     Args:
         a, b: the operands.

@@ -230,3 +230,14 @@ def test_bad_direct_arguments_are_clear_errors(ext):
         torch.ops.cpd.matmul(x[None], x[:, None], ZERO, [], [], False, 0, 0, False, 32)
     with pytest.raises(RuntimeError, match="arith op is 0 \\(mul\\), 1 \\(add\\) or 2 \\(fma\\)"):
         torch.ops.cpd.arith(3, x, x, x, ZERO, SPEC(cpd.BF16), 0, False, 32)
+
+
+def test_dispatch_benchmark_prints_its_table():
+    """benchmarks/bench_dispatch.py runs (tiny settings) and prints one row per operation."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("CPD_BENCH_RECORD", None)
+    r = subprocess.run([sys.executable, "benchmarks/bench_dispatch.py", "--reps", "1", "--calls", "20", "--sizes", "10"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| cpd.")]
+    assert len(rows) == 8 and all(ln.count("|") == 7 for ln in rows), r.stdout

@@ -65,6 +65,8 @@ class Quantizer(torch.nn.Module):
         self.saturate = saturate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.forward_fmt is None and self.backward_fmt is None:
+            return x  # nothing to round either way (no autograd node)
         return _Quantize.apply(x, self.forward_fmt, self.backward_fmt, self.forward_rounding,
                                self.backward_rounding, self.saturate)
 
@@ -160,7 +162,7 @@ class _QuantMatmul(torch.autograd.Function):
         ctx.save_for_backward(a, b)
         ctx.bwd, ctx.grad_scaler = bwd, grad_scaler
         with torch.no_grad():
-            return fwd(a, b)
+            return _rows_times(fwd, a, b)
 
     @staticmethod
     def backward(ctx, grad):
@@ -172,12 +174,22 @@ class _QuantMatmul(torch.autograd.Function):
             g_a, s = ctx.grad_scaler(grad)
             g_b = ctx.grad_scaler.column(grad) if ctx.grad_scaler.recipe.kind == "block" else g_a
         if ctx.needs_input_grad[0]:
-            ga = ctx.bwd(g_a, b.transpose(-1, -2))
+            ga = _rows_times(ctx.bwd, g_a, b.transpose(-1, -2))
             ga = ga if s is None else ga / s
         if ctx.needs_input_grad[1]:
             gb = ctx.bwd(a.transpose(-1, -2), g_b)
             gb = gb if s is None else gb / s
         return _reduce_to(ga, a.shape), _reduce_to(gb, b.shape), None, None, None
+
+
+def _rows_times(gemm: GemmConfig, a, b):
+    """``gemm(a, b)``; for a 2-D ``b`` and an ``a`` of more dims, as one GEMM of ``a``'s rows
+    flattened (an emulated config that is not a FusedDot): every output is the same dot product
+    with the same flat index (its stochastic words), so the same bits, without ``b`` copied once
+    per batch element."""
+    if b.dim() == 2 and a.dim() > 2 and not gemm.exact and not gemm.fused:
+        return gemm(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
+    return gemm(a, b)
 
 
 def _reduce_to(g, shape):

@@ -166,6 +166,14 @@ at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor
   const Fmt mf = fmt_of(mul, "mul"), af = required_fmt(acc, "acc");
   const auto [s, o] = seed_pair(seed, rounding);
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  const Fmt& m = mf.given ? mf : af;  // no format: matmul_out's has_mul = false ignores these
+  if (a.dim() == 2 && b.dim() == 2) {  // the common case, without the batch bookkeeping
+    at::Tensor out = at::empty({1, M, N}, a.options());
+    matmul_out(a.contiguous().view({1, M, K}), b.contiguous().view({1, K, N}), out, mf.given, m.exp, m.man, m.bias,
+               m.specials, m.subnormals, af.exp, af.man, af.bias, af.specials, af.subnormals, kahan, block, rounding,
+               saturate, sr_bits, s, o, 0);
+    return out.view({M, N});
+  }
   std::vector<int64_t> batch = at::infer_size(a.sizes().slice(0, a.dim() - 2), b.sizes().slice(0, b.dim() - 2));
   int64_t B = 1;
   for (int64_t n : batch) B *= n;
@@ -176,7 +184,6 @@ at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor
   const at::Tensor a3 = a.expand(ea).reshape({B, M, K}).contiguous();
   const at::Tensor b3 = b.expand(eb).reshape({B, K, N}).contiguous();
   at::Tensor out = at::empty({B, M, N}, a.options());
-  const Fmt& m = mf.given ? mf : af;  // no format: matmul_out's has_mul = false ignores these
   matmul_out(a3, b3, out, mf.given, m.exp, m.man, m.bias, m.specials, m.subnormals, af.exp, af.man, af.bias,
              af.specials, af.subnormals, kahan, block, rounding, saturate, sr_bits, s, o, 0);
   return out.view(shape);
@@ -257,21 +264,36 @@ struct MatmulFn : public torch::autograd::Function<MatmulFn> {
   }
 };
 
+// No gradient wanted: the op below autograd, without building a graph node (a few us a call).
+bool wants_grad(const at::Tensor& a, const at::Tensor& b = at::Tensor(), const at::Tensor& c = at::Tensor()) {
+  return at::GradMode::is_enabled() && ((a.defined() && a.requires_grad()) || (b.defined() && b.requires_grad()) ||
+                                        (c.defined() && c.requires_grad()));
+}
+
 at::Tensor cast_autograd(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding,
                          bool saturate, int64_t sr_bits) {
-  return CastFn::apply(x, seed, fmt, rounding, saturate, sr_bits);
+  if (wants_grad(x)) return CastFn::apply(x, seed, fmt, rounding, saturate, sr_bits);
+  static const auto op = op_handle<CastSig>("cpd::cast");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(x, seed, fmt, rounding, saturate, sr_bits);
 }
 
 at::Tensor arith_autograd(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
                           const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding, bool saturate,
                           int64_t sr_bits) {
-  return ArithFn::apply(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
+  if (wants_grad(a, b, c)) return ArithFn::apply(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
+  static const auto handle = op_handle<ArithSig>("cpd::arith");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return handle.call(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
 }
 
 at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b, const at::Tensor& seed, c10::IntArrayRef mul,
                            c10::IntArrayRef acc, bool kahan, int64_t block, int64_t rounding, bool saturate,
                            int64_t sr_bits) {
-  return MatmulFn::apply(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
+  if (wants_grad(a, b)) return MatmulFn::apply(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
+  static const auto op = op_handle<MatmulSig>("cpd::matmul");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
 }
 
 // cast_out writes into out: not differentiable (the public cast refuses out= under autograd);
@@ -324,3 +346,10 @@ void install_ops() {
   g_autograd->impl("encode", torch::autograd::autogradNotImplementedFallback());
   g_autograd->impl("decode", torch::autograd::autogradNotImplementedFallback());
 }
+
+// cuda/cpu/cast.cpp binds these into the module when they are set (this file is linked in).
+extern void (*cpd_install_ops)();
+extern void (*cpd_set_cpu_kernels)(bool);
+namespace {
+[[maybe_unused]] const bool linked = (cpd_install_ops = &install_ops, cpd_set_cpu_kernels = &set_cpu_kernels, true);
+}  // namespace
