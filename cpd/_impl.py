@@ -24,13 +24,13 @@ import warnings
 
 import torch
 
-from . import _cpu, _fallback, _kernels
+from . import _cpu, _cuda, _fallback, _kernels, _shim
 from .formats import FloatFormat
 from .rounding import Rounding
 
 __all__ = ["fmt_tuple", "fmt_of", "code_dtype_of", "Extension", "Fallback", "Kernels", "cast", "cast_out", "encode",
            "decode", "arith", "matmul", "batch_shape", "register",
-           "register_cpu"]
+           "register_cpu", "cuda_engine", "host_engine", "route_cpu_to_kernels"]
 
 _warned: set = set()
 
@@ -153,6 +153,17 @@ def host_engine():
     return Fallback()
 
 
+def cuda_engine(device: torch.device):
+    """The engine of a CUDA device: the kernels (:mod:`cpd._cuda`), or the fallback on the device
+    (with a warning once) when NVRTC / the driver cannot serve it."""
+    reason = _cuda.unusable_reason(device)
+    if reason is not None:
+        warn_once(f"cuda{_cuda._index(device)}", f"cpd: CUDA kernels unavailable on {device} ({reason}); "
+                  "using the pure-torch path on the device")
+        return Fallback()
+    return Kernels(_cuda.launch, _cuda.geometry(device))
+
+
 # --------------------------------------------------------------------------------------- op bodies
 def _seed_pair(seed: torch.Tensor, rounding: int) -> tuple[int, int]:
     """(seed, offset) as Python ints; (0, 0) unless stochastic. seed is a CPU tensor from
@@ -233,8 +244,6 @@ def register_cpu(impls, kernels_on_host: bool = False) -> None:
     """CPU tensors: the extension or fallback (default), or the CUDA kernels run by the host shim
     (cpd._shim.on_host)."""
     if kernels_on_host:
-        from . import _shim
-
         def engine_of(args):
             return Kernels(_shim.launcher, _shim.geometry())
     else:
@@ -258,12 +267,10 @@ def route_cpu_to_kernels(on: bool) -> None:
 def register(impls) -> None:
     """Register each op's body per device type: ``((op, body, index of the tensor whose device
     picks the CUDA engine), ...)``."""
-    from . import _cuda
-
     _registered.append(tuple(impls))
     register_cpu(impls)
     for op, body, i in impls:
-        op.register_kernel("cuda")(_bind(body, lambda args, i=i: _cuda.engine(args[i].device)))
+        op.register_kernel("cuda")(_bind(body, lambda args, i=i: cuda_engine(args[i].device)))
 
 
 # --------------------------------------------------------------------------------------- the core ops
@@ -271,7 +278,7 @@ class CoreOps:
     """The registrations of the core ops (cpd/ops.py: cast, cast_out, encode, decode, arith,
     matmul), whose schemas are defined in Python so that they exist without a compiler.
 
-    * CUDA: the bodies above over :mod:`cpd._cuda`'s engine, registered once;
+    * CUDA: the bodies above over :func:`cuda_engine`, registered once;
     * CPU and autograd, until the extension is loaded: the bodies over :func:`host_engine` and
       torch.library's Python autograd, on a library of their own (``_py_cpu``, ``_py_autograd``);
     * once the extension is loaded (:meth:`install`, from the public functions' first call after
@@ -291,12 +298,10 @@ class CoreOps:
         self._lock = threading.Lock()
 
     def register(self, bodies: dict, autograd: dict) -> None:
-        from . import _cuda
-
         self.bodies, self.autograd = dict(bodies), dict(autograd)
         self._cuda = torch.library.Library("cpd", "IMPL")
         for name, (body, i) in self.bodies.items():
-            self._cuda.impl(name, _bind(body, lambda args, i=i: _cuda.engine(args[i].device)), "CUDA")
+            self._cuda.impl(name, _bind(body, lambda args, i=i: cuda_engine(args[i].device)), "CUDA")
         self._py_cpu = self._cpu_lib(lambda args: host_engine())
         self._py_autograd = torch.library.Library("cpd", "IMPL")
         for name, (backward, setup) in self.autograd.items():
@@ -333,8 +338,6 @@ class CoreOps:
     def route_cpu(self, on: bool) -> None:
         with self._lock:
             if on and self._shim is None:
-                from . import _shim
-
                 if self.native is not None:
                     self.native.set_cpu_kernels(False)
                 elif self._py_cpu is not None:
@@ -351,3 +354,4 @@ class CoreOps:
 
 
 _core = CoreOps()
+_shim.set_router(route_cpu_to_kernels)  # cpd._shim.on_host routes through this module

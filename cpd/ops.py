@@ -19,7 +19,9 @@ import math
 import torch
 
 from . import _cpu, _cuda, _fallback, _impl
+from ._fused_dot import FusedDot
 from .formats import FP32, FloatFormat
+from .registry import FUSED_DOT_MATMUL, lookup
 from .rounding import Rounding
 
 __all__ = ["cast", "encode", "decode", "bits", "code_dtype", "draw_seed", "random_words", "add", "mul", "fma", "matmul", "sum"]
@@ -525,11 +527,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
         sr_bits, generator: as in :func:`cast`.
     """
     # --- tensor-core accumulators (issue 15, cpd/tensor_core.py): acc=FusedDot runs its own op ---
-    from .tensor_core import FusedDot, tensor_core_matmul
-
+    # (cpd.tensor_core.tensor_core_matmul, looked up in cpd.registry: that module imports this one)
     if isinstance(acc, FusedDot):
-        return tensor_core_matmul(a, b, acc, mul=mul, fma=fma, kahan=kahan, block=block, rounding=rounding,
-                                  saturate=saturate, sr_bits=sr_bits, generator=generator)
+        return lookup(FUSED_DOT_MATMUL)(a, b, acc, mul=mul, fma=fma, kahan=kahan, block=block, rounding=rounding,
+                                        saturate=saturate, sr_bits=sr_bits, generator=generator)
     # --- end tensor-core accumulators ---
     _check_matmul_operands(a, b)
     acc, mode, k = _check_accum_args(acc, kahan, rounding, saturate, sr_bits, generator)
@@ -610,9 +611,3 @@ def _ready() -> None:
     after that)."""
     if not _core.done:
         _core.install()
-
-
-def _route_cpu_to_kernels(on: bool) -> None:
-    """Used by cpd._shim.on_host: run the CUDA code path (kernels on the host) for CPU tensors
-    (for every op registered through cpd._impl: these and cpd.mx's)."""
-    _impl.route_cpu_to_kernels(on)

@@ -8,9 +8,11 @@ import dataclasses
 
 import torch
 
-from ..formats import FloatFormat
-from ..ops import cast
+from ..formats import FP16, FP32, FloatFormat
+from ..ops import add, cast, matmul
 from ..rounding import Rounding
+from ..tensor_core import FusedDot
+from .recipes import Scaler, ScalingRecipe, grad_recipe
 
 __all__ = ["Quantizer", "quantizer", "GemmConfig", "quant_matmul", "QuantLinear", "QuantConv2d"]
 
@@ -98,8 +100,6 @@ class GemmConfig:
     rounding: Rounding = Rounding.NEAREST
 
     def __post_init__(self):
-        from ..tensor_core import FusedDot
-
         if isinstance(self.acc, FusedDot):  # a matrix unit's fused dot products (cpd.tensor_core)
             if self.mul is not None or self.fma or self.kahan or self.block is not None:
                 raise ValueError("acc=FusedDot rounds the whole dot product itself: mul, fma, kahan and block must "
@@ -127,8 +127,6 @@ class GemmConfig:
     @property
     def fused(self) -> bool:
         """True when ``acc`` is a :class:`cpd.FusedDot` (a matrix unit's model)."""
-        from ..tensor_core import FusedDot
-
         return isinstance(self.acc, FusedDot)
 
     @property
@@ -136,8 +134,6 @@ class GemmConfig:
         """Format the bias is added in: ``acc``; for a FusedDot its output (FP16 for ``out="f16"``,
         else FP32, the epilogue of a GPU GEMM); None for an exact config."""
         if self.fused:
-            from ..formats import FP16, FP32
-
             return FP16 if self.acc.out == "f16" else FP32
         return self.acc
 
@@ -146,16 +142,11 @@ class GemmConfig:
         fmt = self.epilogue_format
         if fmt is None:
             return y + bias
-        from ..ops import add
-
         return add(y, bias, fmt, self.rounding)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self.exact:
             return torch.matmul(a, b)
-        from ..ops import matmul
-        from ..formats import FP32
-
         if self.fused:
             return matmul(a, b, acc=self.acc)
         return matmul(a, b, mul=self.mul, acc=self.acc or FP32, fma=self.fma, kahan=self.kahan, block=self.block,
@@ -293,8 +284,6 @@ class QuantLinear(torch.nn.Linear, _QuantMixin):
                  device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self._setup_quant(mul, acc, weight, activation, grad, backward_mul, backward_acc, kahan, fma, block, rounding)
-        from .recipes import ScalingRecipe, Scaler, grad_recipe
-
         recipe = ScalingRecipe.parse(scaling)
         self.scaling = recipe
         if recipe is not None:  # one state per operand (cpd.nn.recipes); see scaling_report
