@@ -268,16 +268,56 @@ struct KahanStep {
   __device__ __forceinline__ bool redo(float s) const { return cpd::gemm_redo(s); }
 };
 
+// A row of R outputs of one thread (R per-output accumulators); the steps above are per output.
+template <class S>
+struct Rows : S {
+  template <int R>
+  struct Row {
+    typename S::Acc x[R];
+  };
+  __device__ __forceinline__ float prep(float b) const { return b; }
+  template <int R>
+  __device__ __forceinline__ void init(Row<R>& r) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) S::init(r.x[j]);
+  }
+  template <int R>
+  __device__ __forceinline__ void step(Row<R>& r, float a, const float (&b)[R], const float (&)[R]) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) S::step(r.x[j], a, b[j]);
+  }
+  template <int R>
+  __device__ __forceinline__ float value(const Row<R>& r, int j) const { return r.x[j].s; }
+  template <int R>
+  __device__ __forceinline__ bool redo(const Row<R>& r, int j) const { return S::REDO && S::redo(r.x[j].s); }
+};
+
+// LANES16: a row of R outputs as R / 2 binary16 pairs (cpd/gemm.h gemm_f16_pair_step).
 struct Lanes16Step {
   static constexpr int FAMILY = cpd::GEMM_LANES16;
-  static constexpr bool REDO = true;
-  cpd::FormatF mg, ag;
-  struct Acc {
-    float s;
+  cpd::GemmF16 g;
+  template <int R>
+  struct Row {
+    cpd::u32 s[R / 2], mx[R / 2];
   };
-  __device__ __forceinline__ void init(Acc& x) const { x.s = 0.0f; }
-  __device__ __forceinline__ void step(Acc& x, float a, float b) const { cpd::gemm_f16_step(x.s, a, b, mg, ag); }
-  __device__ __forceinline__ bool redo(float s) const { return cpd::gemm_redo(s); }
+  __device__ __forceinline__ float prep(float b) const { return cpd::gemm_f16_scale(b, g); }
+  template <int R>
+  __device__ __forceinline__ void init(Row<R>& r) const {
+#pragma unroll
+    for (int q = 0; q < R / 2; ++q) r.s[q] = r.mx[q] = 0u;  // +0, +0
+  }
+  template <int R>
+  __device__ __forceinline__ void step(Row<R>& r, float a, const float (&b)[R], const float (&bs)[R]) const {
+#pragma unroll
+    for (int q = 0; q < R / 2; ++q)
+      cpd::gemm_f16_pair_step(r.s[q], r.mx[q], a, b[2 * q], bs[2 * q], b[2 * q + 1], bs[2 * q + 1], g);
+  }
+  template <int R>
+  __device__ __forceinline__ float value(const Row<R>& r, int j) const { return cpd::h2_half(r.s[j / 2], j & 1); }
+  template <int R>
+  __device__ __forceinline__ bool redo(const Row<R>& r, int j) const {
+    return cpd::gemm_f16_redo(r.s[j / 2], r.mx[j / 2], j & 1, g);
+  }
 };
 
 struct Kahan16Step {
@@ -346,13 +386,11 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
       }
       cpd::copy_commit();
     };
-    typename Step::Acc acc[R][R];
+    typename Step::template Row<R> acc[R];
 #pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-      for (int j = 0; j < R; ++j) st.init(acc[i][j]);
+    for (int i = 0; i < R; ++i) st.init(acc[i]);
     auto compute = [&](int buf, int kk) {
-      float av[R], bv[R];
+      float av[R], bv[R], bp[R];
 #pragma unroll
       for (int q = 0; q < R / 4; ++q) {
         const float4 va = *reinterpret_cast<const float4*>(&sh.a[buf][kk][q * 64 + ty * 4]);
@@ -361,9 +399,9 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
         bv[4 * q] = vb.x, bv[4 * q + 1] = vb.y, bv[4 * q + 2] = vb.z, bv[4 * q + 3] = vb.w;
       }
 #pragma unroll
-      for (int i = 0; i < R; ++i)
+      for (int j = 0; j < R; ++j) bp[j] = st.prep(bv[j]);  // per operand of B, once per load
 #pragma unroll
-        for (int j = 0; j < R; ++j) st.step(acc[i][j], av[i], bv[j]);
+      for (int i = 0; i < R; ++i) st.step(acc[i], av[i], bv, bp);
     };
     stage(0, K);
     cpd::copy_wait_all();
@@ -378,20 +416,23 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
     }
     for (int kk = 0; kk < tail; ++kk) compute((int)(full & 1), kk);
     __syncthreads();  // the next tile's first stage overwrites buffer 0
+    // The outputs to redo (a bit each), then the stores: no accumulator lives across dot_output.
+    unsigned long long redo = 0ull;
 #pragma unroll
     for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int j = 0; j < R; ++j) {
         const long long gm = m0 + own(ty, i), gn = n0 + own(tx, j);
-        if (gm < M && gn < N) y[(bi * M + gm) * N + gn] = acc[i][j].s;
+        if (gm < M && gn < N) {
+          y[(bi * M + gm) * N + gn] = st.value(acc[i], j);
+          if (!mine || st.redo(acc[i], j)) redo |= 1ull << (i * R + j);
+        }
       }
-    // The outputs to redo, from y (this thread's own stores): no accumulator lives across the call.
-    if (!mine || Step::REDO)
-      for (int i = 0; i < R; ++i)
-        for (int j = 0; j < R; ++j) {
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < R; ++j)
+        if ((redo >> (i * R + j)) & 1ull) {
           const long long gm = m0 + own(ty, i), gn = n0 + own(tx, j), o = (bi * M + gm) * N + gn;
-          if (gm < M && gn < N && (!mine || st.redo(y[o])))
-            y[o] = dot_output(ab + gm * K, bb + gn, N, K, (unsigned long long)o, d, seed, offset);
+          y[o] = dot_output(ab + gm * K, bb + gn, N, K, (unsigned long long)o, d, seed, offset);
         }
   }
 }
@@ -415,10 +456,9 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
     family_gemm<STEP, R>(a, b, y, B, M, K, N, d, st, seed, offset, sh);                                         \
   }
 
-CPD_FAMILY_KERNEL(cpd_matmul_chain, ChainStep, 8, 2, (void)0)
-CPD_FAMILY_KERNEL(cpd_matmul_lanes, LanesStep, 4, 2, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
-CPD_FAMILY_KERNEL(cpd_matmul_kahan, KahanStep, 4, 2, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
-CPD_FAMILY_KERNEL(cpd_matmul_lanes16, Lanes16Step, 4, 2,
-                  (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
-CPD_FAMILY_KERNEL(cpd_matmul_kahan16, Kahan16Step, 4, 2,
+CPD_FAMILY_KERNEL(cpd_matmul_chain, Rows<ChainStep>, 8, 2, (void)0)
+CPD_FAMILY_KERNEL(cpd_matmul_lanes, Rows<LanesStep>, 4, 2, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_kahan, Rows<KahanStep>, 4, 2, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_lanes16, Lanes16Step, 4, 2, (st.g = cpd::make_gemm_f16(mf, af)))
+CPD_FAMILY_KERNEL(cpd_matmul_kahan16, Rows<Kahan16Step>, 4, 2,
                   (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
