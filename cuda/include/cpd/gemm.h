@@ -77,47 +77,11 @@ CPD_FN int gemm_f16_applies(const DotSpec& d) {
   return (int)(gemm_lanes_applies(d) && is_binary16_format(d.af) && d.mf.subnormals);
 }
 
-// ---- KAHAN16's step: LANES' with three instructions fewer per rounding:
-//   * the sum's rounding, cast_bits(fl32(s + p), binary16, NEAREST) (add_f: Figueroa as above),
-//     is the hardware's float32 -> binary16 conversion to nearest even and back (PTX cvt.rn.f16.f32,
-//     IEEE 754's convertFormat: gradual underflow, +-inf on overflow), exact back to float32
-//     (round_binary16; on the host, where there is no such instruction, round_f: the same function);
-//   * the product's rounding is mul_f_round with no flush (flush_below is 0 for a format with
-//     subnormals, so the select it drops never fires) and without mul_f's NaN select.
-// Both differ from LANES only in a NaN's bits (the conversion's NaN is the hardware's canonical
-// one), and a NaN sum stays NaN to the end (a NaN compensation reaches s at the next step: y, then
-// t, are NaN), so an output that ends as NaN is redone by dot_step, as in CHAIN (gemm_redo).
-CPD_FN float round_binary16(float x, const FormatF& g) {
-#if defined(__CUDA_ARCH__)
-  unsigned short h;
-  float r;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
-  (void)g;
-  return r;
-#else
-  return float_of(round_f(bits_of(x), g));
-#endif
-}
-
-// mul_f(x, y, g) for a format with subnormals, up to a NaN's bits (see above).
-CPD_FN float gemm_product_sub(float x, float y, const FormatF& g) {
-  const u32 h = bits_of(fmul(x, y));
-  const float c = float_of(round_f_c(h & ~SIGN, g));
-  const float ax = float_of(bits_of(x) & ~SIGN), ay = float_of(bits_of(y) & ~SIGN);
-  u32 r = bits_of(fsub(ffma(ax, ay, c), c));
-  r = float_of(r) > g.max ? g.outward_bits : r;  // overflow, infinities (round_f_finish)
-  return float_of((h & SIGN) | r);
-}
-
-CPD_FN void gemm_kahan16_step(float& s, float& c, float a, float b, const FormatF& mg, const FormatF& ag) {
-  kahan_step(s, c, gemm_product_sub(a, b, mg), [&ag](float x, float y, int) { return round_binary16(fadd(x, y), ag); });
-}
-
-// ---- LANES16's step: two outputs at a time, their sums binary16 pairs (half2). Per product and
-// output: FMUL, FMNMX, LOP3, FFMA, FADD; per pair of outputs: one conversion of the two products to
-// binary16 (F2FP), one binary16 pair add (HADD2) and one running maximum of their magnitudes
-// (HMNMX2); per operand of B, once per load, one FMUL (the scale below).
+// The steps of LANES16 and KAHAN16: two outputs at a time, their sums (and Kahan's compensations)
+// binary16 pairs (half2). Per product and output: FMUL, FMNMX, LOP3, FFMA, FADD; per pair of
+// outputs: one conversion of the two products to binary16 (F2FP), one binary16 pair add (HADD2;
+// Kahan: four) and one running maximum of the products' magnitudes (HMNMX2); per operand of B, once
+// per load, one FMUL (the scale below).
 //
 // The product. v = a*b exact (float32 a, b: 48 bits), E = max(e(v), emin) (e: the binade), the
 // quantum q = 2^(E - man) of the mul format m (man <= 10, values within binary16, subnormals).
@@ -137,13 +101,18 @@ CPD_FN void gemm_kahan16_step(float& s, float& c, float a, float b, const Format
 // product NaN; a NaN h from 0 * inf (b' = inf, a = 0) leaves C = lo's, and a*b + C = C: the
 // product 0 (a NaN a or b, or inf * 0, gives NaN through the FFMA itself).
 //
-// The sum. Both the sum s and the product p are binary16 values (p, when |p| <= m's largest value
+// The sums. The sum s and the product p are binary16 values (p, when |p| <= m's largest value
 // max, is a value of m: values_within), so the hardware's binary16 add to nearest (PTX
 // add.rn.f16x2: IEEE 754 addition, correctly rounded, gradual underflow, +-inf on overflow, an
-// exact zero +0) is add_bits(s, p, binary16, NEAREST) itself: one rounding, where LANES16 took
-// fl32(s + p) and cast it (Figueroa's 24 >= 2 * 11 + 2 made the two equal). The sum starts at +0,
-// and an exact zero sum to nearest is -0 only when both terms are, so s is never -0, and s + p
-// does not depend on the sign of a zero p: our +0 for mul_bits' -0 changes nothing.
+// exact zero +0) is add_bits(s, p, binary16, NEAREST) itself: one rounding, where the float32
+// lanes take fl32(s + p) and cast it (Figueroa's 24 >= 2 * 11 + 2 makes the two equal). The sum
+// starts at +0, and an exact zero sum to nearest is -0 only when both terms are, so s is never -0,
+// and s + p does not depend on the sign of a zero p: our +0 for mul_bits' -0 changes nothing.
+// Kahan (kahan_step: y = p - c, t = s + y, c = (t - s) - y, s = t; each a sum of two binary16
+// values rounded once, add.rn / sub.rn.f16x2, x - y being x + (-y) in IEEE 754): s, t are never
+// -0 (as above), so t - s is +0 when zero and c never -0; y is -0 only for p = -0 (our +0), and a
+// zero y changes neither t = s + y (s != -0) nor c = (t - s) - y = +0 - y = +0. Infinite and NaN
+// sums and compensations follow IEEE 754 on both paths alike; a NaN c reaches s at the next step.
 //
 // What is left to the generic steps: every product whose magnitude exceeds max (an overflow, to
 // inf or NaN in m, and inf products), seen in the running maximum of |p| (in binary16, a
@@ -205,6 +174,18 @@ CPD_FN u32 h2_add(u32 x, u32 y, const FormatF& ag) {
   const u32 lo = round_f(bits_of(fadd(float_of(half_bits(x & 0xffffu)), float_of(half_bits(y & 0xffffu)))), ag);
   const u32 hi = round_f(bits_of(fadd(float_of(half_bits(x >> 16)), float_of(half_bits(y >> 16)))), ag);
   return half_code(lo) | (half_code(hi) << 16);  // Figueroa: fl32 then binary16 is one rounding
+#endif
+}
+
+// x - y per half, rounded once (sub.rn.f16x2: x + (-y)).
+CPD_FN u32 h2_sub(u32 x, u32 y, const FormatF& ag) {
+#if defined(__CUDA_ARCH__)
+  u32 d;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(x), "r"(y));
+  (void)ag;
+  return d;
+#else
+  return h2_add(x, y ^ 0x80008000u, ag);
 #endif
 }
 
@@ -282,13 +263,24 @@ CPD_FN void gemm_f16_pair_step(u32& s, u32& mx, float a, float b0, float bs0, fl
   mx = h2_maxabs(mx, p);
 }
 
+// Kahan's step of the pair (s, c: sums and compensations; cpd/accumulate.h kahan_step's order).
+CPD_FN void gemm_kahan16_pair_step(u32& s, u32& c, u32& mx, float a, float b0, float bs0, float b1, float bs1,
+                                   const GemmF16& g) {
+  const u32 p = h2_pack(gemm_f16_product(a, b0, bs0, g), gemm_f16_product(a, b1, bs1, g), g.ag);
+  const u32 y = h2_sub(p, c, g.ag);
+  const u32 t = h2_add(s, y, g.ag);
+  c = h2_sub(h2_sub(t, s, g.ag), y, g.ag);
+  s = t;
+  mx = h2_maxabs(mx, p);
+}
+
 // Whether output i of a pair must be redone by dot_step: a NaN sum, or a product past max.
 CPD_FN int gemm_f16_redo(u32 s, u32 mx, int i, const GemmF16& g) {
   const u32 sc = (i ? s >> 16 : s) & 0x7fffu, mc = (i ? mx >> 16 : mx) & 0x7fffu;
   return (int)((sc > 0x7c00u) | (mc > g.max_code));
 }
 
-// Whether a family's output s must be redone by dot_step (a NaN: see CHAIN, LANES and LANES16).
+// Whether a family's output s must be redone by dot_step (a NaN: see CHAIN and LANES).
 CPD_FN int gemm_redo(float s) { return (int)((bits_of(s) & ~SIGN) > INF_BITS); }
 
 // The family of a spec: which kernel of matmul.cu runs it (GEMM_GENERIC: cpd_matmul_tiled).
