@@ -201,3 +201,59 @@ def test_auto_routes_and_matches():
         _kernels.matmul(a, b, got, None if kw.get("mul") is None else _fmt_args(kw["mul"]), _fmt_args(kw["acc"]),
                         kw.get("kahan", False), 0, 0, False, 32, *SEED, spy)
         assert exact(got, want) and seen[-1] == _kernels.FAMILY_KERNELS[fam][0], (fam, seen)
+
+
+def _grid_targets(fmt, n, g, top=None):
+    """n products on the rounding points of fmt: its values and the midpoints between neighbours
+    (ties to even), in the normal and subnormal ranges, and half the smallest subnormal, with
+    random signs (float64, exact); binades up to top (default: emax)."""
+    p, emin, emax = fmt.man, fmt.emin, fmt.emax
+    e = torch.randint(emin - 1, (emax if top is None else top) + 1, (n,), generator=g)  # emin - 1: subnormals
+    i = torch.randint(0, 2 ** (p + 1), (n,), generator=g).double()     # half-quanta: values and midpoints
+    q = torch.exp2(torch.maximum(e, torch.tensor(emin)).double() - p)
+    t = torch.where(e < emin, i / 2 * q, (2 ** p + i / 2) * q)         # |t| below 2^emin: subnormal grid
+    pick = torch.randint(0, 16, (n,), generator=g)
+    t = torch.where(pick == 0, torch.tensor(2.0 ** (emin - p - 1)), t)  # half the smallest subnormal
+    return t * (torch.randint(0, 2, (n,), generator=g).double() * 2 - 1)
+
+
+@pytest.mark.parametrize("case", [c for c in cases() if c[0] in ("lanes16", "kahan16")], ids=ids)
+def test_binary16_families_at_the_rounding_points(case):
+    """Products exactly on the mul format's ties (normal and subnormal), at its overflow threshold
+    and half its smallest subnormal, and just beside them (the exact product a*b off a tie by less
+    than float32's own rounding of a*b: only the exact product decides, one FFMA); sums that round,
+    overflow binary16 and cancel; zeros of both signs; a B operand so large that b * 2^(23 - man)
+    overflows (LANES16's exponent product: a zero a gives 0, a tiny a a redo); inf and NaN."""
+    fam, kw = case
+    fmt = kw["mul"]
+    B, M, K, N = 1, 12, 300, 10
+    g = torch.Generator().manual_seed(27)
+    t = _grid_targets(fmt, M * K, g, top=4).reshape(M, K)               # sums mostly finite ...
+    t[:, :3] = _grid_targets(fmt, M * 3, g).reshape(M, 3)               # ... and the top binades
+    t[10:, 0] = float(fmt.max) + 2.0 ** (fmt.emax - fmt.man - 1)         # the overflow threshold (a tie)
+    t[11, 1] = -t[11, 0]
+    shift = torch.randint(-20, 21, (K,), generator=g).double()          # a = t * 2^s, b = 2^-s (1 + d)
+    eps = torch.tensor([0.0, 0.0, 0.0, 2.0 ** -12, -2.0 ** -12, 2.0 ** -23, -2.0 ** -24, 2.0 ** -13])
+    da = eps[torch.randint(0, len(eps), (M, K), generator=g)]
+    db = eps[torch.randint(0, len(eps), (K, N), generator=g)]
+    db[:, 0] = -da[0]                                                    # (1 + d)(1 - d): just below a tie
+    a = (t * torch.exp2(shift) * (1 + da)).float()
+    b = (torch.exp2(-shift)[:, None] * (1 + db)).float()
+    b[:, 1] *= -1.0
+    b[:, 2] = torch.exp2(-shift)
+    a[9] = (float(fmt.max) * torch.exp2(shift)).float()                  # K * max: the binary16 sum overflows
+    b[::3, 3] = 0.0
+    b[1::3, 3] = -0.0
+    a[2] = 0.0
+    a[3] = -0.0
+    b[5, 4] = 3e38                                                       # b * 2^(23 - man) = inf
+    a[4, 5] = 2.0 ** -120                                                # ... times a tiny a: a finite product
+    b[5, 5] = 2.0 ** 120
+    a[5, 7], a[6, 8], a[7, 9] = float("inf"), float("nan"), -float("inf")
+    a[8], b[:, 6] = (t[8] * torch.exp2(shift)).float(), -torch.exp2(-shift)  # the targets themselves: ties
+    b[:, 7] = -b[:, 7]
+    a, b = a[None], b[None]
+    want, got = run(a, b, kw, fam, G(256, 1))
+    assert same_bits(got, want), kw
+    assert torch.isfinite(got).sum() > M * N // 3                        # many outputs are finite sums
+    assert not torch.isfinite(got[0, 9, 2]) and torch.isnan(got[0, 6]).all()  # binary16 overflow; a NaN a

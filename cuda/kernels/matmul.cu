@@ -268,30 +268,64 @@ struct KahanStep {
   __device__ __forceinline__ bool redo(float s) const { return cpd::gemm_redo(s); }
 };
 
-struct Lanes16Step {
-  static constexpr int FAMILY = cpd::GEMM_LANES16;
-  static constexpr bool REDO = true;
-  cpd::FormatF mg, ag;
-  struct Acc {
-    float s;
+// A row of R outputs of one thread (R per-output accumulators); the steps above are per output.
+template <class S>
+struct Rows : S {
+  template <int R>
+  struct Row {
+    typename S::Acc x[R];
   };
-  __device__ __forceinline__ void init(Acc& x) const { x.s = 0.0f; }
-  __device__ __forceinline__ void step(Acc& x, float a, float b) const { cpd::gemm_f16_step(x.s, a, b, mg, ag); }
-  __device__ __forceinline__ bool redo(float s) const { return cpd::gemm_redo(s); }
+  __device__ __forceinline__ float prep(float b) const { return b; }
+  template <int R>
+  __device__ __forceinline__ void init(Row<R>& r) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) S::init(r.x[j]);
+  }
+  template <int R>
+  __device__ __forceinline__ void step(Row<R>& r, float a, const float (&b)[R], const float (&)[R]) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) S::step(r.x[j], a, b[j]);
+  }
+  template <int R>
+  __device__ __forceinline__ float value(const Row<R>& r, int j) const { return r.x[j].s; }
+  static constexpr bool FROM_VALUE = true;
+  __device__ __forceinline__ bool redo_value(float s) const { return S::REDO && S::redo(s); }
 };
 
-struct Kahan16Step {
-  static constexpr int FAMILY = cpd::GEMM_KAHAN16;
-  static constexpr bool REDO = true;
-  cpd::FormatF mg, ag;
-  struct Acc {
-    float s, c;
+// LANES16 and KAHAN16: a row of R outputs as R / 2 binary16 pairs (cpd/gemm.h gemm_f16_pair_step,
+// gemm_kahan16_pair_step): sums s, Kahan's compensations c, the largest |product| mx.
+template <bool KAHAN>
+struct Binary16Step {
+  static constexpr int FAMILY = KAHAN ? cpd::GEMM_KAHAN16 : cpd::GEMM_LANES16;
+  cpd::GemmF16 g;
+  template <int R>
+  struct Row {
+    cpd::u32 s[R / 2], c[KAHAN ? R / 2 : 1], mx[R / 2];
   };
-  __device__ __forceinline__ void init(Acc& x) const { x.s = x.c = 0.0f; }
-  __device__ __forceinline__ void step(Acc& x, float a, float b) const {
-    cpd::gemm_kahan16_step(x.s, x.c, a, b, mg, ag);
+  __device__ __forceinline__ float prep(float b) const { return cpd::gemm_f16_scale(b, g); }
+  template <int R>
+  __device__ __forceinline__ void init(Row<R>& r) const {
+#pragma unroll
+    for (int q = 0; q < R / 2; ++q) r.s[q] = r.mx[q] = r.c[KAHAN ? q : 0] = 0u;  // +0, +0
   }
-  __device__ __forceinline__ bool redo(float s) const { return cpd::gemm_redo(s); }
+  template <int R>
+  __device__ __forceinline__ void step(Row<R>& r, float a, const float (&b)[R], const float (&bs)[R]) const {
+#pragma unroll
+    for (int q = 0; q < R / 2; ++q) {
+      if (KAHAN)
+        cpd::gemm_kahan16_pair_step(r.s[q], r.c[q], r.mx[q], a, b[2 * q], bs[2 * q], b[2 * q + 1], bs[2 * q + 1], g);
+      else
+        cpd::gemm_f16_pair_step(r.s[q], r.mx[q], a, b[2 * q], bs[2 * q], b[2 * q + 1], bs[2 * q + 1], g);
+    }
+  }
+  template <int R>
+  __device__ __forceinline__ float value(const Row<R>& r, int j) const { return cpd::h2_half(r.s[j / 2], j & 1); }
+  template <int R>
+  __device__ __forceinline__ bool redo(const Row<R>& r, int j) const {
+    return cpd::gemm_f16_redo(r.s[j / 2], r.mx[j / 2], j & 1, g);
+  }
+  static constexpr bool FROM_VALUE = false;
+  __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
 // Row (column) of the i-th output of thread t along M (N): groups of 4, 64 apart.
@@ -346,13 +380,11 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
       }
       cpd::copy_commit();
     };
-    typename Step::Acc acc[R][R];
+    typename Step::template Row<R> acc[R];
 #pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-      for (int j = 0; j < R; ++j) st.init(acc[i][j]);
+    for (int i = 0; i < R; ++i) st.init(acc[i]);
     auto compute = [&](int buf, int kk) {
-      float av[R], bv[R];
+      float av[R], bv[R], bp[R];
 #pragma unroll
       for (int q = 0; q < R / 4; ++q) {
         const float4 va = *reinterpret_cast<const float4*>(&sh.a[buf][kk][q * 64 + ty * 4]);
@@ -361,9 +393,9 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
         bv[4 * q] = vb.x, bv[4 * q + 1] = vb.y, bv[4 * q + 2] = vb.z, bv[4 * q + 3] = vb.w;
       }
 #pragma unroll
-      for (int i = 0; i < R; ++i)
+      for (int j = 0; j < R; ++j) bp[j] = st.prep(bv[j]);  // per operand of B, once per load
 #pragma unroll
-        for (int j = 0; j < R; ++j) st.step(acc[i][j], av[i], bv[j]);
+      for (int i = 0; i < R; ++i) st.step(acc[i], av[i], bv, bp);
     };
     stage(0, K);
     cpd::copy_wait_all();
@@ -378,21 +410,30 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
     }
     for (int kk = 0; kk < tail; ++kk) compute((int)(full & 1), kk);
     __syncthreads();  // the next tile's first stage overwrites buffer 0
+    // The outputs to redo: from the accumulators (a bit each, before the stores), or from the stored
+    // values (Rows: y holds this thread's own stores); no accumulator lives across dot_output.
+    unsigned long long redo = 0ull;
+    if constexpr (!Step::FROM_VALUE) {
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < R; ++j)
+          if (st.redo(acc[i], j)) redo |= 1ull << (i * R + j);
+    }
 #pragma unroll
     for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int j = 0; j < R; ++j) {
         const long long gm = m0 + own(ty, i), gn = n0 + own(tx, j);
-        if (gm < M && gn < N) y[(bi * M + gm) * N + gn] = acc[i][j].s;
+        if (gm < M && gn < N) y[(bi * M + gm) * N + gn] = st.value(acc[i], j);
       }
-    // The outputs to redo, from y (this thread's own stores): no accumulator lives across the call.
-    if (!mine || Step::REDO)
-      for (int i = 0; i < R; ++i)
-        for (int j = 0; j < R; ++j) {
-          const long long gm = m0 + own(ty, i), gn = n0 + own(tx, j), o = (bi * M + gm) * N + gn;
-          if (gm < M && gn < N && (!mine || st.redo(y[o])))
-            y[o] = dot_output(ab + gm * K, bb + gn, N, K, (unsigned long long)o, d, seed, offset);
-        }
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < R; ++j) {
+        const long long gm = m0 + own(ty, i), gn = n0 + own(tx, j), o = (bi * M + gm) * N + gn;
+        if (gm < M && gn < N &&
+            (!mine || (Step::FROM_VALUE ? st.redo_value(y[o]) : (bool)((redo >> (i * R + j)) & 1ull))))
+          y[o] = dot_output(ab + gm * K, bb + gn, N, K, (unsigned long long)o, d, seed, offset);
+      }
   }
 }
 
@@ -415,10 +456,8 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
     family_gemm<STEP, R>(a, b, y, B, M, K, N, d, st, seed, offset, sh);                                         \
   }
 
-CPD_FAMILY_KERNEL(cpd_matmul_chain, ChainStep, 8, 2, (void)0)
-CPD_FAMILY_KERNEL(cpd_matmul_lanes, LanesStep, 4, 2, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
-CPD_FAMILY_KERNEL(cpd_matmul_kahan, KahanStep, 4, 2, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
-CPD_FAMILY_KERNEL(cpd_matmul_lanes16, Lanes16Step, 4, 2,
-                  (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
-CPD_FAMILY_KERNEL(cpd_matmul_kahan16, Kahan16Step, 4, 2,
-                  (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_chain, Rows<ChainStep>, 8, 2, (void)0)
+CPD_FAMILY_KERNEL(cpd_matmul_lanes, Rows<LanesStep>, 4, 2, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_kahan, Rows<KahanStep>, 4, 2, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_lanes16, Binary16Step<false>, 4, 2, (st.g = cpd::make_gemm_f16(mf, af)))
+CPD_FAMILY_KERNEL(cpd_matmul_kahan16, Binary16Step<true>, 4, 2, (st.g = cpd::make_gemm_f16(mf, af)))

@@ -67,16 +67,7 @@ CPD_FN void gemm_kahan_step(float& s, float& c, float a, float b, const FormatF&
 
 // LANES16 / KAHAN16 (gemm_f16_applies): LANES with the accumulator IEEE binary16 itself ((5, 10),
 // bias 15, subnormals, no saturation) and a mul format with subnormals, the common case
-// (E5M2 or E4M3 into FP16). The steps are LANES' with three instructions fewer per rounding:
-//   * the sum's rounding, cast_bits(fl32(s + p), binary16, NEAREST) (add_f: Figueroa as above),
-//     is the hardware's float32 -> binary16 conversion to nearest even and back (PTX cvt.rn.f16.f32,
-//     IEEE 754's convertFormat: gradual underflow, +-inf on overflow), exact back to float32
-//     (round_binary16; on the host, where there is no such instruction, round_f: the same function);
-//   * the product's rounding is mul_f_round with no flush (flush_below is 0 for a format with
-//     subnormals, so the select it drops never fires) and without mul_f's NaN select.
-// Both differ from LANES only in a NaN's bits (the conversion's NaN is the hardware's canonical
-// one), and a NaN sum stays NaN to the end (a NaN compensation reaches s at the next step: y, then
-// t, are NaN), so an output that ends as NaN is redone by dot_step, as in CHAIN (gemm_redo).
+// (E5M2 or E4M3 into FP16).
 CPD_FN int is_binary16_format(const Format& f) {
   return (int)(f.exp == 5 && f.man == 10 && f.bias == 15 && f.specials == SPECIALS_IEEE && f.is_signed &&
                f.subnormals && f.outward_bits == INF_BITS);
@@ -86,38 +77,210 @@ CPD_FN int gemm_f16_applies(const DotSpec& d) {
   return (int)(gemm_lanes_applies(d) && is_binary16_format(d.af) && d.mf.subnormals);
 }
 
-CPD_FN float round_binary16(float x, const FormatF& g) {
-#if defined(__CUDA_ARCH__)
-  unsigned short h;
-  float r;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
-  (void)g;
-  return r;
+// The steps of LANES16 and KAHAN16: two outputs at a time, their sums (and Kahan's compensations)
+// binary16 pairs (half2). Per product and output: FMUL, FMNMX, LOP3, FFMA, FADD; per pair of
+// outputs: one conversion of the two products to binary16 (F2FP), one binary16 pair add (HADD2;
+// Kahan: four) and one running maximum of the products' magnitudes (HMNMX2); per operand of B, once
+// per load, one FMUL (the scale below).
+//
+// The product. v = a*b exact (float32 a, b: 48 bits), E = max(e(v), emin) (e: the binade), the
+// quantum q = 2^(E - man) of the mul format m (man <= 10, values within binary16, subnormals).
+// With C = 1.5 * 2^(E + 23 - man) (ulp(C) = q, C / q = 3 * 2^22 even, C a float32 normal), and
+// |v| < 2^(E + 1) <= C * 2^(man - 22) / 1.5 < C / 2^12 / 1.5: C + v lies in C's binade, where the
+// float32 grid is q's, so fl32(C + v) = C + v rounded to a multiple of q, ties to the even multiple
+// (C's multiple is even), and fl32(C + v) - C is exact (Sterbenz): the signed v rounded to nearest
+// even on m's grid, one rounding (one FFMA: a*b + C rounded once, IEEE 754 fusedMultiplyAdd),
+// i.e. mul_bits(a, b, m, NEAREST) as long as that does not overflow, but for the sign of a zero
+// (fl32(C + v) - C is +0; see the sum). E comes from h = fl32(a * b') with b' = b * 2^(23 - man)
+// (exact: a scaling up, or inf): e(h) = e(v) + 23 - man, or one more when v rounds up to the next
+// power of two, which both quanta then round to; so C's bits are h's exponent field clamped below
+// at lo = 2^(emin + 23 - man) (fmaxf(|h|, lo): E >= emin, the subnormal range; h below float32's
+// normals clamps there too, emin + 23 - man >= -1 for m within binary16) with the significand
+// 0x400000 (the 1.5). No upper clamp is needed: e(h) <= 127 keeps C <= 1.5 * 2^127 and C + v
+// finite; an h that is +-inf (v >= 2^(128 - 23 + man): an overflow) makes C a NaN, hence the
+// product NaN; a NaN h from 0 * inf (b' = inf, a = 0) leaves C = lo's, and a*b + C = C: the
+// product 0 (a NaN a or b, or inf * 0, gives NaN through the FFMA itself).
+//
+// The sums. The sum s and the product p are binary16 values (p, when |p| <= m's largest value
+// max, is a value of m: values_within), so the hardware's binary16 add to nearest (PTX
+// add.rn.f16x2: IEEE 754 addition, correctly rounded, gradual underflow, +-inf on overflow, an
+// exact zero +0) is add_bits(s, p, binary16, NEAREST) itself: one rounding, where the float32
+// lanes take fl32(s + p) and cast it (Figueroa's 24 >= 2 * 11 + 2 makes the two equal). The sum
+// starts at +0, and an exact zero sum to nearest is -0 only when both terms are, so s is never -0,
+// and s + p does not depend on the sign of a zero p: our +0 for mul_bits' -0 changes nothing.
+// Kahan (kahan_step: y = p - c, t = s + y, c = (t - s) - y, s = t; each a sum of two binary16
+// values rounded once, add.rn / sub.rn.f16x2, x - y being x + (-y) in IEEE 754): s, t are never
+// -0 (as above), so t - s is +0 when zero and c never -0; y is -0 only for p = -0 (our +0), and a
+// zero y changes neither t = s + y (s != -0) nor c = (t - s) - y = +0 - y = +0. Infinite and NaN
+// sums and compensations follow IEEE 754 on both paths alike; a NaN c reaches s at the next step.
+//
+// What is left to the generic steps: every product whose magnitude exceeds max (an overflow, to
+// inf or NaN in m, and inf products), seen in the running maximum of |p| (in binary16, a
+// monotonic conversion: |p| > max exactly when the binary16 |p| is, p being on m's grid), and
+// every NaN sum (a NaN product or inf - inf), as in CHAIN: gemm_f16_redo. Every other output takes
+// the generic steps' products (finite, |p| <= max) and sums, bit for bit.
+//
+// The binary16 pair helpers: PTX on the device (cvt.rn.f16x2.f32 from sm_80, two cvt.rn.f16.f32
+// before); on the host (the shim), where there are no such instructions, the same functions by
+// round_f (cast_bits to nearest binary16) and exact re-encodings (binary16 code <-> float32 bits).
+struct GemmF16 {
+  float scale;   // 2^(23 - man): B's operands are scaled once per load (b' above)
+  float lo;      // 2^(emin + 23 - man): the least |h| whose binade C takes
+  u32 max_code;  // binary16 code of m's largest value (the overflow check)
+  FormatF ag;    // binary16's round_f (the host's conversions)
+};
+
+CPD_FN u32 half_code(u32 v) {  // float32 bits of a binary16 value, +-inf or NaN -> binary16 code
+  const u32 sgn = (v >> 16) & 0x8000u, a = v & ~SIGN;
+  if (a > INF_BITS) return sgn | 0x7e00u;
+  if (a == INF_BITS) return sgn | 0x7c00u;
+  if (a >= 0x38800000u) return sgn | ((a >> 13) - (112u << 10));  // 2^-14 and above: field - 127 + 15
+  return sgn | (u32)fmul(float_of(a), 16777216.0f);               // k * 2^-24, k < 1024
+}
+
+CPD_FN u32 half_bits(u32 code) {  // binary16 code -> float32 bits (exact)
+  const u32 sgn = (code & 0x8000u) << 16, field = (code >> 10) & 31u, frac = code & 1023u;
+  if (field == 31u) return sgn | (frac ? QNAN_BITS : INF_BITS);
+  if (field == 0u) return sgn | bits_of(fmul((float)frac, float_of(0x33800000u)));  // frac * 2^-24
+  return sgn | (((code & 0x7fffu) << 13) + (112u << 23));
+}
+
+// (binary16(hi) << 16) | binary16(lo), each rounded to nearest even (cvt.rn.f16x2.f32).
+CPD_FN u32 h2_pack(float lo, float hi, const FormatF& ag) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  u32 d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  (void)ag;
+  return d;
+#elif defined(__CUDA_ARCH__)
+  unsigned short l, h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(l) : "f"(lo));
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(hi));
+  (void)ag;
+  return (u32)l | ((u32)h << 16);
 #else
-  return float_of(round_f(bits_of(x), g));
+  return half_code(round_f(bits_of(lo), ag)) | (half_code(round_f(bits_of(hi), ag)) << 16);
 #endif
 }
 
-// mul_f(x, y, g) for a format with subnormals, up to a NaN's bits (see above).
-CPD_FN float gemm_product_sub(float x, float y, const FormatF& g) {
-  const u32 h = bits_of(fmul(x, y));
-  const float c = float_of(round_f_c(h & ~SIGN, g));
-  const float ax = float_of(bits_of(x) & ~SIGN), ay = float_of(bits_of(y) & ~SIGN);
-  u32 r = bits_of(fsub(ffma(ax, ay, c), c));
-  r = float_of(r) > g.max ? g.outward_bits : r;  // overflow, infinities (round_f_finish)
-  return float_of((h & SIGN) | r);
+// The binary16 sums of the two pairs, each rounded once to nearest even (add.rn.f16x2).
+CPD_FN u32 h2_add(u32 x, u32 y, const FormatF& ag) {
+#if defined(__CUDA_ARCH__)
+  u32 d;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(x), "r"(y));
+  (void)ag;
+  return d;
+#else
+  const u32 lo = round_f(bits_of(fadd(float_of(half_bits(x & 0xffffu)), float_of(half_bits(y & 0xffffu)))), ag);
+  const u32 hi = round_f(bits_of(fadd(float_of(half_bits(x >> 16)), float_of(half_bits(y >> 16)))), ag);
+  return half_code(lo) | (half_code(hi) << 16);  // Figueroa: fl32 then binary16 is one rounding
+#endif
 }
 
-CPD_FN void gemm_f16_step(float& s, float a, float b, const FormatF& mg, const FormatF& ag) {
-  s = round_binary16(fadd(s, gemm_product_sub(a, b, mg)), ag);
+// x - y per half, rounded once (sub.rn.f16x2: x + (-y)).
+CPD_FN u32 h2_sub(u32 x, u32 y, const FormatF& ag) {
+#if defined(__CUDA_ARCH__)
+  u32 d;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(x), "r"(y));
+  (void)ag;
+  return d;
+#else
+  return h2_add(x, y ^ 0x80008000u, ag);
+#endif
 }
 
-CPD_FN void gemm_kahan16_step(float& s, float& c, float a, float b, const FormatF& mg, const FormatF& ag) {
-  kahan_step(s, c, gemm_product_sub(a, b, mg), [&ag](float x, float y, int) { return round_binary16(fadd(x, y), ag); });
+// Per half, a binary16 whose magnitude is max(|m|, |p|) (its sign is not used); a NaN p may be
+// skipped (the device's max does), as its sum is NaN too.
+CPD_FN u32 h2_maxabs(u32 m, u32 p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860
+  u32 d;
+  asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(d) : "r"(m), "r"(p));
+  return d;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  u32 d;
+  asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(m & 0x7fff7fffu), "r"(p & 0x7fff7fffu));
+  return d;
+#else
+  const u32 ml = m & 0x7fffu, pl = p & 0x7fffu, mh = (m >> 16) & 0x7fffu, ph = (p >> 16) & 0x7fffu;
+  return (ml > pl ? ml : pl) | ((mh > ph ? mh : ph) << 16);
+#endif
 }
 
-// Whether a family's output s must be redone by dot_step (a NaN: see CHAIN, LANES and LANES16).
+// Half i (0: low, 1: high) of a pair as a float32 (exact).
+CPD_FN float h2_half(u32 x, int i) {
+  const u32 code = i ? x >> 16 : x & 0xffffu;
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"((unsigned short)code));
+  return r;
+#else
+  return float_of(half_bits(code));
+#endif
+}
+
+CPD_FN float fmax_abs(float x, float lo) {  // max(|x|, lo), lo when x is NaN (IEEE maxNum)
+#if CPD_DEVICE
+  return fmaxf(fabsf(x), lo);
+#else
+  return __builtin_fmaxf(__builtin_fabsf(x), lo);
+#endif
+}
+
+CPD_FN GemmF16 make_gemm_f16(const Format& m, const Format& acc) {
+  GemmF16 g;
+  g.scale = float_of((u32)(150 - m.man) << 23);
+  g.lo = float_of((u32)(m.emin + 150 - m.man) << 23);
+  g.ag = make_format_f(acc);
+  g.max_code = h2_pack(float_of(m.max_bits), 0.0f, g.ag) & 0x7fffu;
+  return g;
+}
+
+CPD_FN float gemm_f16_scale(float b, const GemmF16& g) { return fmul(b, g.scale); }
+
+// mul_bits(a, b, m, NEAREST) while |v| <= max, up to the sign of a zero (above); bs = b * scale.
+// (x & INF_BITS) | 0x400000 as one LOP3 (ptxas splits the two immediates into two otherwise).
+CPD_FN u32 exponent_and_half(u32 x) {
+#if defined(__CUDA_ARCH__)
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(x), "r"(INF_BITS), "r"(0x00400000u));
+  return d;
+#else
+  return (x & INF_BITS) | 0x00400000u;
+#endif
+}
+
+CPD_FN float gemm_f16_product(float a, float b, float bs, const GemmF16& g) {
+  const float h = fmul(a, bs);
+  const float c = float_of(exponent_and_half(bits_of(fmax_abs(h, g.lo))));
+  return fsub(ffma(a, b, c), c);
+}
+
+// Step k of the pair of outputs (s: their sums, mx: their largest |product| so far) with operands
+// a (A's) and b0, b1 (B's; bs0, bs1 scaled).
+CPD_FN void gemm_f16_pair_step(u32& s, u32& mx, float a, float b0, float bs0, float b1, float bs1, const GemmF16& g) {
+  const u32 p = h2_pack(gemm_f16_product(a, b0, bs0, g), gemm_f16_product(a, b1, bs1, g), g.ag);
+  s = h2_add(s, p, g.ag);
+  mx = h2_maxabs(mx, p);
+}
+
+// Kahan's step of the pair (s, c: sums and compensations; cpd/accumulate.h kahan_step's order).
+CPD_FN void gemm_kahan16_pair_step(u32& s, u32& c, u32& mx, float a, float b0, float bs0, float b1, float bs1,
+                                   const GemmF16& g) {
+  const u32 p = h2_pack(gemm_f16_product(a, b0, bs0, g), gemm_f16_product(a, b1, bs1, g), g.ag);
+  const u32 y = h2_sub(p, c, g.ag);
+  const u32 t = h2_add(s, y, g.ag);
+  c = h2_sub(h2_sub(t, s, g.ag), y, g.ag);
+  s = t;
+  mx = h2_maxabs(mx, p);
+}
+
+// Whether output i of a pair must be redone by dot_step: a NaN sum, or a product past max.
+CPD_FN int gemm_f16_redo(u32 s, u32 mx, int i, const GemmF16& g) {
+  const u32 sc = (i ? s >> 16 : s) & 0x7fffu, mc = (i ? mx >> 16 : mx) & 0x7fffu;
+  return (int)((sc > 0x7c00u) | (mc > g.max_code));
+}
+
+// Whether a family's output s must be redone by dot_step (a NaN: see CHAIN and LANES).
 CPD_FN int gemm_redo(float s) { return (int)((bits_of(s) & ~SIGN) > INF_BITS); }
 
 // The family of a spec: which kernel of matmul.cu runs it (GEMM_GENERIC: cpd_matmul_tiled).
