@@ -40,6 +40,19 @@
 
 namespace cpd_cpu {
 
+// Columns j0 .. j0 + nc of b (K, N) packed into pack as K rows of nr floats, zero past nc: the
+// panel the register chains (this file's and matmul_h16.h's) stream through. Returns its data.
+inline float* pack_panel(const float* b, int64_t K, int64_t N, int64_t j0, int64_t nc, int64_t nr,
+                         std::vector<float>& pack) {
+  pack.resize((size_t)(K * nr));
+  float* bp = pack.data();
+  for (int64_t k = 0; k < K; ++k) {
+    std::memcpy(bp + k * nr, b + k * N + j0, sizeof(float) * (size_t)nc);
+    for (int64_t j = nc; j < nr; ++j) bp[k * nr + j] = 0.0f;
+  }
+  return bp;
+}
+
 #if CPD_CPU_CHAIN
 struct ChainVec {
 #if defined(__AVX512F__)
@@ -105,12 +118,7 @@ inline void chain_tile(const float* __restrict a, int64_t lda, const float* __re
 inline void chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
                        int64_t j0, int64_t nc, std::vector<float>& pack) {
   using C = ChainVec;
-  pack.resize((size_t)(K * C::NR));
-  float* bp = pack.data();
-  for (int64_t k = 0; k < K; ++k) {
-    std::memcpy(bp + k * C::NR, b + k * N + j0, sizeof(float) * (size_t)nc);
-    for (int64_t j = nc; j < C::NR; ++j) bp[k * C::NR + j] = 0.0f;
-  }
+  const float* bp = pack_panel(b, K, N, j0, nc, C::NR, pack);
   int64_t i = m0;
   for (; i + C::MR <= m1; i += C::MR) chain_tile<C::MR>(a + i * K, K, bp, K, y + i * N + j0, N, nc);
   switch (m1 - i) {

@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "cpd/numerics.h"
-#include "matmul_chain.h"  // CPD_UNROLL
+#include "matmul_chain.h"  // CPD_UNROLL, pack_panel
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #include <immintrin.h>
@@ -199,12 +199,7 @@ template <bool BOUNDED>
 inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
                            int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m) {
   using C = H16Chain;
-  pack.resize((size_t)(K * C::NR));
-  float* bp = pack.data();
-  for (int64_t k = 0; k < K; ++k) {
-    std::memcpy(bp + k * C::NR, b + k * N + j0, sizeof(float) * (size_t)nc);
-    for (int64_t j = nc; j < C::NR; ++j) bp[k * C::NR + j] = 0.0f;
-  }
+  const float* bp = pack_panel(b, K, N, j0, nc, C::NR, pack);
   int64_t i = m0;
   for (; i + C::MR <= m1; i += C::MR)
     h16_chain_tile<C::MR, BOUNDED>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m);

@@ -203,12 +203,33 @@ using ArithSig = at::Tensor(int64_t, const at::Tensor&, const at::Tensor&, const
 using MatmulSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::IntArrayRef,
                              c10::IntArrayRef, bool, int64_t, int64_t, bool, int64_t);
 
+// Each op below autograd: what the autograd Function's forward and the no-gradient path both call.
+at::Tensor cast_below(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding,
+                      bool saturate, int64_t sr_bits) {
+  static const auto op = op_handle<CastSig>("cpd::cast");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(x, seed, fmt, rounding, saturate, sr_bits);
+}
+
+at::Tensor arith_below(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+                       const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding, bool saturate, int64_t sr_bits) {
+  static const auto handle = op_handle<ArithSig>("cpd::arith");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return handle.call(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
+}
+
+at::Tensor matmul_below(const at::Tensor& a, const at::Tensor& b, const at::Tensor& seed, c10::IntArrayRef mul,
+                        c10::IntArrayRef acc, bool kahan, int64_t block, int64_t rounding, bool saturate,
+                        int64_t sr_bits) {
+  static const auto op = op_handle<MatmulSig>("cpd::matmul");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
+}
+
 struct CastFn : public torch::autograd::Function<CastFn> {
   static at::Tensor forward(AutogradContext*, const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt,
                             int64_t rounding, bool saturate, int64_t sr_bits) {
-    static const auto op = op_handle<CastSig>("cpd::cast");
-    at::AutoDispatchBelowADInplaceOrView below;
-    return op.call(x, seed, fmt, rounding, saturate, sr_bits);
+    return cast_below(x, seed, fmt, rounding, saturate, sr_bits);
   }
   static variable_list backward(AutogradContext*, variable_list grad) {  // straight-through
     return {grad[0], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
@@ -219,11 +240,9 @@ struct ArithFn : public torch::autograd::Function<ArithFn> {
   static at::Tensor forward(AutogradContext* ctx, int64_t op, const at::Tensor& a, const at::Tensor& b,
                             const at::Tensor& c, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding,
                             bool saturate, int64_t sr_bits) {
-    static const auto handle = op_handle<ArithSig>("cpd::arith");
     ctx->saved_data["op"] = op;
     ctx->save_for_backward({a, b});
-    at::AutoDispatchBelowADInplaceOrView below;
-    return handle.call(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
+    return arith_below(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
   }
   // The gradients of the exact operation (the rounding is passed straight through).
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
@@ -245,10 +264,8 @@ struct MatmulFn : public torch::autograd::Function<MatmulFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b, const at::Tensor& seed,
                             c10::IntArrayRef mul, c10::IntArrayRef acc, bool kahan, int64_t block, int64_t rounding,
                             bool saturate, int64_t sr_bits) {
-    static const auto op = op_handle<MatmulSig>("cpd::matmul");
     ctx->save_for_backward({a, b});
-    at::AutoDispatchBelowADInplaceOrView below;
-    return op.call(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
+    return matmul_below(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
   }
   // Straight-through: the gradients of the exact float32 product a @ b, reduced over the
   // broadcast batch dims (at::sum_to: the leading dims, then the dims of size 1).
@@ -273,27 +290,21 @@ bool wants_grad(const at::Tensor& a, const at::Tensor& b = at::Tensor(), const a
 at::Tensor cast_autograd(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding,
                          bool saturate, int64_t sr_bits) {
   if (wants_grad(x)) return CastFn::apply(x, seed, fmt, rounding, saturate, sr_bits);
-  static const auto op = op_handle<CastSig>("cpd::cast");
-  at::AutoDispatchBelowADInplaceOrView below;
-  return op.call(x, seed, fmt, rounding, saturate, sr_bits);
+  return cast_below(x, seed, fmt, rounding, saturate, sr_bits);
 }
 
 at::Tensor arith_autograd(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
                           const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding, bool saturate,
                           int64_t sr_bits) {
   if (wants_grad(a, b, c)) return ArithFn::apply(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
-  static const auto handle = op_handle<ArithSig>("cpd::arith");
-  at::AutoDispatchBelowADInplaceOrView below;
-  return handle.call(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
+  return arith_below(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
 }
 
 at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b, const at::Tensor& seed, c10::IntArrayRef mul,
                            c10::IntArrayRef acc, bool kahan, int64_t block, int64_t rounding, bool saturate,
                            int64_t sr_bits) {
   if (wants_grad(a, b)) return MatmulFn::apply(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
-  static const auto op = op_handle<MatmulSig>("cpd::matmul");
-  at::AutoDispatchBelowADInplaceOrView below;
-  return op.call(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
+  return matmul_below(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
 }
 
 // cast_out writes into out: not differentiable (the public cast refuses out= under autograd);
