@@ -56,7 +56,15 @@ OUT = Path(os.environ.get("CPD_TUTORIAL_OUT") or tempfile.mkdtemp(prefix="cpd_tu
 OUT.mkdir(parents=True, exist_ok=True)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HAS_HF = importlib.util.find_spec("transformers") is not None
-HAS_TV = importlib.util.find_spec("torchvision") is not None
+try:  # torchvision's models are pure Python, but the package needs its compiled ops built for your torch
+    import torchvision
+
+    HAS_TV = True
+except ImportError:
+    HAS_TV = False
+except RuntimeError as e:  # e.g. a CUDA build of torchvision beside a CPU build of torch
+    HAS_TV = False
+    print(f"torchvision is installed but does not load beside this torch ({str(e).splitlines()[0]})")
 HOPPER = cpd.tensor_core("hopper", a="e4m3")
 torch.manual_seed(0)
 print(f"device: {DEVICE}; transformers: {HAS_HF}; torchvision: {HAS_TV}")
@@ -206,8 +214,6 @@ if HAS_HF:
 
 # %%
 if HAS_TV:
-    import torchvision
-
     resnet = torchvision.models.resnet18(num_classes=10).to(DEVICE)
     img = torch.randn(4, 3, 32, 32, device=DEVICE)
     labels = torch.randint(0, 10, (4,), device=DEVICE)
@@ -224,8 +230,8 @@ if HAS_TV:
             opt.step()
         print(f"ResNet-18 {name}: last loss {loss.item():.4f}")
 else:
-    print("torchvision is not installed: the ResNet-18 part is skipped (pip install -e '.[models]' "
-          "with a torchvision that matches your torch)")
+    print("torchvision is not available: the ResNet-18 part is skipped (pip install -e '.[models]' "
+          "with a torchvision built for your torch)")
 
 # %% [markdown]
 # ## What to take away
