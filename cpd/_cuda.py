@@ -114,20 +114,26 @@ def _check(err, what: str, prog=None) -> None:
         raise RuntimeError(f"cpd: NVRTC {what} failed ({err}){': ' + log if log else ''}")
 
 
-def compile_source(kernel_file: str = "cast.cu", arch: str = "sm_80", *, use_cache: bool = True) -> bytes:
-    """Compile one kernel file for ``arch``: a cubin for ``sm_XY``, NUL-terminated PTX for
-    ``compute_XY``. Raises RuntimeError with NVRTC's log when the source does not compile."""
-    from cuda.bindings import nvrtc
-
-    ptx = arch.startswith("compute_")
-    src, headers = (source_dir() / "kernels" / kernel_file).read_bytes(), _headers()
-    opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
+def _cache_path(kernel_file: str, arch: str, src: bytes, headers, opts) -> Path:
+    """Where the image of (source, headers, options, NVRTC version) is cached (content-keyed:
+    a changed header or option is a new file, never a stale one)."""
     major, minor = nvrtc_version()
     text = src + b"".join(n + t for n, t in headers) + b"\0".join(opts) + f"{major}.{minor}".encode()
     key = hashlib.sha256(text).hexdigest()[:24]
-    path = _cache_dir() / f"{Path(kernel_file).stem}-{arch}-{key}.{'ptx' if ptx else 'cubin'}"
-    if use_cache and path.exists() and path.stat().st_size > 0:
-        return path.read_bytes()
+    return _cache_dir() / f"{Path(kernel_file).stem}-{arch}-{key}.{'ptx' if arch.startswith('compute_') else 'cubin'}"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(f"{path.suffix}.tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    tmp.replace(path)  # atomic: concurrent processes never read a half-written file
+
+
+def _nvrtc_compile(kernel_file: str, arch: str, src: bytes, headers, opts) -> tuple[bytes, str]:
+    """(image, log) of one NVRTC compile: a cubin for ``sm_XY``, PTX for ``compute_XY``."""
+    from cuda.bindings import nvrtc
+
+    ptx = arch.startswith("compute_")
     names, texts = [n for n, _ in headers], [t for _, t in headers]
     err, prog = nvrtc.nvrtcCreateProgram(src, kernel_file.encode(), len(headers), texts, names)
     _check(err, "create")
@@ -141,13 +147,26 @@ def compile_source(kernel_file: str = "cast.cu", arch: str = "sm_80", *, use_cac
         image = b" " * size
         (err,) = get(prog, image)
         _check(err, "get output")
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     if not image.rstrip(b"\0 "):
         raise RuntimeError(f"cpd: NVRTC produced an empty image for {kernel_file} ({arch})")
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(image)
-    tmp.replace(path)  # atomic: concurrent processes never read a half-written file
+    return image, log.decode(errors="replace").replace("\x00", "")
+
+
+def compile_source(kernel_file: str = "cast.cu", arch: str = "sm_80", *, use_cache: bool = True) -> bytes:
+    """Compile one kernel file for ``arch``: a cubin for ``sm_XY``, NUL-terminated PTX for
+    ``compute_XY``. Raises RuntimeError with NVRTC's log when the source does not compile."""
+    src, headers = (source_dir() / "kernels" / kernel_file).read_bytes(), _headers()
+    opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
+    path = _cache_path(kernel_file, arch, src, headers, opts)
+    if use_cache and path.exists() and path.stat().st_size > 0:
+        return path.read_bytes()
+    image, _ = _nvrtc_compile(kernel_file, arch, src, headers, opts)
+    _write_atomic(path, image)
     return image
 
 
@@ -172,27 +191,23 @@ def cpu_twin(g) -> torch.Generator:
 def resource_usage(kernel_file: str, arch: str) -> dict[str, dict[str, int]]:
     """ptxas's report for every kernel of ``kernel_file`` compiled for ``arch`` (``sm_XY``):
     ``{kernel: {"registers", "stack", "spill_stores", "spill_loads", "smem"}}``, in bytes but the
-    registers. For tests and tuning (tests/test_cuda.py keeps the kernels free of local memory)."""
+    registers. For tests and tuning (tests/test_cuda.py keeps the kernels free of local memory).
+    Cached beside the cubin (``.ptxas.json``); the compile that makes the report also stores the
+    cubin for ``compile_source`` (``--ptxas-options=-v`` only adds the report), so a test suite
+    compiles a large kernel file once per architecture, not once per question asked of it."""
+    import json
     import re
 
-    from cuda.bindings import nvrtc
-
     src, headers = (source_dir() / "kernels" / kernel_file).read_bytes(), _headers()
-    opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS), b"--ptxas-options=-v"]
-    err, prog = nvrtc.nvrtcCreateProgram(src, kernel_file.encode(), len(headers), [t for _, t in headers],
-                                         [n for n, _ in headers])
-    _check(err, "create")
-    try:
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        _check(err, f"compile of {kernel_file} for {arch}", prog)
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        buf = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, buf)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+    opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
+    path = _cache_path(kernel_file, arch, src, headers, opts)
+    report = path.with_suffix(".ptxas.json")
+    if report.exists() and report.stat().st_size > 0:
+        return json.loads(report.read_text())
+    image, log = _nvrtc_compile(kernel_file, arch, src, headers, [*opts, b"--ptxas-options=-v"])
     out: dict = {}
     name = None
-    for line in buf.decode(errors="replace").replace("\x00", "").splitlines():
+    for line in log.splitlines():
         m = re.search(r"Compiling entry function '(\w+)'", line)
         if m:
             name = out.setdefault(m.group(1), {"registers": 0, "stack": 0, "spill_stores": 0, "spill_loads": 0,
@@ -206,6 +221,9 @@ def resource_usage(kernel_file: str, arch: str) -> dict[str, dict[str, int]]:
             m = re.search(pat, line)
             if m:
                 out[name][key] = int(m.group(1))
+    if not path.exists():
+        _write_atomic(path, image)
+    _write_atomic(report, json.dumps(out).encode())
     return out
 
 
