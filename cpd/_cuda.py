@@ -269,6 +269,13 @@ def _current(idx: int):
         _drv(driver.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
 
+def image_for(kernel_file: str, idx: int) -> bytes:
+    """The NVRTC image of ``kernel_file`` for CUDA device idx (a cubin for its architecture, or PTX
+    of the newest one NVRTC knows below it), compiled on first use and cached on disk. The C++
+    launches (cuda/cpu/launch.cpp) ask for it once per (device, kernel file)."""
+    return compile_source(kernel_file, target_for(*torch.cuda.get_device_capability(idx)))
+
+
 def _function(idx: int, kernel_file: str, name: str):
     """The CUfunction ``name`` of ``kernel_file`` on device idx, compiling and loading on first use."""
     from cuda.bindings import driver
@@ -276,10 +283,9 @@ def _function(idx: int, kernel_file: str, name: str):
     with _lock:
         key = (idx, kernel_file)
         if key not in _modules:
-            target = target_for(*torch.cuda.get_device_capability(idx))
-            image = compile_source(kernel_file, target)
+            image = image_for(kernel_file, idx)
             with _current(idx):
-                _modules[key] = (_drv(driver.cuModuleLoadData(image), f"cuModuleLoadData({kernel_file}, {target})"), {})
+                _modules[key] = (_drv(driver.cuModuleLoadData(image), f"cuModuleLoadData({kernel_file})"), {})
         module, funcs = _modules[key]
         if name not in funcs:
             funcs[name] = _drv(driver.cuModuleGetFunction(module, name.encode()), f"kernel {name} in {kernel_file}")

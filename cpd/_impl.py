@@ -278,22 +278,31 @@ class CoreOps:
     """The registrations of the core ops (cpd/ops.py: cast, cast_out, encode, decode, arith,
     matmul), whose schemas are defined in Python so that they exist without a compiler.
 
-    * CUDA: the bodies above over :func:`cuda_engine`, registered once;
+    * CUDA, until the C++ launches take over: the bodies above over :func:`cuda_engine`;
     * CPU and autograd, until the extension is loaded: the bodies over :func:`host_engine` and
       torch.library's Python autograd, on a library of their own (``_py_cpu``, ``_py_autograd``);
     * once the extension is loaded (:meth:`install`, from the public functions' first call after
       the first CPU call built or loaded it): those Python libraries are destroyed and the
       extension registers its C++ CPU and autograd kernels (``cuda/cpu/ops.cpp``), so a call has
       no Python below the public function;
-    * :func:`cpd._shim.on_host` swaps the CPU kernels for the CUDA bodies run by the shim
-      (:meth:`route_cpu`) and back.
+    * CUDA: the first call on a device whose kernels are usable loads the extension (building it
+      once, announced); the next public call's :meth:`install` destroys the Python CUDA library
+      and the extension registers its CUDA kernels, which launch from C++
+      (``cuda/cpu/launch.cpp``). A device the kernels cannot serve keeps the Python bodies (the
+      pure-torch fallback on the device, with its warning); so does a machine with no compiler;
+    * :func:`cpd._shim.on_host` gives CPU tensors the CUDA kernels run by the shim
+      (:meth:`route_cpu`): through the extension's C++ launches when it is installed (the
+      GPU's marshalling, tested on any machine), else through the Python launches.
     """
 
     def __init__(self):
         self.bodies: dict = {}     # op name -> (body, index of the tensor whose device picks the engine)
         self.autograd: dict = {}   # op name -> (backward, setup_context)
         self.native = None         # the extension whose C++ kernels are installed
-        self.done = False          # nothing more to install (C++ kernels in, or no extension)
+        self.native_cuda = False   # its CUDA kernels too
+        self.done = False          # nothing more to install
+        self._cuda_device = None   # the device of the first CUDA call its kernels could serve
+        self.prefer_native = True  # on_host: launch through the extension when it is installed
         self._py_cpu = self._py_autograd = self._shim = None
         self._lock = threading.Lock()
 
@@ -301,11 +310,18 @@ class CoreOps:
         self.bodies, self.autograd = dict(bodies), dict(autograd)
         self._cuda = torch.library.Library("cpd", "IMPL")
         for name, (body, i) in self.bodies.items():
-            self._cuda.impl(name, _bind(body, lambda args, i=i: cuda_engine(args[i].device)), "CUDA")
+            self._cuda.impl(name, _bind(body, lambda args, i=i: self._cuda_engine(args[i].device)), "CUDA")
         self._py_cpu = self._cpu_lib(lambda args: host_engine())
         self._py_autograd = torch.library.Library("cpd", "IMPL")
         for name, (backward, setup) in self.autograd.items():
             torch.library.register_autograd(f"cpd::{name}", backward, setup_context=setup, lib=self._py_autograd)
+
+    def _cuda_engine(self, device):
+        engine = cuda_engine(device)
+        if self._cuda_device is None and isinstance(engine, Kernels):
+            self._cuda_device = device
+            _cpu.extension()  # load (or build, once) the extension whose C++ launches serve the next calls
+        return engine
 
     def _cpu_lib(self, engine_of):
         lib = torch.library.Library("cpd", "IMPL")
@@ -315,42 +331,74 @@ class CoreOps:
 
     def install(self) -> None:
         """Install the C++ kernels if the extension is loaded (never builds it); called by the
-        public functions until it has happened (:attr:`done`)."""
+        public functions until nothing is left to install (:attr:`done`)."""
         state = _cpu.loaded()
-        if state is None:  # not tried yet: the first CPU call builds or loads it
+        if state is None:  # not tried yet: the first CPU (or CUDA) call builds or loads it
             return
         with self._lock:
             if self.done:
                 return
             ext = state[0]
-            if ext is not None and hasattr(ext, "install_ops"):
+            if ext is None or not hasattr(ext, "install_ops"):  # no extension, or a core-only build
+                self.done = True
+                return
+            if self.native is None:
                 if self._shim is None:
                     self._py_cpu._destroy()
                     self._py_cpu = None
                 self._py_autograd._destroy()
                 self._py_autograd = None
                 ext.install_ops()
+                ext.set_launch_sources(_cuda.image_for, _shim.entry)
                 if self._shim is not None:  # within on_host: the shim keeps the CPU key
-                    ext.set_cpu_kernels(False)
+                    self._shim._destroy()
+                    self._shim = None
+                    if self.prefer_native:
+                        ext.set_host_geometry(*_host_geometry())
+                        ext.set_cpu_kernels(2)
+                        self._shim = "native"
+                    else:
+                        ext.set_cpu_kernels(0)
+                        self._shim = self._cpu_lib(lambda args: Kernels(_shim.launcher, _shim.geometry()))
                 self.native = ext
-            self.done = True
+            if not torch.cuda.is_available():
+                self.done = True
+            elif self._cuda_device is not None:  # a CUDA call found its kernels usable
+                self._cuda._destroy()
+                self._cuda = None
+                ext.install_cuda_ops()
+                self.native_cuda = self.done = True
 
     def route_cpu(self, on: bool) -> None:
+        """CPU tensors get the CUDA kernels through the host shim (on), launched from C++ when the
+        extension is installed and :attr:`prefer_native` (tests set it False to run the Python
+        launches), else from Python; or their usual kernels (off)."""
         with self._lock:
-            if on and self._shim is None:
+            if on and self._shim is None and self.native is not None and self.prefer_native:
+                self.native.set_host_geometry(*_host_geometry())
+                self.native.set_cpu_kernels(2)
+                self._shim = "native"
+            elif on and self._shim is None:
                 if self.native is not None:
-                    self.native.set_cpu_kernels(False)
+                    self.native.set_cpu_kernels(0)
                 elif self._py_cpu is not None:
                     self._py_cpu._destroy()
                     self._py_cpu = None
                 self._shim = self._cpu_lib(lambda args: Kernels(_shim.launcher, _shim.geometry()))
             elif not on and self._shim is not None:
-                self._shim._destroy()
+                if self._shim != "native":
+                    self._shim._destroy()
                 self._shim = None
                 if self.native is not None:
-                    self.native.set_cpu_kernels(True)
+                    self.native.set_cpu_kernels(1)
                 else:
                     self._py_cpu = self._cpu_lib(lambda args: host_engine())
+
+
+def _host_geometry() -> tuple[int, int]:
+    """The shim's geometry for the C++ launches: (threads, max_blocks, 0 for no limit)."""
+    g = _shim.geometry()
+    return g.threads, g.max_blocks or 0
 
 
 _core = CoreOps()

@@ -35,7 +35,7 @@ from pathlib import Path
 from . import _kernels
 from ._cpu import source_dir
 
-__all__ = ["available", "library", "launch", "launcher", "on_host", "set_router", "CXXFLAGS"]
+__all__ = ["available", "library", "entry", "launch", "launcher", "on_host", "set_router", "CXXFLAGS"]
 
 #: IEEE float semantics as NVRTC's --fmad=false: no contraction, no fast-math, no FTZ.
 CXXFLAGS = ["-std=c++17", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing",
@@ -124,6 +124,12 @@ def library(kernel_file: str | os.PathLike = "cast.cu") -> ctypes.CDLL:
                                         ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
         _libs[src] = lib
         return lib
+
+
+def entry(kernel_file: str) -> int:
+    """The address of ``cpd_shim_launch`` in the host build of ``kernel_file`` (built on first use):
+    the C++ launches of the extension (cuda/cpu/launch.cpp) call it with their parameter array."""
+    return ctypes.cast(library(kernel_file).cpd_shim_launch, ctypes.c_void_p).value
 
 
 def launch(call: _kernels.Launch, device=None) -> None:

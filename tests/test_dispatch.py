@@ -194,11 +194,21 @@ def test_on_host_swaps_the_cpu_kernels_and_restores_them(ext):
         pytest.skip("no host compiler for the shim")
     x = sample(300) / 10
     want = cpd.cast(x, cpd.E5M2)
-    with _shim.on_host():
-        assert "ops.cpp" not in kernel_file("cast", "CPU")
+    native = cpd.ops._core.native
+    assert native.cpu_kernels() == 1  # the loops
+    with _shim.on_host():  # the CUDA op bodies, launched from C++ through the shim
+        assert "ops.cpp" in kernel_file("cast", "CPU") and native.cpu_kernels() == 2
         assert bits_equal(cpd.cast(x, cpd.E5M2), want)
-    assert "ops.cpp" in kernel_file("cast", "CPU")
+    assert "ops.cpp" in kernel_file("cast", "CPU") and native.cpu_kernels() == 1
     assert bits_equal(cpd.cast(x, cpd.E5M2), want)
+    cpd.ops._core.prefer_native = False
+    try:
+        with _shim.on_host():  # the Python launches (a GPU machine with no compiler)
+            assert "ops.cpp" not in kernel_file("cast", "CPU") and native.cpu_kernels() == 0
+            assert bits_equal(cpd.cast(x, cpd.E5M2), want)
+    finally:
+        cpd.ops._core.prefer_native = True
+    assert "ops.cpp" in kernel_file("cast", "CPU") and native.cpu_kernels() == 1
 
 
 def test_direct_calls_before_any_public_call():
@@ -241,3 +251,43 @@ def test_dispatch_benchmark_prints_its_table():
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| cpd.")]
     assert len(rows) == 8 and all(ln.count("|") == 7 for ln in rows), r.stdout
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "toward_zero", "up", "down", "nearest_away", "odd"])
+def test_cpp_and_python_launches_give_the_same_bits(ext, rounding):
+    """The C++ launches (cuda/cpu/launch.cpp: parameter block, grid, kernel choice) and the Python
+    ones (cpd/_kernels.py) run the same CUDA kernels with the same arguments: through the host
+    shim, every core op gives the same bits both ways, and the CPU loops' bits."""
+    from cpd import _shim
+
+    if not _shim.available():
+        pytest.skip("no host compiler for the shim")
+    torch.manual_seed(11)
+    x = sample(301) / 7
+    a, b = torch.randn(3, 5, 19), torch.randn(19, 6)
+    configs = [dict(mul=cpd.E4M3, acc=cpd.FP16), dict(mul=None, acc=cpd.FP32), dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10)),
+               dict(mul=cpd.E5M2, acc=cpd.BF16, kahan=True), dict(mul=None, acc=cpd.BF16)]
+
+    def run():
+        gen = torch.Generator().manual_seed(5)
+        g = gen if rounding == "stochastic" else None
+        out = [cpd.cast(x, cpd.E5M2, rounding=rounding, generator=g), cpd.cast(x, cpd.BF16, rounding=rounding, generator=g),
+               cpd.mul(x, x.flip(0), cpd.E4M3, rounding=rounding, generator=g),
+               cpd.fma(x, x, x.flip(0), cpd.FP16, rounding=rounding, generator=g)]
+        if rounding != "stochastic":
+            out += [cpd.decode(cpd.encode(x, f, rounding=rounding), f).float() for f in (cpd.E4M3, cpd.FP16)]
+        out += [cpd.matmul(a, b, rounding=rounding, generator=g, **c) for c in configs]
+        return out
+
+    want = run()
+    with _shim.on_host(threads=32, max_blocks=3):
+        native = run()
+    cpd.ops._core.prefer_native = False
+    try:
+        with _shim.on_host(threads=32, max_blocks=3):
+            python = run()
+    finally:
+        cpd.ops._core.prefer_native = True
+    for i, (w, n, p) in enumerate(zip(want, native, python)):
+        assert bits_equal(n, p), i
+        assert bits_equal(n, w), i

@@ -1,19 +1,22 @@
-// The core ops' CPU and autograd kernels, registered with torch's dispatcher from C++.
+// The core ops' CPU, CUDA and autograd kernels, registered with torch's dispatcher from C++.
 //
 // cpd/ops.py defines the schemas of cpd::cast, cast_out, encode, decode, arith and matmul (in
 // Python, so that they exist on a machine with no compiler, where the pure-torch fallback runs
-// them), their fake kernels (torch.compile) and their CUDA kernels. When this extension loads,
-// cpd/_impl.py calls install_ops(), which registers here:
+// them), their fake kernels (torch.compile) and Python CUDA kernels (cpd/_impl.py, for a machine
+// with a GPU and no compiler). When this extension loads, cpd/_impl.py calls install_ops(), which
+// registers here:
 //   * the CPU kernels: each allocates its output and runs the loops of cast.cpp, arith.cpp and
 //     matmul.cpp (the same functions the Python bodies called, so the same bits);
 //   * the autograd kernels (the Autograd alias key: every device), straight-through as in the
 //     Python registrations they replace: cast passes the gradient through, arith and matmul give
 //     the gradients of the exact operation (matmul: grad @ b^T and a^T @ grad by at::matmul,
-//     reduced over broadcast batch dims), encode, decode and cast_out are not differentiable.
+//     reduced over broadcast batch dims), encode, decode and cast_out are not differentiable;
+// and, after the first CUDA call found the device's kernels usable, install_cuda_ops() registers
+// the CUDA kernels: the same op bodies over launch.cpp's launches (cuLaunchKernel from C++).
 // So a call from Python is one dispatcher call with no Python in it (issue 28: the
-// torch.library Python layers cost 40-80 us per call). set_cpu_kernels(false) takes the CPU
-// kernels away again (cpd._shim.on_host routes CPU tensors to the CUDA kernels run on the
-// host, registered from Python), set_cpu_kernels(true) puts them back.
+// torch.library Python layers cost 40-80 us per call). set_cpu_kernels(HOST_KERNELS) gives CPU
+// tensors the CUDA op bodies, launched through the host shim (cpd._shim.on_host: the GPU's
+// marshalling tested on any machine), set_cpu_kernels(LOOPS) puts the loops back.
 #include <ATen/core/Tensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -30,6 +33,8 @@
 #include <cstdint>
 #include <memory>
 #include <vector>
+
+#include "launch.h"
 
 // cuda/cpu/cast.cpp, arith.cpp, matmul.cpp
 void cast_out(const at::Tensor& x, at::Tensor& out, int64_t exp, int64_t man, int64_t bias, int64_t specials,
@@ -97,50 +102,105 @@ at::ScalarType code_dtype(const Fmt& f) {
   return bits <= 8 ? at::kByte : bits <= 16 ? at::kShort : at::kInt;
 }
 
-// ------------------------------------------------------------------------------ CPU kernels
-at::Tensor cast_cpu(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding,
-                    bool saturate, int64_t sr_bits) {
+// ------------------------------------------------------------------------------ engines
+// What fills a preallocated, contiguous output: the CPU loops, or the CUDA kernels (launch.cpp,
+// on the GPU or, for CPU tensors, through the host shim).
+struct Loops {
+  static void cast(const at::Tensor& x, at::Tensor& out, const Fmt& f, int64_t r, bool sat, int64_t sr, int64_t s,
+                   int64_t o) {
+    cast_out(x, out, f.exp, f.man, f.bias, f.specials, f.subnormals, r, sat, sr, s, o);
+  }
+  static void encode(const at::Tensor& x, at::Tensor& codes, const Fmt& f, int64_t r, bool sat) {
+    encode_out(x, codes, f.exp, f.man, f.bias, f.specials, f.subnormals, r, sat);
+  }
+  static void decode(const at::Tensor& codes, at::Tensor& out, const Fmt& f) {
+    decode_out(codes, out, f.exp, f.man, f.bias, f.specials, f.subnormals);
+  }
+  static void arith(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, at::Tensor& out,
+                    const Fmt& f, int64_t r, bool sat, int64_t sr, int64_t s, int64_t o) {
+    arith_out(op, a, b, c, out, f.exp, f.man, f.bias, f.specials, f.subnormals, r, sat, sr, s, o);
+  }
+  // a (B, M, K), b (B, K, N), out (B, M, N); m is acc when there is no mul format (has_mul false)
+  static void matmul(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool has_mul, const Fmt& m,
+                     const Fmt& af, bool kahan, int64_t block, int64_t r, bool sat, int64_t sr, int64_t s, int64_t o) {
+    matmul_out(a, b, out, has_mul, m.exp, m.man, m.bias, m.specials, m.subnormals, af.exp, af.man, af.bias,
+               af.specials, af.subnormals, kahan, block, r, sat, sr, s, o, 0);
+  }
+};
+
+struct Kernels {
+  static cpd_launch::F5 f5(const Fmt& f) {
+    return {int(f.exp), int(f.man), int(f.bias), int(f.specials), int(f.subnormals)};
+  }
+  static void cast(const at::Tensor& x, at::Tensor& out, const Fmt& f, int64_t r, bool sat, int64_t sr, int64_t s,
+                   int64_t o) {
+    cpd_launch::cast(x, out, f5(f), int(r), sat, int(sr), uint64_t(s), uint64_t(o));
+  }
+  static void encode(const at::Tensor& x, at::Tensor& codes, const Fmt& f, int64_t r, bool sat) {
+    cpd_launch::encode(x, codes, f5(f), int(r), sat);
+  }
+  static void decode(const at::Tensor& codes, at::Tensor& out, const Fmt& f) { cpd_launch::decode(codes, out, f5(f)); }
+  static void arith(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, at::Tensor& out,
+                    const Fmt& f, int64_t r, bool sat, int64_t sr, int64_t s, int64_t o) {
+    cpd_launch::arith(int(op), a, b, c, out, f5(f), int(r), sat, int(sr), uint64_t(s), uint64_t(o));
+  }
+  static void matmul(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool has_mul, const Fmt& m,
+                     const Fmt& af, bool kahan, int64_t block, int64_t r, bool sat, int64_t sr, int64_t s, int64_t o) {
+    cpd_launch::matmul(a, b, out, has_mul, f5(m), f5(af), kahan, int(block), int(r), sat, int(sr), uint64_t(s),
+                       uint64_t(o));
+  }
+};
+
+// ------------------------------------------------------------------------------ op bodies
+template <class E>
+at::Tensor cast_k(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding, bool saturate,
+                  int64_t sr_bits) {
   check_float(x, "x");
   const Fmt f = required_fmt(fmt, "fmt");
   const auto [s, o] = seed_pair(seed, rounding);
   const at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty_like(xc);
-  cast_out(xc, out, f.exp, f.man, f.bias, f.specials, f.subnormals, rounding, saturate, sr_bits, s, o);
+  E::cast(xc, out, f, rounding, saturate, sr_bits, s, o);
   return out;
 }
 
-void cast_out_cpu(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding, bool saturate,
-                  int64_t sr_bits, const at::Tensor& out) {
+template <class E>
+void cast_out_k(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding, bool saturate,
+                int64_t sr_bits, const at::Tensor& out) {
   check_float(x, "x");
   check_float(out, "out");
   TORCH_CHECK(out.sizes() == x.sizes(), "cpd: out has shape ", out.sizes(), ", x ", x.sizes());
+  TORCH_CHECK(out.device() == x.device(), "cpd: out is on ", out.device(), ", x on ", x.device());
   const Fmt f = required_fmt(fmt, "fmt");
   const auto [s, o] = seed_pair(seed, rounding);
   const at::Tensor xc = x.contiguous();
   at::Tensor target = out.is_contiguous() ? out : at::empty_like(xc);
-  cast_out(xc, target, f.exp, f.man, f.bias, f.specials, f.subnormals, rounding, saturate, sr_bits, s, o);
+  E::cast(xc, target, f, rounding, saturate, sr_bits, s, o);
   if (!target.is_same(out)) out.copy_(target);
 }
 
-at::Tensor encode_cpu(const at::Tensor& x, c10::IntArrayRef fmt, int64_t rounding, bool saturate) {
+template <class E>
+at::Tensor encode_k(const at::Tensor& x, c10::IntArrayRef fmt, int64_t rounding, bool saturate) {
   check_float(x, "x");
   const Fmt f = required_fmt(fmt, "fmt");
   const at::Tensor xc = x.contiguous();
   at::Tensor codes = at::empty(xc.sizes(), xc.options().dtype(code_dtype(f)));
-  encode_out(xc, codes, f.exp, f.man, f.bias, f.specials, f.subnormals, rounding, saturate);
+  E::encode(xc, codes, f, rounding, saturate);
   return codes;
 }
 
-at::Tensor decode_cpu(const at::Tensor& codes, c10::IntArrayRef fmt) {
+template <class E>
+at::Tensor decode_k(const at::Tensor& codes, c10::IntArrayRef fmt) {
   const Fmt f = required_fmt(fmt, "fmt");
   const at::Tensor cc = codes.contiguous();
   at::Tensor out = at::empty(cc.sizes(), cc.options().dtype(at::kFloat));
-  decode_out(cc, out, f.exp, f.man, f.bias, f.specials, f.subnormals);
+  E::decode(cc, out, f);
   return out;
 }
 
-at::Tensor arith_cpu(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
-                     const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding, bool saturate, int64_t sr_bits) {
+template <class E>
+at::Tensor arith_k(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, const at::Tensor& seed,
+                   c10::IntArrayRef fmt, int64_t rounding, bool saturate, int64_t sr_bits) {
   check_float(a, "a");
   check_float(b, "b");
   check_float(c, "c");
@@ -151,14 +211,14 @@ at::Tensor arith_cpu(int64_t op, const at::Tensor& a, const at::Tensor& b, const
   const auto [s, o] = seed_pair(seed, rounding);
   const at::Tensor ac = a.contiguous(), bc = b.contiguous(), cc = c.contiguous();
   at::Tensor out = at::empty_like(ac);
-  arith_out(op, ac, bc, cc, out, f.exp, f.man, f.bias, f.specials, f.subnormals, rounding, saturate, sr_bits, s, o);
+  E::arith(op, ac, bc, cc, out, f, rounding, saturate, sr_bits, s, o);
   return out;
 }
 
 // a (..., M, K) @ b (..., K, N), batch dims broadcast (torch.matmul's rule).
-at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& seed, c10::IntArrayRef mul,
-                      c10::IntArrayRef acc, bool kahan, int64_t block, int64_t rounding, bool saturate,
-                      int64_t sr_bits) {
+template <class E>
+at::Tensor matmul_k(const at::Tensor& a, const at::Tensor& b, const at::Tensor& seed, c10::IntArrayRef mul,
+                    c10::IntArrayRef acc, bool kahan, int64_t block, int64_t rounding, bool saturate, int64_t sr_bits) {
   check_float(a, "a");
   check_float(b, "b");
   TORCH_CHECK(a.dim() >= 2 && b.dim() >= 2, "cpd: matmul wants operands of at least 2 dims");
@@ -166,12 +226,11 @@ at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor
   const Fmt mf = fmt_of(mul, "mul"), af = required_fmt(acc, "acc");
   const auto [s, o] = seed_pair(seed, rounding);
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
-  const Fmt& m = mf.given ? mf : af;  // no format: matmul_out's has_mul = false ignores these
+  const Fmt& m = mf.given ? mf : af;  // no format: has_mul = false ignores these
   if (a.dim() == 2 && b.dim() == 2) {  // the common case, without the batch bookkeeping
     at::Tensor out = at::empty({1, M, N}, a.options());
-    matmul_out(a.contiguous().view({1, M, K}), b.contiguous().view({1, K, N}), out, mf.given, m.exp, m.man, m.bias,
-               m.specials, m.subnormals, af.exp, af.man, af.bias, af.specials, af.subnormals, kahan, block, rounding,
-               saturate, sr_bits, s, o, 0);
+    E::matmul(a.contiguous().view({1, M, K}), b.contiguous().view({1, K, N}), out, mf.given, m, af, kahan, block,
+              rounding, saturate, sr_bits, s, o);
     return out.view({M, N});
   }
   std::vector<int64_t> batch = at::infer_size(a.sizes().slice(0, a.dim() - 2), b.sizes().slice(0, b.dim() - 2));
@@ -184,14 +243,13 @@ at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor
   const at::Tensor a3 = a.expand(ea).reshape({B, M, K}).contiguous();
   const at::Tensor b3 = b.expand(eb).reshape({B, K, N}).contiguous();
   at::Tensor out = at::empty({B, M, N}, a.options());
-  matmul_out(a3, b3, out, mf.given, m.exp, m.man, m.bias, m.specials, m.subnormals, af.exp, af.man, af.bias,
-             af.specials, af.subnormals, kahan, block, rounding, saturate, sr_bits, s, o, 0);
+  E::matmul(a3, b3, out, mf.given, m, af, kahan, block, rounding, saturate, sr_bits, s, o);
   return out.view(shape);
 }
 
 // ------------------------------------------------------------------------------ autograd
 // Each forward redispatches below autograd, to the kernel of the tensors' device (CPU here, the
-// CUDA kernels registered from Python, or the fallback).
+// CUDA kernels, or the fallback).
 template <typename Sig>
 c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
@@ -323,30 +381,41 @@ void cast_out_autograd(const at::Tensor& x, const at::Tensor& seed, c10::IntArra
 }
 
 // The registrations: created on demand, never destroyed at exit (the dispatcher may be gone by
-// then), released only by set_cpu_kernels(false).
+// then), released only by set_cpu_kernels.
 torch::Library* g_cpu = nullptr;
+torch::Library* g_cuda = nullptr;
 torch::Library* g_autograd = nullptr;
 
-}  // namespace
-
-void set_cpu_kernels(bool on) {
-  if (on && !g_cpu) {
-    g_cpu = new torch::Library(torch::Library::IMPL, "cpd", c10::DispatchKey::CPU, __FILE__, __LINE__);
-    g_cpu->impl("cast", TORCH_FN(cast_cpu));
-    g_cpu->impl("cast_out", TORCH_FN(cast_out_cpu));
-    g_cpu->impl("encode", TORCH_FN(encode_cpu));
-    g_cpu->impl("decode", TORCH_FN(decode_cpu));
-    g_cpu->impl("arith", TORCH_FN(arith_cpu));
-    g_cpu->impl("matmul", TORCH_FN(matmul_cpu));
-  } else if (!on && g_cpu) {
-    delete g_cpu;
-    g_cpu = nullptr;
-  }
+template <class E>
+torch::Library* kernels_for(c10::DispatchKey key) {
+  auto* lib = new torch::Library(torch::Library::IMPL, "cpd", key, __FILE__, __LINE__);
+  lib->impl("cast", TORCH_FN(cast_k<E>));
+  lib->impl("cast_out", TORCH_FN(cast_out_k<E>));
+  lib->impl("encode", TORCH_FN(encode_k<E>));
+  lib->impl("decode", TORCH_FN(decode_k<E>));
+  lib->impl("arith", TORCH_FN(arith_k<E>));
+  lib->impl("matmul", TORCH_FN(matmul_k<E>));
+  return lib;
 }
 
-// The CPU kernels and the autograd kernels (once; the schemas must be defined: cpd/ops.py).
+// What CPU tensors get (set_cpu_kernels): nothing (Python registers its own), the loops, or the
+// CUDA kernels through the host shim.
+enum CpuKernels : int64_t { NONE = 0, LOOPS = 1, HOST_KERNELS = 2 };
+int64_t g_cpu_kind = NONE;
+
+void set_cpu_kernels(int64_t kind) {
+  TORCH_CHECK(kind >= NONE && kind <= HOST_KERNELS, "cpd: set_cpu_kernels takes 0 (none), 1 (loops) or 2 "
+              "(the CUDA kernels through the host shim), got ", kind);
+  if (kind == g_cpu_kind) return;
+  delete g_cpu;
+  g_cpu = kind == LOOPS ? kernels_for<Loops>(c10::DispatchKey::CPU)
+        : kind == HOST_KERNELS ? kernels_for<Kernels>(c10::DispatchKey::CPU) : nullptr;
+  g_cpu_kind = kind;
+}
+
+// The CPU (loops) and autograd kernels (once; the schemas must be defined: cpd/ops.py).
 void install_ops() {
-  set_cpu_kernels(true);
+  set_cpu_kernels(LOOPS);
   if (g_autograd) return;
   g_autograd = new torch::Library(torch::Library::IMPL, "cpd", c10::DispatchKey::Autograd, __FILE__, __LINE__);
   g_autograd->impl("cast", TORCH_FN(cast_autograd));
@@ -358,9 +427,24 @@ void install_ops() {
   g_autograd->impl("decode", torch::autograd::autogradNotImplementedFallback());
 }
 
-// cuda/cpu/cast.cpp binds these into the module when they are set (this file is linked in).
-extern void (*cpd_install_ops)();
-extern void (*cpd_set_cpu_kernels)(bool);
+// The CUDA kernels (once; cpd/_impl.py first destroys its Python CUDA registrations).
+void install_cuda_ops() {
+  if (!g_cuda) g_cuda = kernels_for<Kernels>(c10::DispatchKey::CUDA);
+}
+
+void bind(pybind11::module_& m) {
+  m.def("install_ops", &install_ops);
+  m.def("install_cuda_ops", &install_cuda_ops);
+  m.def("set_cpu_kernels", &set_cpu_kernels);
+  m.def("cpu_kernels", [] { return g_cpu_kind; });
+  m.def("set_launch_sources", &cpd_launch::set_sources);
+  m.def("set_host_geometry", &cpd_launch::set_host_geometry);
+}
+
+}  // namespace
+
+// cuda/cpu/cast.cpp calls this from the module's init when it is set (this file is linked in).
+extern void (*cpd_bind_ops)(pybind11::module_&);
 namespace {
-[[maybe_unused]] const bool linked = (cpd_install_ops = &install_ops, cpd_set_cpu_kernels = &set_cpu_kernels, true);
+[[maybe_unused]] const bool linked = (cpd_bind_ops = &bind, true);
 }  // namespace

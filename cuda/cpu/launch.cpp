@@ -1,0 +1,360 @@
+// The CUDA kernels' launches in C++ (issue 28): one code path builds each launch's parameter
+// block and grid (the twin of cpd/_kernels.py, which serves when this extension is absent); two
+// calls run it:
+//   * a CUDA tensor: cuLaunchKernel through the driver API, looked up at run time in libcuda
+//     (no CUDA toolkit is needed to build this file), on torch's current stream of the device
+//     (c10's stream native handle), with the device's primary context pushed for the call; the
+//     NVRTC image comes from Python once per (device, kernel file) (cpd._cuda.image_for: compiled
+//     and cached on disk as before), loaded into a CUfunction table; no host sync, no allocation;
+//   * a CPU tensor (only under cpd._shim.on_host): the host shim's cpd_shim_launch for the kernel
+//     file, with the same parameter array, whose sizes it checks against the kernel's signature.
+// The matmul kernel is picked by cpd/gemm.h's gemm_family, the function the kernels' own
+// predicates come from, so the choice cannot drift from the headers.
+#include "launch.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+#include <dlfcn.h>
+
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "cpd/numerics.h"
+#include "cpd/gemm.h"
+
+namespace cpd_launch {
+namespace {
+
+// ---------------------------------------------------------------------------- one launch
+constexpr int kMaxThreads = 256;     // __launch_bounds__ of every kernel (CPD_THREADS)
+constexpr int kMatmulThreads = 256;  // cpd/_kernels.py MATMUL_THREADS
+constexpr int kGenericTile = 32;     // cpd/_kernels.py GENERIC_TILE: outputs per side of a tiled block
+
+// The kernel's parameters in order, each in 8 bytes of its own (cuLaunchKernel's kernelParams
+// holds one pointer per parameter, to its value; the shim also gets each value's size).
+struct Args {
+  static constexpr int kMax = 40;
+  alignas(8) unsigned char value[kMax][8];
+  void* ptr[kMax];
+  size_t size[kMax];
+  int n = 0;
+  template <typename T>
+  Args& add(T v) {
+    static_assert(sizeof(T) <= 8, "a kernel parameter of at most 8 bytes");
+    TORCH_CHECK(n < kMax, "cpd: too many kernel parameters");
+    std::memcpy(value[n], &v, sizeof(T));
+    ptr[n] = value[n];
+    size[n] = sizeof(T);
+    ++n;
+    return *this;
+  }
+  Args& tensor(const at::Tensor& t) { return add<const void*>(t.data_ptr()); }
+  Args& fmt(const F5& f) { return add<int>(f.exp).add<int>(f.man).add<int>(f.bias).add<int>(f.specials).add<int>(f.subnormals); }
+  Args& seed(uint64_t s, uint64_t o) { return add<unsigned long long>(s).add<unsigned long long>(o); }
+};
+
+struct Geometry {
+  int threads = kMaxThreads;
+  int64_t max_blocks = 0;  // <= 0: no limit but the work
+  unsigned blocks(int64_t items, int per_block) const {
+    int64_t need = items <= 0 ? 1 : (items + per_block - 1) / per_block;
+    if (max_blocks > 0 && need > max_blocks) need = max_blocks;
+    TORCH_CHECK(need <= 0x7fffffff, "cpd: a launch of ", need, " blocks");
+    return static_cast<unsigned>(need);
+  }
+};
+
+// ---------------------------------------------------------------------------- the driver
+// The few driver entry points used, with the driver API's ABI (cuda.h): CUresult is an int,
+// CUdevice an int, the handles opaque pointers.
+using CUresult = int;
+struct Driver {
+  CUresult (*init)(unsigned) = nullptr;
+  CUresult (*device_get)(int*, int) = nullptr;
+  CUresult (*attribute)(int*, int, int) = nullptr;
+  CUresult (*primary_retain)(void**, int) = nullptr;
+  CUresult (*push)(void*) = nullptr;
+  CUresult (*pop)(void**) = nullptr;
+  CUresult (*load)(void**, const void*) = nullptr;
+  CUresult (*function)(void**, void*, const char*) = nullptr;
+  CUresult (*launch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                     void**) = nullptr;
+  CUresult (*error_name)(CUresult, const char**) = nullptr;
+};
+constexpr int kAttrMultiprocessors = 16;  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+
+template <typename F>
+void bind(void* lib, F& f, const char* name) {
+  f = reinterpret_cast<F>(dlsym(lib, name));
+  TORCH_CHECK(f, "cpd: the CUDA driver (libcuda.so.1) lacks ", name);
+}
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver r;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    TORCH_CHECK(lib, "cpd: cannot load the CUDA driver (libcuda.so.1): ", dlerror());
+    bind(lib, r.init, "cuInit");
+    bind(lib, r.device_get, "cuDeviceGet");
+    bind(lib, r.attribute, "cuDeviceGetAttribute");
+    bind(lib, r.primary_retain, "cuDevicePrimaryCtxRetain");
+    bind(lib, r.push, "cuCtxPushCurrent_v2");
+    bind(lib, r.pop, "cuCtxPopCurrent_v2");
+    bind(lib, r.load, "cuModuleLoadData");
+    bind(lib, r.function, "cuModuleGetFunction");
+    bind(lib, r.launch, "cuLaunchKernel");
+    bind(lib, r.error_name, "cuGetErrorName");
+    return r;
+  }();
+  return d;
+}
+
+void check(CUresult rc, const char* what, const std::string& detail = "") {
+  if (rc == 0) return;
+  const char* name = nullptr;
+  driver().error_name(rc, &name);
+  TORCH_CHECK(false, "cpd: ", what, detail.empty() ? "" : " ", detail, " failed: ", name ? name : "unknown error",
+              " (", rc, ")");
+}
+
+struct DeviceState {
+  void* context = nullptr;
+  Geometry geometry;
+};
+
+std::mutex g_mutex;
+std::unordered_map<int, DeviceState> g_devices;
+std::unordered_map<std::string, void*> g_modules;    // "<device>/<file>" -> CUmodule
+std::unordered_map<std::string, void*> g_functions;  // "<device>/<file>/<name>" -> CUfunction
+pybind11::object* g_image = nullptr;                 // Python: image(file, device) -> bytes
+pybind11::object* g_shim = nullptr;                  // Python: shim(file) -> address of cpd_shim_launch
+Geometry g_host;                                     // the shim's launches
+
+const DeviceState& device_state(int idx) {
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_devices.find(idx);
+    if (it != g_devices.end()) return it->second;
+  }
+  const Driver& d = driver();
+  check(d.init(0), "cuInit");
+  int dev = 0, sms = 0;
+  check(d.device_get(&dev, idx), "cuDeviceGet", std::to_string(idx));
+  DeviceState s;
+  check(d.primary_retain(&s.context, dev), "cuDevicePrimaryCtxRetain", std::to_string(idx));
+  check(d.attribute(&sms, kAttrMultiprocessors, dev), "cuDeviceGetAttribute");
+  s.geometry.threads = kMaxThreads;
+  s.geometry.max_blocks = int64_t(sms) * 32;  // cpd/_cuda.py geometry: up to 32 blocks per SM
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_devices.emplace(idx, s).first->second;  // a racing thread's entry is kept (retained twice: harmless)
+}
+
+std::string call_python(pybind11::object* fn, const char* what, const char* file, int idx) {
+  pybind11::gil_scoped_acquire gil;
+  TORCH_CHECK(fn && *fn, "cpd: ", what, " is not set (cpd._impl installs it with the C++ kernels)");
+  try {
+    pybind11::object r = idx >= 0 ? (*fn)(file, idx) : (*fn)(file);
+    if (pybind11::isinstance<pybind11::bytes>(r)) return std::string(r.cast<pybind11::bytes>());
+    return std::to_string(r.cast<uintptr_t>());
+  } catch (pybind11::error_already_set& e) {
+    TORCH_CHECK(false, "cpd: ", what, " of ", file, " failed: ", e.what());
+  }
+}
+
+// The CUfunction `name` of `file` on device idx: loaded on first use, then a table look-up.
+void* function(int idx, const char* file, const char* name, const DeviceState& s) {
+  const std::string mkey = std::to_string(idx) + "/" + file, fkey = mkey + "/" + name;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_functions.find(fkey);
+    if (it != g_functions.end()) return it->second;
+  }
+  const Driver& d = driver();
+  void* module = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_modules.find(mkey);
+    if (it != g_modules.end()) module = it->second;
+  }
+  if (!module) {  // compile (Python, NVRTC, disk cache) outside the lock: it takes the GIL
+    const std::string image = call_python(g_image, "the NVRTC image", file, idx);
+    check(d.push(s.context), "cuCtxPushCurrent");
+    void* loaded = nullptr;
+    const CUresult rc = d.load(&loaded, image.data());
+    void* popped = nullptr;
+    d.pop(&popped);
+    check(rc, "cuModuleLoadData", file);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    module = g_modules.emplace(mkey, loaded).first->second;  // a racing load is left loaded (rare, small)
+  }
+  void* f = nullptr;
+  check(d.function(&f, module, name), "cuModuleGetFunction", std::string(name) + " in " + file);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_functions.emplace(fkey, f).first->second;
+}
+
+using ShimFn = int (*)(const char*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void*, int,
+                       char*, size_t);
+
+ShimFn shim_entry(const char* file) {
+  static std::unordered_map<std::string, ShimFn> entries;  // guarded by g_mutex
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = entries.find(file);
+    if (it != entries.end()) return it->second;
+  }
+  const uintptr_t address = std::stoull(call_python(g_shim, "the host shim", file, -1));
+  TORCH_CHECK(address != 0, "cpd shim: no entry point for ", file);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return entries.emplace(file, reinterpret_cast<ShimFn>(address)).first->second;
+}
+
+const Geometry& geometry_of(const at::Tensor& t) {
+  if (t.is_cuda()) return device_state(t.device().index()).geometry;
+  TORCH_CHECK(t.is_cpu(), "cpd: the kernels run on CUDA tensors (or CPU tensors through the host shim), got ",
+              t.device());
+  return g_host;
+}
+
+// Run one launch on the device of `t`.
+void run(const at::Tensor& t, const char* file, const char* name, unsigned blocks, unsigned threads, Args& args) {
+  if (t.is_cuda()) {
+    const int idx = t.device().index();
+    const DeviceState& s = device_state(idx);
+    void* f = function(idx, file, name, s);
+    const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device());
+    const Driver& d = driver();
+    check(d.push(s.context), "cuCtxPushCurrent");
+    const CUresult rc = d.launch(f, blocks, 1, 1, threads, 1, 1, 0, stream.native_handle(), args.ptr, nullptr);
+    void* popped = nullptr;
+    d.pop(&popped);
+    if (rc != 0)
+      check(rc, "launch of", std::string(name) + " (grid (" + std::to_string(blocks) + ", 1, 1), block (" +
+                                 std::to_string(threads) + ", 1, 1))");
+    return;
+  }
+  char err[512] = {0};
+  const int rc = shim_entry(file)(name, blocks, 1, 1, threads, 1, 1, args.ptr, args.size, args.n, err, sizeof err);
+  TORCH_CHECK(rc == 0, "cpd shim: launch of ", name, " (grid (", blocks, ", 1, 1), block (", threads,
+              ", 1, 1)) failed: ", err);
+}
+
+const char* cast_kernel(int mode) {  // Rounding.code -> cpd/_kernels.py CAST_KERNELS
+  static const char* const names[] = {"cpd_cast_nearest", "cpd_cast_stochastic", "cpd_cast_toward_zero",
+                                      "cpd_cast_up",      "cpd_cast_down",       "cpd_cast_nearest_away",
+                                      "cpd_cast_odd"};
+  TORCH_CHECK(mode >= 0 && mode < 7, "cpd: rounding code ", mode, " is not in 0..6");
+  return names[mode];
+}
+
+const char* code_suffix(const at::Tensor& codes) {
+  switch (codes.scalar_type()) {
+    case at::kByte: return "u8";
+    case at::kShort: return "i16";
+    case at::kInt: return "i32";
+    default: TORCH_CHECK(false, "cpd: codes must be uint8, int16 or int32, got ", codes.scalar_type());
+  }
+}
+
+// The family kernels of matmul.cu by cpd/gemm.h's enum, with the side of their square output tile
+// (16 R: an R x R register tile per thread of 256); nullptr: the generic tiled kernel.
+struct Family {
+  const char* name;
+  int side;
+};
+Family family_kernel(int family) {
+  switch (family) {
+    case cpd::GEMM_CHAIN: return {"cpd_matmul_chain", 128};
+    case cpd::GEMM_LANES: return {"cpd_matmul_lanes", 64};
+    case cpd::GEMM_KAHAN: return {"cpd_matmul_kahan", 64};
+    case cpd::GEMM_LANES16: return {"cpd_matmul_lanes16", 64};
+    case cpd::GEMM_KAHAN16: return {"cpd_matmul_kahan16", 64};
+    default: return {nullptr, 0};
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- the launches
+void cast(const at::Tensor& x, const at::Tensor& out, const F5& f, int mode, bool saturate, int sr_bits,
+          uint64_t seed, uint64_t offset) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const Geometry& g = geometry_of(x);
+  Args a;
+  a.tensor(x).tensor(out).add<long long>(n).fmt(f).add<int>(saturate).add<int>(sr_bits).seed(seed, offset);
+  run(x, "cast.cu", cast_kernel(mode), g.blocks((n + 3) / 4, g.threads), g.threads, a);  // 4 elements a thread
+}
+
+void encode(const at::Tensor& x, const at::Tensor& codes, const F5& f, int mode, bool saturate) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const Geometry& g = geometry_of(x);
+  const std::string name = std::string("cpd_encode_") + code_suffix(codes);
+  Args a;
+  a.tensor(x).tensor(codes).add<long long>(n).fmt(f).add<int>(mode).add<int>(saturate);
+  run(x, "cast.cu", name.c_str(), g.blocks(n, g.threads), g.threads, a);
+}
+
+void decode(const at::Tensor& codes, const at::Tensor& out, const F5& f) {
+  const int64_t n = codes.numel();
+  if (n == 0) return;
+  const Geometry& g = geometry_of(codes);
+  const std::string name = std::string("cpd_decode_") + code_suffix(codes);
+  Args a;
+  a.tensor(codes).tensor(out).add<long long>(n).fmt(f);
+  run(codes, "cast.cu", name.c_str(), g.blocks(n, g.threads), g.threads, a);
+}
+
+void arith(int op, const at::Tensor& x, const at::Tensor& y, const at::Tensor& z, const at::Tensor& out, const F5& f,
+           int mode, bool saturate, int sr_bits, uint64_t seed, uint64_t offset) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const Geometry& g = geometry_of(x);
+  Args a;
+  a.add<int>(op).tensor(x).tensor(y).tensor(z).tensor(out).add<long long>(n).fmt(f).add<int>(mode);
+  a.add<int>(saturate).add<int>(sr_bits).seed(seed, offset);
+  run(x, "cast.cu", "cpd_arith", g.blocks(n, g.threads), g.threads, a);
+}
+
+void matmul(const at::Tensor& x, const at::Tensor& y, const at::Tensor& out, bool has_mul, const F5& mul,
+            const F5& acc, bool kahan, int block, int mode, bool saturate, int sr_bits, uint64_t seed,
+            uint64_t offset) {
+  if (out.numel() == 0) return;
+  const int64_t B = x.size(0), M = x.size(1), K = x.size(2), N = y.size(2);
+  const Geometry& g = geometry_of(x);
+  const F5& m = has_mul ? mul : acc;
+  Family fam{nullptr, 0};
+  if (mode == 0 && block == 0) {  // NEAREST, no blocks: maybe a family kernel
+    const cpd::Format mf = cpd::make_format(m.exp, m.man, m.bias, m.specials, m.subnormals, saturate);
+    const cpd::Format af = cpd::make_format(acc.exp, acc.man, acc.bias, acc.specials, acc.subnormals, saturate);
+    fam = family_kernel(cpd::gemm_family(cpd::make_dot_spec(mf, has_mul, af, kahan, block, mode, sr_bits)));
+  }
+  const int side = fam.name ? fam.side : kGenericTile;
+  const int64_t tiles = B * ((M + side - 1) / side) * ((N + side - 1) / side);
+  Args a;
+  a.tensor(x).tensor(y).tensor(out).add<long long>(B).add<long long>(M).add<long long>(K).add<long long>(N);
+  a.add<int>(has_mul).fmt(m).fmt(acc).add<int>(kahan).add<int>(block).add<int>(mode).add<int>(saturate);
+  a.add<int>(sr_bits).seed(seed, offset);
+  run(x, "matmul.cu", fam.name ? fam.name : "cpd_matmul_tiled", g.blocks(tiles, 1), kMatmulThreads, a);
+}
+
+void set_sources(pybind11::object image, pybind11::object shim) {
+  // Never destroyed: the interpreter may be gone when static destructors run.
+  if (!g_image) g_image = new pybind11::object();
+  if (!g_shim) g_shim = new pybind11::object();
+  *g_image = std::move(image);
+  *g_shim = std::move(shim);
+}
+
+void set_host_geometry(int64_t threads, int64_t max_blocks) {
+  TORCH_CHECK(threads >= 1 && threads <= kMaxThreads, "cpd: threads must be in 1..", kMaxThreads, ", got ", threads);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_host.threads = static_cast<int>(threads);
+  g_host.max_blocks = max_blocks;
+}
+
+}  // namespace cpd_launch

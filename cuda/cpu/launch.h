@@ -1,0 +1,40 @@
+// Launches of the CUDA kernels (cuda/kernels/*.cu) from C++: the parameter block, the grid, and
+// the call (cuLaunchKernel on a GPU, the host shim's entry point on CPU tensors). Defined in
+// launch.cpp; used by ops.cpp's CUDA kernels and by its host-shim CPU kernels.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstdint>
+
+namespace cpd_launch {
+
+// A format as the kernels take it: [exp, man, bias, specials, subnormals].
+struct F5 {
+  int exp = 0, man = 0, bias = 0, specials = 0, subnormals = 0;
+};
+
+// out = cast(x): x, out float32, contiguous, same numel (out may be x).
+void cast(const at::Tensor& x, const at::Tensor& out, const F5& f, int mode, bool saturate, int sr_bits,
+          uint64_t seed, uint64_t offset);
+// codes = encode(round(x)); codes uint8 / int16 / int32, contiguous.
+void encode(const at::Tensor& x, const at::Tensor& codes, const F5& f, int mode, bool saturate);
+void decode(const at::Tensor& codes, const at::Tensor& out, const F5& f);
+// out = round(a*b) (op 0), round(a+b) (1), round(c + a*b) (2); all contiguous, one shape.
+void arith(int op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, const at::Tensor& out, const F5& f,
+           int mode, bool saturate, int sr_bits, uint64_t seed, uint64_t offset);
+// out (B, M, N) = a (B, M, K) @ b (B, K, N) accumulated in `acc`, products rounded to `mul`
+// when has_mul; the kernel is the family of cpd/gemm.h gemm_family, else cpd_matmul_tiled.
+void matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, bool has_mul, const F5& mul,
+            const F5& acc, bool kahan, int block, int mode, bool saturate, int sr_bits, uint64_t seed,
+            uint64_t offset);
+
+// Python hands over, once: image(kernel_file, device_index) -> bytes (cpd._cuda.image_for: the
+// NVRTC cubin/PTX for the device, compiled and cached on disk), and shim(kernel_file) -> int (the
+// address of the host shim library's cpd_shim_launch, cpd._shim.entry).
+void set_sources(pybind11::object image, pybind11::object shim);
+// The geometry of launches on CPU tensors (the shim): threads per block, most blocks (<= 0: none).
+void set_host_geometry(int64_t threads, int64_t max_blocks);
+
+}  // namespace cpd_launch
