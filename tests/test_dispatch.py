@@ -291,3 +291,74 @@ def test_cpp_and_python_launches_give_the_same_bits(ext, rounding):
     for i, (w, n, p) in enumerate(zip(want, native, python)):
         assert bits_equal(n, p), i
         assert bits_equal(n, w), i
+
+
+# ------------------------------------------------------------------------------------ on a GPU
+CUDA_CONFIGS = [dict(mul=cpd.E4M3, acc=cpd.FP16), dict(mul=None, acc=cpd.FP32), dict(mul=cpd.E5M2, acc=cpd.FP16),
+                dict(mul=cpd.E5M2, acc=cpd.FP16, kahan=True), dict(mul=cpd.E4M3, acc=cpd.BF16),
+                dict(mul=None, acc=cpd.BF16, kahan=True)]
+
+
+@pytest.mark.cuda
+def test_cuda_kernels_launch_from_cpp_with_the_cpu_bits(ext):
+    """After the first CUDA call, the core ops' CUDA kernels are the extension's (C++ launches),
+    and every op gives the CPU's bits (stochastic too: a just-seeded CUDA generator draws the
+    CPU generator's pairs)."""
+    x = sample(4099) / 10
+    xc = x.cuda()
+    cpd.cast(xc, cpd.E5M2)  # the Python path: compiles, loads, finds the kernels usable
+    cpd.cast(xc, cpd.E5M2)  # the public call that installs the C++ CUDA kernels
+    assert cpd.ops._core.native_cuda and "ops.cpp" in kernel_file("cast", "CUDA")
+    for mode in ("nearest", "toward_zero", "up", "down", "nearest_away", "odd"):
+        assert bits_equal(cpd.cast(xc, cpd.E4M3, rounding=mode).cpu(), cpd.cast(x, cpd.E4M3, rounding=mode)), mode
+        for f in (cpd.E4M3, cpd.FP16):
+            codes = cpd.encode(xc, f, rounding=mode)
+            assert bits_equal(codes.cpu(), cpd.encode(x, f, rounding=mode)) and bits_equal(
+                cpd.decode(codes, f).cpu(), cpd.decode(codes.cpu(), f))
+    gpu = cpd.cast(xc, cpd.E5M2, rounding="stochastic", generator=torch.Generator("cuda").manual_seed(3))
+    cpu = cpd.cast(x, cpd.E5M2, rounding="stochastic", generator=torch.Generator().manual_seed(3))
+    assert bits_equal(gpu.cpu(), cpu)
+    assert bits_equal(cpd.fma(xc, xc, xc.flip(0), cpd.FP16).cpu(), cpd.fma(x, x, x.flip(0), cpd.FP16))
+    out = torch.empty_like(xc)
+    cpd.cast(xc, cpd.BF16, out=out)
+    assert bits_equal(out.cpu(), cpd.cast(x, cpd.BF16))
+    a, b = sample(2, 67, 130, seed=1), sample(130, 45, seed=2)
+    for c in CUDA_CONFIGS:
+        assert bits_equal(cpd.matmul(a.cuda(), b.cuda(), **c).cpu(), cpd.matmul(a, b, **c)), c
+    a.requires_grad_()
+    ag = a.detach().cuda().requires_grad_()
+    cpd.matmul(ag, b.cuda(), **CUDA_CONFIGS[0]).sum().backward()
+    cpd.matmul(a, b, **CUDA_CONFIGS[0]).sum().backward()
+    assert torch.allclose(ag.grad.cpu(), a.grad)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_and_compile_replay_eager_bits(ext):
+    """A cpd.cast + cpd.matmul step captured in a CUDA graph replays eager's bits on new inputs,
+    and torch.compile of the step gives eager's bits (the kernels launch on the current stream
+    with no host sync)."""
+    x = (sample(96, 80, seed=4) / 4).cuda()
+    w = (sample(80, 48, seed=5) / 4).cuda()
+
+    def step(v):
+        return cpd.matmul(cpd.cast(v, cpd.E4M3), w, mul=cpd.E4M3, acc=cpd.FP16)
+
+    for _ in range(3):  # warm up: NVRTC images, the C++ kernels installed
+        step(x)
+    static = x.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(static)
+    for seed in (6, 7):
+        fresh = (sample(96, 80, seed=seed) / 4).cuda()
+        static.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert bits_equal(captured.cpu(), step(fresh).cpu()), seed
+    compiled = torch.compile(step, fullgraph=False)
+    assert bits_equal(compiled(x).cpu(), step(x).cpu())
