@@ -19,6 +19,7 @@ contiguous tensors, the decoded format(s) and the (seed, offset) pair as Python 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import warnings
 
@@ -301,7 +302,7 @@ class CoreOps:
         self.native = None         # the extension whose C++ kernels are installed
         self.native_cuda = False   # its CUDA kernels too
         self.done = False          # nothing more to install
-        self._cuda_device = None   # the device of the first CUDA call its kernels could serve
+        self._cuda_usable = None   # whether the first CUDA call's device could run the kernels
         self.prefer_native = True  # on_host: launch through the extension when it is installed
         self._py_cpu = self._py_autograd = self._shim = None
         self._lock = threading.Lock()
@@ -318,9 +319,10 @@ class CoreOps:
 
     def _cuda_engine(self, device):
         engine = cuda_engine(device)
-        if self._cuda_device is None and isinstance(engine, Kernels):
-            self._cuda_device = device
-            _cpu.extension()  # load (or build, once) the extension whose C++ launches serve the next calls
+        if self._cuda_usable is None:
+            self._cuda_usable = isinstance(engine, Kernels)
+            if self._cuda_usable:
+                _cpu.extension()  # load (or build, once) the extension whose C++ launches serve the next calls
         return engine
 
     def _cpu_lib(self, engine_of):
@@ -361,13 +363,15 @@ class CoreOps:
                         ext.set_cpu_kernels(0)
                         self._shim = self._cpu_lib(lambda args: Kernels(_shim.launcher, _shim.geometry()))
                 self.native = ext
-            if not torch.cuda.is_available():
-                self.done = True
-            elif self._cuda_device is not None:  # a CUDA call found its kernels usable
+            if self._cuda_usable and os.environ.get("CPD_CUDA_LAUNCH", "cpp") != "python":
+                # the first CUDA call found the kernels usable on its device (CPD_CUDA_LAUNCH=python
+                # keeps the Python launches: the same kernels and bits, ~70 us more per call)
                 self._cuda._destroy()
                 self._cuda = None
                 ext.install_cuda_ops()
                 self.native_cuda = self.done = True
+            elif self._cuda_usable is False or not torch.cuda.is_available():
+                self.done = True  # the Python CUDA bodies stay (the fallback on the device)
 
     def route_cpu(self, on: bool) -> None:
         """CPU tensors get the CUDA kernels through the host shim (on), launched from C++ when the
