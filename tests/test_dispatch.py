@@ -178,6 +178,20 @@ def test_autograd_of_the_cpp_kernels(ext):
     b.requires_grad_(False)
     cpd.matmul(a, b).backward(gy)  # only a's gradient asked for
     assert a.grad is not None and b.grad is None
+    sq = sample(5, 5, seed=6).requires_grad_()
+    y = cpd.matmul(sq, sq)  # one tensor on both sides: both gradients reach it
+    assert y.grad_fn.name() == "cpd::MatmulBackward"
+    y.backward(torch.ones(5, 5))
+    assert torch.allclose(sq.grad, torch.ones(5, 5) @ sq.detach().T + sq.detach().T @ torch.ones(5, 5), atol=1e-5)
+    w = sample(5, 3, seed=7)
+    y = cpd.matmul(sq, w)  # saves w (for sq's gradient), not sq: as torch.matmul does
+    with torch.no_grad():
+        sq.mul_(2)
+    y.sum().backward()
+    y = cpd.matmul(sq, w)
+    w.mul_(2)  # the saved operand changed: the backward refuses, as torch's own ops do
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
     codes = cpd.encode(x, cpd.E5M2)
     assert not codes.requires_grad and codes.grad_fn is None
     out = torch.zeros(6, 4)
