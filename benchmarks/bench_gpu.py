@@ -18,7 +18,10 @@ operation timed side by side with its baseline in the same process, interleaved)
   ``cpd.nn.convert(mul=E4M3, acc=FP16)`` and with the Hopper e4m3 model, against float32
   (goals <= 10x and <= 12x);
 * the emulated allreduce of 64 workers x 2^22 float32 (cpd.allreduce, E5M2 ring, and BF16 ring)
-  against ``torch.stack(ws).sum(0)``.
+  against ``torch.stack(ws).sum(0)``;
+* the host time per call (benchmarks/bench_dispatch.py's cases on the device: cast, cast with
+  ``out=``, stochastic cast and mx.cast at 2^10..2^24, matmul 16^3 forward and forward +
+  backward, beside torch's own op; goal: <= 15 us per cast, <= 30 us per matmul forward).
 
 Prints the GPU's name, CUDA/NVRTC versions and a table; without a GPU it says so and exits 0.
 ``--quick`` uses smaller sizes (2^22 elements, 1024^3 only, a 1-layer transformer, 16 x 2^20).
@@ -32,6 +35,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -39,6 +43,7 @@ import cpd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: the shared table format
 from _figures import record  # noqa: E402
+import bench_dispatch  # noqa: E402
 
 
 def event_time(fn, reps: int) -> list[float]:
@@ -201,6 +206,12 @@ def main(argv=None) -> int:
     for fmt in (cpd.E5M2, cpd.BF16):
         t, b = side_by_side(lambda: cpd.allreduce(ws, fmt), lambda: torch.stack(ws).sum(0), max(3, args.reps // 4))
         rows.append((f"allreduce ring {fmt.name}", f"{workers} x 2^{m.bit_length() - 1}", t, b, "stack().sum(0)"))
+
+    sizes = [1 << 10, 1 << 14] if args.quick else [1 << 10, 1 << 14, 1 << 18, 1 << 24]
+    for name, size, base_name, fn, base, scale in bench_dispatch.cases("cuda", sizes):
+        tf, tb = bench_dispatch.best_pair(fn, base, max(10, 500 // scale), 5, "cuda", time.perf_counter)
+        rows.append((f"host time per call: {name}", "16^3" if size == 16 else f"2^{size.bit_length() - 1}", tf, tb,
+                     base_name))
 
     print(table(rows))
     record("bench_gpu", ["operation", "size", "cpd ms", "baseline ms", "baseline", "ratio"],

@@ -35,6 +35,7 @@ SECTIONS = {
     "bench_codec": "Wire codes: packing (`bench_codec.py`: time / a copy of the codes)",
     "bench_wire": "Low-bit DDP communication (`bench_wire.py`: step time / DDP float32)",
     "bench_gpu": "GPU (`bench_gpu.py`: CUDA events, time / the float32 baseline)",
+    "bench_dispatch": "Host time per call (`bench_dispatch.py`: us per call / torch's own op)",
 }
 #: The README's headline figures: (record, the row's first cells, column, what it says).
 HEADLINES = [

@@ -45,7 +45,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["extension", "forced_fallback", "source_dir", "build_flags", "BuildFlags", "target", "host_level",
+__all__ = ["extension", "loaded", "forced_fallback", "source_dir", "build_flags", "BuildFlags", "target", "host_level",
            "X86_LEVELS", "CFLAGS"]
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -233,7 +233,8 @@ def source_dir() -> Path:
 
 #: The core of the extension: casts, encode/decode, arithmetic and matmul (``cast.cpp`` defines the
 #: module and links the other two). The other sources add op libraries of their own
-#: (``torch.ops.cpd_fused_dot``, ``cpd_wire``, ``cpd_mx_cpu``).
+#: (``torch.ops.cpd_fused_dot``, ``cpd_wire``, ``cpd_mx_cpu``) and the C++ kernels of the core ops
+#: (``ops.cpp``; without it the core ops run on their Python kernels).
 CORE_SOURCES = ("arith.cpp", "cast.cpp", "matmul.cpp")
 
 
@@ -311,6 +312,15 @@ def extension():
             _check_host_runs(flags.machine, flags.arch)
             _state["module"] = _build(flags)
     return _state["module"]
+
+
+def loaded():
+    """``(module,)`` once :func:`extension` has run in this process (``(None,)`` if it could not
+    build), None before that or under ``CPD_NO_EXTENSION=1``: whether the extension is there,
+    without building it."""
+    if forced_fallback() or "module" not in _state:
+        return None
+    return (_state["module"],)
 
 
 def cpu_model() -> str:

@@ -36,7 +36,7 @@ import torch
 from . import _kernels
 from ._cpu import source_dir
 
-__all__ = ["available", "nvrtc_version", "supported_archs", "target_for", "compile_source", "launch", "engine",
+__all__ = ["available", "nvrtc_version", "supported_archs", "target_for", "compile_source", "launch",
            "geometry", "unusable_reason", "cpu_twin", "resource_usage", "NVRTC_OPTIONS"]
 
 #: FMA contraction changes results (Kahan, exact emulation); the float multiply in compose()
@@ -312,15 +312,3 @@ def unusable_reason(device: torch.device) -> str | None:
             reason = f"{type(exc).__name__}: {exc}"
     _reasons[idx] = reason
     return reason
-
-
-def engine(device: torch.device):
-    """The engine of cpd/_impl.py for a CUDA device: the kernels, or the fallback on the device."""
-    from . import _impl
-
-    reason = unusable_reason(device)
-    if reason is not None:
-        _impl.warn_once(f"cuda{_index(device)}", f"cpd: CUDA kernels unavailable on {device} ({reason}); "
-                        "using the pure-torch path on the device")
-        return _impl.Fallback()
-    return _impl.Kernels(launch, geometry(device))

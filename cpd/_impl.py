@@ -19,17 +19,18 @@ contiguous tensors, the decoded format(s) and the (seed, offset) pair as Python 
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 
 import torch
 
-from . import _cpu, _fallback, _kernels
+from . import _cpu, _cuda, _fallback, _kernels, _shim
 from .formats import FloatFormat
 from .rounding import Rounding
 
 __all__ = ["fmt_tuple", "fmt_of", "code_dtype_of", "Extension", "Fallback", "Kernels", "cast", "cast_out", "encode",
            "decode", "arith", "matmul", "batch_shape", "register",
-           "register_cpu"]
+           "register_cpu", "cuda_engine", "host_engine", "route_cpu_to_kernels"]
 
 _warned: set = set()
 
@@ -152,6 +153,17 @@ def host_engine():
     return Fallback()
 
 
+def cuda_engine(device: torch.device):
+    """The engine of a CUDA device: the kernels (:mod:`cpd._cuda`), or the fallback on the device
+    (with a warning once) when NVRTC / the driver cannot serve it."""
+    reason = _cuda.unusable_reason(device)
+    if reason is not None:
+        warn_once(f"cuda{_cuda._index(device)}", f"cpd: CUDA kernels unavailable on {device} ({reason}); "
+                  "using the pure-torch path on the device")
+        return Fallback()
+    return Kernels(_cuda.launch, _cuda.geometry(device))
+
+
 # --------------------------------------------------------------------------------------- op bodies
 def _seed_pair(seed: torch.Tensor, rounding: int) -> tuple[int, int]:
     """(seed, offset) as Python ints; (0, 0) unless stochastic. seed is a CPU tensor from
@@ -200,6 +212,10 @@ def arith(engine, op, a, b, c, seed, fmt, rounding, saturate, sr_bits):
 
 
 def batch_shape(a_shape, b_shape) -> tuple:
+    """The broadcast batch dims of matmul operands of shapes (..., M, K) and (..., K, N)
+    (torch.matmul's rule); RuntimeError if they do not broadcast."""
+    if len(a_shape) == 2 and len(b_shape) == 2:  # the common case, without torch.broadcast_shapes
+        return ()
     return tuple(torch.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])))
 
 
@@ -228,8 +244,6 @@ def register_cpu(impls, kernels_on_host: bool = False) -> None:
     """CPU tensors: the extension or fallback (default), or the CUDA kernels run by the host shim
     (cpd._shim.on_host)."""
     if kernels_on_host:
-        from . import _shim
-
         def engine_of(args):
             return Kernels(_shim.launcher, _shim.geometry())
     else:
@@ -247,14 +261,97 @@ def route_cpu_to_kernels(on: bool) -> None:
     kernels through the host shim (on), or the extension / fallback (off)."""
     for impls in _registered:
         register_cpu(impls, kernels_on_host=on)
+    _core.route_cpu(on)
 
 
 def register(impls) -> None:
     """Register each op's body per device type: ``((op, body, index of the tensor whose device
     picks the CUDA engine), ...)``."""
-    from . import _cuda
-
     _registered.append(tuple(impls))
     register_cpu(impls)
     for op, body, i in impls:
-        op.register_kernel("cuda")(_bind(body, lambda args, i=i: _cuda.engine(args[i].device)))
+        op.register_kernel("cuda")(_bind(body, lambda args, i=i: cuda_engine(args[i].device)))
+
+
+# --------------------------------------------------------------------------------------- the core ops
+class CoreOps:
+    """The registrations of the core ops (cpd/ops.py: cast, cast_out, encode, decode, arith,
+    matmul), whose schemas are defined in Python so that they exist without a compiler.
+
+    * CUDA: the bodies above over :func:`cuda_engine`, registered once;
+    * CPU and autograd, until the extension is loaded: the bodies over :func:`host_engine` and
+      torch.library's Python autograd, on a library of their own (``_py_cpu``, ``_py_autograd``);
+    * once the extension is loaded (:meth:`install`, from the public functions' first call after
+      the first CPU call built or loaded it): those Python libraries are destroyed and the
+      extension registers its C++ CPU and autograd kernels (``cuda/cpu/ops.cpp``), so a call has
+      no Python below the public function;
+    * :func:`cpd._shim.on_host` swaps the CPU kernels for the CUDA bodies run by the shim
+      (:meth:`route_cpu`) and back.
+    """
+
+    def __init__(self):
+        self.bodies: dict = {}     # op name -> (body, index of the tensor whose device picks the engine)
+        self.autograd: dict = {}   # op name -> (backward, setup_context)
+        self.native = None         # the extension whose C++ kernels are installed
+        self.done = False          # nothing more to install (C++ kernels in, or no extension)
+        self._py_cpu = self._py_autograd = self._shim = None
+        self._lock = threading.Lock()
+
+    def register(self, bodies: dict, autograd: dict) -> None:
+        self.bodies, self.autograd = dict(bodies), dict(autograd)
+        self._cuda = torch.library.Library("cpd", "IMPL")
+        for name, (body, i) in self.bodies.items():
+            self._cuda.impl(name, _bind(body, lambda args, i=i: cuda_engine(args[i].device)), "CUDA")
+        self._py_cpu = self._cpu_lib(lambda args: host_engine())
+        self._py_autograd = torch.library.Library("cpd", "IMPL")
+        for name, (backward, setup) in self.autograd.items():
+            torch.library.register_autograd(f"cpd::{name}", backward, setup_context=setup, lib=self._py_autograd)
+
+    def _cpu_lib(self, engine_of):
+        lib = torch.library.Library("cpd", "IMPL")
+        for name, (body, _) in self.bodies.items():
+            lib.impl(name, _bind(body, engine_of), "CPU")
+        return lib
+
+    def install(self) -> None:
+        """Install the C++ kernels if the extension is loaded (never builds it); called by the
+        public functions until it has happened (:attr:`done`)."""
+        state = _cpu.loaded()
+        if state is None:  # not tried yet: the first CPU call builds or loads it
+            return
+        with self._lock:
+            if self.done:
+                return
+            ext = state[0]
+            if ext is not None and hasattr(ext, "install_ops"):
+                if self._shim is None:
+                    self._py_cpu._destroy()
+                    self._py_cpu = None
+                self._py_autograd._destroy()
+                self._py_autograd = None
+                ext.install_ops()
+                if self._shim is not None:  # within on_host: the shim keeps the CPU key
+                    ext.set_cpu_kernels(False)
+                self.native = ext
+            self.done = True
+
+    def route_cpu(self, on: bool) -> None:
+        with self._lock:
+            if on and self._shim is None:
+                if self.native is not None:
+                    self.native.set_cpu_kernels(False)
+                elif self._py_cpu is not None:
+                    self._py_cpu._destroy()
+                    self._py_cpu = None
+                self._shim = self._cpu_lib(lambda args: Kernels(_shim.launcher, _shim.geometry()))
+            elif not on and self._shim is not None:
+                self._shim._destroy()
+                self._shim = None
+                if self.native is not None:
+                    self.native.set_cpu_kernels(True)
+                else:
+                    self._py_cpu = self._cpu_lib(lambda args: host_engine())
+
+
+_core = CoreOps()
+_shim.set_router(route_cpu_to_kernels)  # cpd._shim.on_host routes through this module

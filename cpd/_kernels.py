@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .formats import FloatFormat
+
 __all__ = ["Geometry", "Launch", "pack", "cast", "encode", "decode", "arith", "matmul", "MAX_THREADS",
            "CAST_KERNELS", "CODE_SUFFIX", "TILE_M", "TILE_N", "MATMUL_THREADS", "FAMILY_KERNELS",
            "matmul_family"]
@@ -190,8 +192,6 @@ def matmul_family(mul, acc, kahan: bool, block: int, mode: int, saturate: bool) 
     "lanesbf", "kahanbf" (the family kernels) or "tiled" (the generic steps). The conditions are
     cpd/gemm.h's gemm_family, whose kernels also check them on the device (a spec outside a
     kernel's family gets the generic steps' bits there, only slower)."""
-    from .formats import FloatFormat
-
     if mode != 0 or block:  # NEAREST, no blocks
         return "tiled"
     af = FloatFormat.from_core(*acc)

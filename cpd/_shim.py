@@ -15,7 +15,8 @@ kernels included), then a generated translation unit includes the kernel file an
 
 :func:`on_host` routes cpd's custom ops for CPU tensors through the CUDA implementations and
 this launcher, so any code above :mod:`cpd.ops` (allreduce, compressors, optimizers) can run on
-the GPU code path in a test.
+the GPU code path in a test. The routing is :mod:`cpd._impl`'s (it imports this module, so this
+one imports nothing above it): ``_impl`` hands it over with :func:`set_router` when imported.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 from . import _kernels
 from ._cpu import source_dir
 
-__all__ = ["available", "library", "launch", "launcher", "on_host", "CXXFLAGS"]
+__all__ = ["available", "library", "launch", "launcher", "on_host", "set_router", "CXXFLAGS"]
 
 #: IEEE float semantics as NVRTC's --fmad=false: no contraction, no fast-math, no FTZ.
 CXXFLAGS = ["-std=c++17", "-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing",
@@ -151,20 +152,30 @@ def launcher(call: _kernels.Launch, device=None) -> None:
     launch(call, device)
 
 
+_router: list = []  # [route(on: bool)]: cpd._impl.route_cpu_to_kernels, from set_router
+
+
+def set_router(route) -> None:
+    """Called by cpd._impl when it is imported (``import cpd`` does): ``route(True)`` sends the CPU
+    kernels of every op it registered through this launcher, ``route(False)`` back."""
+    _router[:] = [route]
+
+
 @contextlib.contextmanager
 def on_host(threads: int = 64, max_blocks: int | None = 4):
     """Within this block, cpd's custom ops on CPU tensors run the CUDA implementations (the
     NVRTC-free part of cpd/_cuda.py's path: the same marshalling and kernels) through the shim,
     with ``threads`` per block and at most ``max_blocks`` blocks."""
-    from . import ops
-
+    if not _router:
+        raise RuntimeError("cpd shim: on_host needs cpd's ops registered: import cpd first")
+    route = _router[0]
     old = getattr(_geometry, "value", None)
     _geometry.value = _kernels.Geometry(threads=threads, max_blocks=max_blocks)
-    ops._route_cpu_to_kernels(True)
+    route(True)
     try:
         yield
     finally:
-        ops._route_cpu_to_kernels(False)
+        route(False)
         if old is None:
             del _geometry.value
         else:

@@ -14,11 +14,12 @@ block-scaled operands add ``sa`` (..., M, ceil(K/block)) and ``sb`` (..., ceil(K
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import torch
 
-from . import _cpu, _fused_dot_ref
+from . import _cpu, _cuda, _fused_dot_ref, _impl, _kernels
 from .ops import _batch_shape, _sum_to
 
 __all__ = ["fused_dot_matmul"]
@@ -58,9 +59,7 @@ def _cpu_body(a3, b3, sa, sb, block, s_emin, p, fields):
 
 
 def _cuda_body(a3, b3, sa, sb, block, s_emin, p, fields):
-    from . import _cuda, _impl
-
-    if isinstance(_cuda.engine(a3.device), _impl.Fallback):  # no NVRTC / driver for this device
+    if isinstance(_impl.cuda_engine(a3.device), _impl.Fallback):  # no NVRTC / driver for this device
         return _torch_body(a3, b3, sa, sb, block, s_emin, p, fields)
     return _cuda_matmul(a3, b3, sa, sb, block, s_emin, p)
 
@@ -106,10 +105,6 @@ def launch_of(a3, b3, y, sa, sb, block, s_emin, p: _fused_dot_ref.Params, blocks
     """The :class:`cpd._kernels.Launch` of cuda/kernels/fused_dot.cu (one thread per output,
     grid-stride) for contiguous a3 (B, M, K), b3 (B, K, N) into y (B, M, N): what the CUDA path
     hands to the driver and the tests to the host shim (``cpd._shim.launch``)."""
-    import ctypes
-
-    from . import _kernels
-
     B, M, K = a3.shape
     N = b3.shape[2]
     i, ll, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
@@ -124,8 +119,6 @@ def launch_of(a3, b3, y, sa, sb, block, s_emin, p: _fused_dot_ref.Params, blocks
 
 def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params) -> torch.Tensor:
     """Launch cuda/kernels/fused_dot.cu on the device (:func:`launch_of`)."""
-    from . import _cuda
-
     B, M, _ = a3.shape
     N = b3.shape[2]
     y = torch.empty((B, M, N), dtype=torch.float32, device=a3.device)

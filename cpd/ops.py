@@ -19,7 +19,9 @@ import math
 import torch
 
 from . import _cpu, _cuda, _fallback, _impl
+from ._fused_dot import FusedDot
 from .formats import FP32, FloatFormat
+from .registry import FUSED_DOT_MATMUL, lookup
 from .rounding import Rounding
 
 __all__ = ["cast", "encode", "decode", "bits", "code_dtype", "draw_seed", "random_words", "add", "mul", "fma", "matmul", "sum"]
@@ -70,7 +72,18 @@ def _fmt_args(fmt: FloatFormat) -> tuple[int, int, int, int, bool]:
 def _fmt_spec(fmt: FloatFormat | None) -> list[int]:
     """The ops' format argument: ``[exp, man, bias, specials, subnormals]`` ([] for None); ``specials``
     is the core's integer (:attr:`FloatFormat.core_specials`: the convention and the unsigned flag)."""
-    return [] if fmt is None else [fmt.exp, fmt.man, fmt.bias, fmt.core_specials, int(fmt.subnormals)]
+    if fmt is None:
+        return []
+    hit = _SPECS.get(id(fmt))
+    if hit is not None and hit[0] is fmt:  # the cache holds fmt, so its id is not reused
+        return hit[1]
+    spec = [fmt.exp, fmt.man, fmt.bias, fmt.core_specials, int(fmt.subnormals)]
+    if len(_SPECS) < 1024:
+        _SPECS[id(fmt)] = (fmt, spec)
+    return spec
+
+
+_SPECS: dict = {}  # id(format) -> (format, its spec): a call costs no dataclass hashing
 
 
 def code_dtype(fmt: FloatFormat) -> torch.dtype:
@@ -128,20 +141,31 @@ def _zero_seed(device: torch.device | str = "cpu") -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------- ops
-# Each op's default body (any device but cpu and cuda) refuses; the implementations are
-# registered per device type at the end of this module (_register).
-def _no_device(*tensors) -> None:
-    dev = next((t.device for t in tensors if isinstance(t, torch.Tensor)), None)
-    raise ValueError(f"tensors on device {dev}; cpd runs on cpu and cuda")
+# The schemas are defined here, in Python, so that the ops exist on any machine (the pure-torch
+# fallback runs them where nothing can be compiled); the kernels are registered per dispatch key
+# at the end of this module (cpd._impl.CoreOps): the CUDA bodies, and for CPU and autograd the
+# extension's C++ kernels (cuda/cpu/ops.cpp) once it is loaded, Python bodies until then.
+_LIB = torch.library.Library("cpd", "FRAGMENT")
+_SCHEMAS = (
+    "cast(Tensor x, Tensor seed, int[] fmt, int rounding, bool saturate, int sr_bits) -> Tensor",
+    "cast_out(Tensor x, Tensor seed, int[] fmt, int rounding, bool saturate, int sr_bits, Tensor(a!) out) -> ()",
+    # round (a deterministic mode) and encode in one pass; codes of code_dtype(fmt)
+    "encode(Tensor x, int[] fmt, int rounding, bool saturate) -> Tensor",
+    "decode(Tensor codes, int[] fmt) -> Tensor",
+    # round(a*b), round(a+b) or round(c + a*b) (op 0, 1, 2) of same-shape float32 tensors
+    "arith(int op, Tensor a, Tensor b, Tensor c, Tensor seed, int[] fmt, int rounding, bool saturate, "
+    "int sr_bits) -> Tensor",
+    # a (..., M, K) @ b (..., K, N), batch dims broadcast; mul [] for exact products; see matmul()
+    "matmul(Tensor a, Tensor b, Tensor seed, int[] mul, int[] acc, bool kahan, int block, int rounding, "
+    "bool saturate, int sr_bits) -> Tensor",
+)
+for _schema in _SCHEMAS:
+    _LIB.define(_schema, tags=(torch.Tag.pt2_compliant_tag,))
+_OP_CAST, _OP_CAST_OUT, _OP_ENCODE, _OP_DECODE, _OP_ARITH, _OP_MATMUL = (
+    getattr(torch.ops.cpd, s.partition("(")[0]).default for s in _SCHEMAS)
 
 
-@torch.library.custom_op("cpd::cast", mutates_args=())
-def _cast_op(x: torch.Tensor, seed: torch.Tensor, fmt: list[int], rounding: int, saturate: bool,
-             sr_bits: int) -> torch.Tensor:
-    _no_device(x)
-
-
-@_cast_op.register_fake
+@torch.library.register_fake("cpd::cast", lib=_LIB)
 def _(x, seed, fmt, rounding, saturate, sr_bits):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -150,37 +174,17 @@ def _cast_backward(ctx, grad):
     return grad, None, None, None, None, None  # straight-through
 
 
-_cast_op.register_autograd(_cast_backward)
-
-
-@torch.library.custom_op("cpd::cast_out", mutates_args=("out",))
-def _cast_out_op(x: torch.Tensor, seed: torch.Tensor, fmt: list[int], rounding: int, saturate: bool, sr_bits: int,
-                 out: torch.Tensor) -> None:
-    _no_device(x)
-
-
-@_cast_out_op.register_fake
+@torch.library.register_fake("cpd::cast_out", lib=_LIB)
 def _(x, seed, fmt, rounding, saturate, sr_bits, out):
     return None
 
 
-@torch.library.custom_op("cpd::encode", mutates_args=())
-def _encode_op(x: torch.Tensor, fmt: list[int], rounding: int, saturate: bool) -> torch.Tensor:
-    """Round (a deterministic mode) and encode in one pass; returns codes of code_dtype(fmt)."""
-    _no_device(x)
-
-
-@_encode_op.register_fake
+@torch.library.register_fake("cpd::encode", lib=_LIB)
 def _(x, fmt, rounding, saturate):
     return torch.empty(x.shape, dtype=_impl.code_dtype_of(_impl.fmt_tuple(fmt)), device=x.device)
 
 
-@torch.library.custom_op("cpd::decode", mutates_args=())
-def _decode_op(codes: torch.Tensor, fmt: list[int]) -> torch.Tensor:
-    _no_device(codes)
-
-
-@_decode_op.register_fake
+@torch.library.register_fake("cpd::decode", lib=_LIB)
 def _(codes, fmt):
     return torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
 
@@ -223,10 +227,11 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr
     fmt = FloatFormat.parse(fmt)
     mode, k = _check_rounding_args(rounding, saturate, sr_bits, generator)
     x32 = x if x.dtype == torch.float32 else x.to(torch.float32)
-    seed = draw_seed(generator, x.device) if mode is Rounding.STOCHASTIC else _zero_seed(x.device)
+    seed = draw_seed(generator, x.device) if mode is Rounding.STOCHASTIC else _ZERO_SEED
     args = (_fmt_spec(fmt), mode.code, saturate, k)
     if out is None:
-        return torch.ops.cpd.cast(x32, seed, *args)
+        _ready()
+        return _OP_CAST(x32, seed, *args)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
     if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
@@ -237,7 +242,8 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr
             f"out must be a float32 tensor of shape {tuple(x.shape)} on {x.device}; got {out.dtype}, "
             f"shape {tuple(out.shape)} on {out.device}"
         )
-    torch.ops.cpd.cast_out(x32, seed, *args, out)
+    _ready()
+    _OP_CAST_OUT(x32, seed, *args, out)
     return out
 
 
@@ -262,7 +268,8 @@ def encode(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, 
     x32 = x if x.dtype == torch.float32 else x.to(torch.float32)
     if not fmt.has_nan and bool(torch.isnan(x32).any()):
         raise ValueError(f"x contains NaN, which format {fmt.name} has no code for")
-    return torch.ops.cpd.encode(x32, _fmt_spec(fmt), mode.code, bool(saturate))
+    _ready()
+    return _OP_ENCODE(x32, _fmt_spec(fmt), mode.code, bool(saturate))
 
 
 def decode(codes: torch.Tensor, fmt) -> torch.Tensor:
@@ -288,7 +295,8 @@ def decode(codes: torch.Tensor, fmt) -> torch.Tensor:
         c64 = codes.to(torch.int64)
         if bool((c64 < 0).any()) or bool((c64 >= 1 << fmt.bits).any()):
             raise ValueError(f"codes hold values outside {fmt.name}'s {fmt.bits}-bit code range 0..{(1 << fmt.bits) - 1}")
-    return torch.ops.cpd.decode(codes, _fmt_spec(fmt))
+    _ready()
+    return _OP_DECODE(codes, _fmt_spec(fmt))
 
 
 def bits(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr_bits: int | None = None,
@@ -322,14 +330,7 @@ def bits(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr
 _ARITH = {"mul": 0, "add": 1, "fma": 2}
 
 
-@torch.library.custom_op("cpd::arith", mutates_args=())
-def _arith_op(op: int, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, seed: torch.Tensor, fmt: list[int],
-              rounding: int, saturate: bool, sr_bits: int) -> torch.Tensor:
-    """round(a*b), round(a+b) or round(c + a*b) (op 0, 1, 2) of same-shape float32 tensors."""
-    _no_device(a)
-
-
-@_arith_op.register_fake
+@torch.library.register_fake("cpd::arith", lib=_LIB)
 def _(op, a, b, c, seed, fmt, rounding, saturate, sr_bits):
     return torch.empty_like(a, memory_format=torch.contiguous_format)
 
@@ -351,9 +352,6 @@ def _arith_backward(ctx, grad):
     return None, ga, gb, gc, None, None, None, None, None
 
 
-_arith_op.register_autograd(_arith_backward, setup_context=_arith_setup)
-
-
 def _arith(name: str, tensors: list, fmt, rounding, saturate, sr_bits, generator):
     for t, arg in zip(tensors, ("a", "b", "c")[: len(tensors)] if name == "fma" else ("x", "y")):
         _check_tensor(t, arg)
@@ -372,7 +370,8 @@ def _arith(name: str, tensors: list, fmt, rounding, saturate, sr_bits, generator
         c, a, b = tensors
     else:
         (a, b), c = tensors, tensors[0]
-    return torch.ops.cpd.arith(_ARITH[name], a, b, c, seed, _fmt_spec(fmt), mode.code, saturate, k)
+    _ready()
+    return _OP_ARITH(_ARITH[name], a, b, c, seed, _fmt_spec(fmt), mode.code, saturate, k)
 
 
 def mul(x: torch.Tensor, y: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False,
@@ -408,14 +407,7 @@ def fma(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, fmt, rounding="neares
 _batch_shape = _impl.batch_shape
 
 
-@torch.library.custom_op("cpd::matmul", mutates_args=())
-def _matmul_op(a: torch.Tensor, b: torch.Tensor, seed: torch.Tensor, mul: list[int], acc: list[int], kahan: bool,
-               block: int, rounding: int, saturate: bool, sr_bits: int) -> torch.Tensor:
-    """a (..., M, K) @ b (..., K, N), batch dims broadcast; ``mul`` [] for exact products; see :func:`matmul`."""
-    _no_device(a)
-
-
-@_matmul_op.register_fake
+@torch.library.register_fake("cpd::matmul", lib=_LIB)
 def _(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits):
     batch = _batch_shape(a.shape, b.shape)
     return a.new_empty((*batch, a.shape[-2], b.shape[-1]))
@@ -444,9 +436,6 @@ def _matmul_backward(ctx, grad):
     if ctx.needs_input_grad[1]:
         gb = _sum_to(torch.matmul(a.transpose(-1, -2), grad), b.shape)
     return (ga, gb) + (None,) * 8
-
-
-_matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 
 def _check_accum_args(acc, kahan, rounding, saturate, sr_bits, generator):
@@ -516,13 +505,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
     Autograd is straight-through: ``grad_a = grad @ b^T`` and ``grad_b = a^T @ grad`` computed
     by ``torch.matmul`` in float32 (reduced over broadcast batch dims).
 
-    Speed (CPU, 512^3, one core, ratio to ``torch.mm``; ``benchmarks/bench_matmul.py``): round to
-    nearest with products that are values of an accumulator of at most 11 bits (E5M2 or E4M3
-    products into FP16, say) runs on float32 / binary16 lanes, about 19-28x (24x with Kahan into
-    FP16); other round-to-nearest cases, and stochastic rounding for formats of up to 19 mantissa
-    bits, run a float64-lane path, about 90-450x; the rest (directed modes, wider stochastic
-    formats) a scalar path over float32 bits, several times slower again. Every path gives the
-    same bits.
+    Speed (CPU, 512^3, one core, ratio to ``torch.mm``; ``benchmarks/bench_matmul.py``, figures
+    on the docs' Figures page): the default (``mul=None, acc=FP32``) is a float32 FMA chain, about
+    2x; products of an 8-bit format into FP16 or FP32, about 8-15x; other round-to-nearest
+    accumulators of up to 11 bits and BF16/TF32, 15-40x; stochastic rounding for formats of up to
+    19 mantissa bits runs a float64-lane path, several hundred times; the rest (directed modes,
+    wider stochastic formats) a scalar path, slower again. Every path gives the same bits.
 
     Args:
         a, b: the operands.
@@ -539,11 +527,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
         sr_bits, generator: as in :func:`cast`.
     """
     # --- tensor-core accumulators (issue 15, cpd/tensor_core.py): acc=FusedDot runs its own op ---
-    from .tensor_core import FusedDot, tensor_core_matmul
-
+    # (cpd.tensor_core.tensor_core_matmul, looked up in cpd.registry: that module imports this one)
     if isinstance(acc, FusedDot):
-        return tensor_core_matmul(a, b, acc, mul=mul, fma=fma, kahan=kahan, block=block, rounding=rounding,
-                                  saturate=saturate, sr_bits=sr_bits, generator=generator)
+        return lookup(FUSED_DOT_MATMUL)(a, b, acc, mul=mul, fma=fma, kahan=kahan, block=block, rounding=rounding,
+                                        saturate=saturate, sr_bits=sr_bits, generator=generator)
     # --- end tensor-core accumulators ---
     _check_matmul_operands(a, b)
     acc, mode, k = _check_accum_args(acc, kahan, rounding, saturate, sr_bits, generator)
@@ -557,9 +544,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
             raise TypeError(f"block must be an int >= 1 or None, got {type(block).__name__}")
         if block < 1:
             raise ValueError(f"block must be >= 1 (or None), got {block}")
-    seed = draw_seed(generator, a.device) if mode is Rounding.STOCHASTIC else _zero_seed(a.device)
-    return torch.ops.cpd.matmul(a.to(torch.float32), b.to(torch.float32), seed, _fmt_spec(mul), _fmt_spec(acc), kahan,
-                                block or 0, mode.code, saturate, k)
+    seed = draw_seed(generator, a.device) if mode is Rounding.STOCHASTIC else _ZERO_SEED
+    _ready()
+    return _OP_MATMUL(a if a.dtype == torch.float32 else a.to(torch.float32),
+                      b if b.dtype == torch.float32 else b.to(torch.float32), seed, _fmt_spec(mul), _fmt_spec(acc),
+                      kahan, block or 0, mode.code, saturate, k)
 
 
 def sum(x: torch.Tensor, dim: int | None = None, *, acc, kahan: bool = False, rounding="nearest",  # noqa: A001
@@ -605,13 +594,20 @@ def sum(x: torch.Tensor, dim: int | None = None, *, acc, kahan: bool = False, ro
 
 
 # --------------------------------------------------------------------------------------- dispatch
-# Per device type: (op, its body in cpd/_impl.py, index of the tensor whose device picks the engine)
-_IMPLS = ((_cast_op, _impl.cast, 0), (_cast_out_op, _impl.cast_out, 0), (_encode_op, _impl.encode, 0),
-          (_decode_op, _impl.decode, 0), (_arith_op, _impl.arith, 1), (_matmul_op, _impl.matmul, 0))
-_impl.register(_IMPLS)
+# Per op: its body in cpd/_impl.py and the index of the tensor whose device picks the CUDA engine;
+# the Python autograd (backward, setup_context) used until the extension's C++ kernels are in.
+_impl._core.register(
+    {"cast": (_impl.cast, 0), "cast_out": (_impl.cast_out, 0), "encode": (_impl.encode, 0),
+     "decode": (_impl.decode, 0), "arith": (_impl.arith, 1), "matmul": (_impl.matmul, 0)},
+    {"cast": (_cast_backward, None), "arith": (_arith_backward, _arith_setup),
+     "matmul": (_matmul_backward, _matmul_setup)})
 
 
-def _route_cpu_to_kernels(on: bool) -> None:
-    """Used by cpd._shim.on_host: run the CUDA code path (kernels on the host) for CPU tensors
-    (for every op registered through cpd._impl.register: these and cpd.mx's)."""
-    _impl.route_cpu_to_kernels(on)
+_core = _impl._core
+
+
+def _ready() -> None:
+    """Before each public call: the C++ kernels in, once the extension is loaded (a flag check
+    after that)."""
+    if not _core.done:
+        _core.install()

@@ -39,7 +39,7 @@ class Rounding(enum.Enum):
     @property
     def code(self) -> int:
         """The integer the numerics core uses for this mode."""
-        return _CODES[self]
+        return _CODES[self._value_]  # keyed by the string: an enum member hashes in Python
 
     @classmethod
     def from_code(cls, code: int) -> "Rounding":
@@ -52,6 +52,9 @@ class Rounding(enum.Enum):
         if isinstance(value, Rounding):
             return value
         if isinstance(value, str):
+            mode = _BY_NAME.get(value)  # the common spellings, with no lower()
+            if mode is not None:
+                return mode
             try:
                 return cls(value.lower())
             except ValueError:
@@ -64,12 +67,13 @@ class Rounding(enum.Enum):
 
 
 _CODES = {
-    Rounding.NEAREST: 0,
-    Rounding.STOCHASTIC: 1,
-    Rounding.TOWARD_ZERO: 2,
-    Rounding.UP: 3,
-    Rounding.DOWN: 4,
-    Rounding.NEAREST_AWAY: 5,
-    Rounding.ODD: 6,
+    Rounding.NEAREST.value: 0,
+    Rounding.STOCHASTIC.value: 1,
+    Rounding.TOWARD_ZERO.value: 2,
+    Rounding.UP.value: 3,
+    Rounding.DOWN.value: 4,
+    Rounding.NEAREST_AWAY.value: 5,
+    Rounding.ODD.value: 6,
 }
-_FROM_CODE = {c: m for m, c in _CODES.items()}
+_FROM_CODE = {c: Rounding(v) for v, c in _CODES.items()}
+_BY_NAME = {m.value: m for m in Rounding}

@@ -33,9 +33,9 @@ from fractions import Fraction
 
 import torch
 
-from . import reference
+from . import mx, reference
 from .collectives import _stack_workers
-from .formats import FloatFormat
+from .formats import E4M3FN, E8M0, FloatFormat
 from .rounding import Rounding
 
 __all__ = ["formats", "block_formats", "boundary_values", "boundary_list", "format_values", "reference_sum",
@@ -102,9 +102,6 @@ def block_formats(*, max_block: int = 64, two_level: bool = True):
     convention with values), a block size in 1..``max_block``, an E8M0 scale with one of the
     power-of-two rules, or (``two_level``) an E4M3FN scale with the ``"amax"`` rule and
     optionally a tensor scale (NVFP4-like)."""
-    from . import mx
-    from .formats import E4M3FN, E8M0
-
     st = _st()
 
     @st.composite

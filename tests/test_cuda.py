@@ -6,6 +6,8 @@ kernels' *execution* is checked without a GPU by tests/test_shim.py. Tests marke
 only with a GPU (conftest.py skips them otherwise).
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -60,12 +62,19 @@ def test_ptx_for_unknown_architectures(tmp_path, monkeypatch):
     assert len(list((tmp_path / "nvrtc").glob("*.ptx"))) == 1
 
 
+@functools.lru_cache(maxsize=None)
+def _usage(kernel_file: str, arch: str) -> dict:
+    """ptxas's report, once per (file, arch) in this process: matmul.cu at sm_90 serves two tests
+    (its compile is the suite's longest, about a minute)."""
+    return _cuda.resource_usage(kernel_file, arch)
+
+
 @nvrtc
 @pytest.mark.parametrize("kernel_file", KERNEL_FILES)
 def test_no_local_memory(kernel_file):
     """No kernel spills or keeps arrays in local memory (a register tile indexed at run time, an
     array in a scalar tail loop): ptxas's report at sm_90 (register counts are in docs/gpu.md)."""
-    usage = _cuda.resource_usage(kernel_file, "sm_90" if 90 in _cuda.supported_archs() else _archs()[-1])
+    usage = _usage(kernel_file, "sm_90" if 90 in _cuda.supported_archs() else _archs()[-1])
     assert usage and all(u["stack"] == 0 and u["spill_stores"] == 0 for u in usage.values()), usage
     assert all(u["registers"] <= 255 for u in usage.values()), usage
 
@@ -77,7 +86,7 @@ def test_gemm_family_kernels_do_not_spill(arch):
     per SM, i.e. at most 128 registers) fit without local memory on Ampere and Hopper."""
     if int(arch[3:]) not in _cuda.supported_archs():
         pytest.skip(f"NVRTC lacks {arch}")
-    usage = _cuda.resource_usage("matmul.cu", arch)
+    usage = _usage("matmul.cu", arch)
     for name in ("cpd_matmul_chain", "cpd_matmul_lanes", "cpd_matmul_kahan", "cpd_matmul_lanes16",
                  "cpd_matmul_kahan16", "cpd_matmul_lanesbf", "cpd_matmul_kahanbf"):
         u = usage[name]

@@ -59,15 +59,18 @@ def test_simd_check_aarch64(arch, tmp_path):
 # compile for them, and the headers must pick the vector paths named here (static_assert in a
 # probe, no torch): x86-64-v4 (AVX-512 without AVX512-FP16) takes the AVX-512 Philox (the code the
 # earlier AVX-512 machine tested, test_vector_philox_words and simd_check there) and the float32
-# matmul lanes rounded by F16C (the source tested at x86-64-v3 here), never the AVX512-FP16 loop;
+# matmul lanes rounded by F16C and the binary16 register chain (the sources tested at x86-64-v3
+# here), never the AVX512-FP16 loop;
 # aarch64 takes the NEON Philox and FCVT lanes (simd_check above runs them under qemu-aarch64).
 COMPILE_ONLY = [("x86_64", "x86-64-v4", "g++", "avx512"), ("aarch64", "armv8.2-a", "aarch64-linux-gnu-g++", "neon")]
 
 PROBE = """#include <string_view>
 #include "matmul_chain.h"
 #include "matmul_f32.h"
+#include "matmul_h16.h"
 #include "philox_simd.h"
 static_assert(std::string_view(cpd_cpu::isa_name()) == "%s", "vector ISA");
+static_assert(CPD_CPU_H16_CHAIN == %d, "the binary16 register chain: x86 (AVX2 + F16C or AVX-512F) only");
 static_assert(CPD_CPU_F16_LANES == 1, "binary16 rounding by conversion");
 static_assert(CPD_CPU_HW_FMA == 1 && CPD_CPU_CHAIN == 1, "binary32 lanes: FMA instructions, the register chain");
 #if defined(__AVX512FP16__)
@@ -87,7 +90,7 @@ def _compile_only_skip(machine, cxx):
 def test_vector_paths_chosen_for(machine, arch, cxx, isa, tmp_path):
     _compile_only_skip(machine, cxx)
     probe = tmp_path / "probe.cpp"
-    probe.write_text(PROBE % isa)
+    probe.write_text(PROBE % (isa, isa == "avx512"))
     flags = [f for f in _cpu.build_flags(machine, "gcc", arch).cflags if f != "-fopenmp"]
     r = run([cxx, "-std=c++17", "-fsyntax-only", *flags, "-I", str(ROOT / "cuda/include"), "-I",
               str(ROOT / "cuda/cpu"), str(probe)], timeout=600)
@@ -97,7 +100,7 @@ def test_vector_paths_chosen_for(machine, arch, cxx, isa, tmp_path):
 def _vector_sources():
     """The extension's sources with code per ISA (they include the vector headers or intrinsics);
     the others are the same code on every target and compile in the host's build."""
-    marks = ("philox_simd.h", "matmul_f32.h", "matmul_chain.h", "immintrin.h", "arm_neon.h", "__AVX", "__ARM_NEON")
+    marks = ("philox_simd.h", "matmul_f32.h", "matmul_chain.h", "matmul_h16.h", "immintrin.h", "arm_neon.h", "__AVX", "__ARM_NEON")
     return [p for p in sorted((ROOT / "cuda/cpu").glob("*.cpp")) if any(m in p.read_text() for m in marks)]
 
 

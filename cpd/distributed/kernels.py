@@ -21,11 +21,13 @@ import functools
 
 import torch
 
+from .. import _cpu
 from ..ops import cast
 from ..ops import decode as decode_codes
 from ..ops import encode as encode_codes
 from ..primitives import Accumulator
 from ..rounding import Rounding
+from . import cuda_kernels
 from .wire import WireFormat, pack_codes, unpack_codes
 
 __all__ = ["encode", "hop", "hop_path", "decode", "absmax", "compiled", "segments"]
@@ -39,8 +41,6 @@ def segments(rows) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=1)
 def _ops():
-    from .. import _cpu
-
     if _cpu.extension() is None:
         return None
     return torch.ops.cpd_wire
@@ -81,8 +81,6 @@ def encode(x: torch.Tensor, segs: torch.Tensor, wf: WireFormat, rounding: Roundi
     if amax is not None and amax.numel():
         amax.copy_(torch.tensor(absmax(x, segs), dtype=torch.float32))
     if x.is_cuda:
-        from . import cuda_kernels
-
         cuda_kernels.encode(x, segs, out, wf, rounding, saturate)
         return out
     data = encode_reference(x, segs, wf, rounding, saturate)
@@ -138,8 +136,6 @@ def hop(recv: torch.Tensor, acc: torch.Tensor, n: int, wf: WireFormat, rounding:
     (and ``acc_c``) hold the running sum s (and c), the received bytes are the next value x.
     """
     if acc.is_cuda:
-        from . import cuda_kernels
-
         cuda_kernels.hop(recv, acc, n, wf, rounding, saturate, kahan, recv_c, acc_c, carry, sequential)
         return
     ops = _ops()
@@ -197,8 +193,6 @@ def decode(data: torch.Tensor, segs: torch.Tensor, out: torch.Tensor, wf: WireFo
     """``out[off:off+n] = decode(...) / 2**s`` (float64 division, then float32), times ``inv``.
     Returns how many of the written values are inf/NaN (the overflow check, fused)."""
     if out.is_cuda:
-        from . import cuda_kernels
-
         cuda_kernels.decode(data, segs, out, wf, inv)
         return _count_nonfinite(out, segs)
     ops = _ops()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..compressors import CompressorState, ErrorFeedback
+from ..compressors import CompressorState, ErrorFeedback, Payload
 from ..compressors.reduce import quantize_chunks
 from ..formats import FP32
 from ..primitives import all_finite
@@ -244,8 +244,6 @@ class CompressedReducer:
         of data-dependent parts travel first, as int32, in a message of their own (counted in
         ``length_bytes``). Returns, per ``recvs`` entry, the list of received Payloads.
         """
-        from ..compressors import Payload
-
         comp = self.cfg.compressor
         out_lens, out_bytes = [], []
         for dst, pays in sends:

@@ -33,6 +33,7 @@ import torch
 from ..formats import FP32
 from ..ops import cast
 from ..primitives import ceil_log2
+from ..report import RoundoffReport, layer_stats
 from . import kernels
 from .layout import SUB_CHUNK, layout
 from .orders import Sums, hierarchical, one_rounding, ring
@@ -312,8 +313,6 @@ class FormatReducer:
     def _roundoff(self, names, flat, out, offsets, sizes, rep, scales):
         """The emulator's per-layer report rows (cpd.report.layer_stats) from every rank's float32
         gradients (one all_gather, off the hot path)."""
-        from ..report import RoundoffReport, layer_stats
-
         w, cfg = self.tp.world, self.cfg
         rows = self.tp.all_gather(flat) if w > 1 and flat.numel() else [flat]
         every = torch.stack([r.cpu() for r in rows])

@@ -27,6 +27,7 @@ from ..formats import FloatFormat
 from .attention import multi_head_attention
 from .conv import conv_nd
 from .layers import _SAME, GemmConfig, quant_matmul, quantizer
+from .recipes import ScalingRecipe
 
 __all__ = ["emulate", "scaled_dot_product_attention", "QuantMultiheadAttention"]
 
@@ -115,8 +116,6 @@ class emulate(TorchFunctionMode):
     def __init__(self, mul=None, acc=None, *, fma: bool = False, kahan: bool = False, block=None,
                  rounding="nearest", backward_mul=_SAME, backward_acc=_SAME, softmax=None, scaling=None):
         super().__init__()
-        from .recipes import ScalingRecipe
-
         self.scaling = ScalingRecipe.parse(scaling)
         if self.scaling is not None and self.scaling.kind == "delayed":
             raise ValueError("emulate(scaling='delayed') has no per-call-site state; use 'tensorwise' or 'rowwise' "

@@ -8,9 +8,11 @@ import dataclasses
 
 import torch
 
-from ..formats import FloatFormat
-from ..ops import cast
+from ..formats import FP16, FP32, FloatFormat
+from ..ops import add, cast, matmul
 from ..rounding import Rounding
+from ..tensor_core import FusedDot
+from .recipes import Scaler, ScalingRecipe, grad_recipe
 
 __all__ = ["Quantizer", "quantizer", "GemmConfig", "quant_matmul", "QuantLinear", "QuantConv2d"]
 
@@ -63,6 +65,8 @@ class Quantizer(torch.nn.Module):
         self.saturate = saturate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.forward_fmt is None and self.backward_fmt is None:
+            return x  # nothing to round either way (no autograd node)
         return _Quantize.apply(x, self.forward_fmt, self.backward_fmt, self.forward_rounding,
                                self.backward_rounding, self.saturate)
 
@@ -96,8 +100,6 @@ class GemmConfig:
     rounding: Rounding = Rounding.NEAREST
 
     def __post_init__(self):
-        from ..tensor_core import FusedDot
-
         if isinstance(self.acc, FusedDot):  # a matrix unit's fused dot products (cpd.tensor_core)
             if self.mul is not None or self.fma or self.kahan or self.block is not None:
                 raise ValueError("acc=FusedDot rounds the whole dot product itself: mul, fma, kahan and block must "
@@ -125,8 +127,6 @@ class GemmConfig:
     @property
     def fused(self) -> bool:
         """True when ``acc`` is a :class:`cpd.FusedDot` (a matrix unit's model)."""
-        from ..tensor_core import FusedDot
-
         return isinstance(self.acc, FusedDot)
 
     @property
@@ -134,8 +134,6 @@ class GemmConfig:
         """Format the bias is added in: ``acc``; for a FusedDot its output (FP16 for ``out="f16"``,
         else FP32, the epilogue of a GPU GEMM); None for an exact config."""
         if self.fused:
-            from ..formats import FP16, FP32
-
             return FP16 if self.acc.out == "f16" else FP32
         return self.acc
 
@@ -144,16 +142,11 @@ class GemmConfig:
         fmt = self.epilogue_format
         if fmt is None:
             return y + bias
-        from ..ops import add
-
         return add(y, bias, fmt, self.rounding)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self.exact:
             return torch.matmul(a, b)
-        from ..ops import matmul
-        from ..formats import FP32
-
         if self.fused:
             return matmul(a, b, acc=self.acc)
         return matmul(a, b, mul=self.mul, acc=self.acc or FP32, fma=self.fma, kahan=self.kahan, block=self.block,
@@ -169,7 +162,7 @@ class _QuantMatmul(torch.autograd.Function):
         ctx.save_for_backward(a, b)
         ctx.bwd, ctx.grad_scaler = bwd, grad_scaler
         with torch.no_grad():
-            return fwd(a, b)
+            return _rows_times(fwd, a, b)
 
     @staticmethod
     def backward(ctx, grad):
@@ -181,12 +174,22 @@ class _QuantMatmul(torch.autograd.Function):
             g_a, s = ctx.grad_scaler(grad)
             g_b = ctx.grad_scaler.column(grad) if ctx.grad_scaler.recipe.kind == "block" else g_a
         if ctx.needs_input_grad[0]:
-            ga = ctx.bwd(g_a, b.transpose(-1, -2))
+            ga = _rows_times(ctx.bwd, g_a, b.transpose(-1, -2))
             ga = ga if s is None else ga / s
         if ctx.needs_input_grad[1]:
             gb = ctx.bwd(a.transpose(-1, -2), g_b)
             gb = gb if s is None else gb / s
         return _reduce_to(ga, a.shape), _reduce_to(gb, b.shape), None, None, None
+
+
+def _rows_times(gemm: GemmConfig, a, b):
+    """``gemm(a, b)``; for a 2-D ``b`` and an ``a`` of more dims, as one GEMM of ``a``'s rows
+    flattened (an emulated config that is not a FusedDot): every output is the same dot product
+    with the same flat index (its stochastic words), so the same bits, without ``b`` copied once
+    per batch element."""
+    if b.dim() == 2 and a.dim() > 2 and not gemm.exact and not gemm.fused:
+        return gemm(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
+    return gemm(a, b)
 
 
 def _reduce_to(g, shape):
@@ -281,8 +284,6 @@ class QuantLinear(torch.nn.Linear, _QuantMixin):
                  device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self._setup_quant(mul, acc, weight, activation, grad, backward_mul, backward_acc, kahan, fma, block, rounding)
-        from .recipes import ScalingRecipe, Scaler, grad_recipe
-
         recipe = ScalingRecipe.parse(scaling)
         self.scaling = recipe
         if recipe is not None:  # one state per operand (cpd.nn.recipes); see scaling_report

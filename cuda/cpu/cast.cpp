@@ -224,7 +224,16 @@ int64_t matmul_lanes(bool has_mul, int64_t mexp, int64_t mman, int64_t mbias, in
                      int64_t aexp, int64_t aman, int64_t abias, int64_t aspecials, bool asubnormals, int64_t mode,
                      bool saturate);
 
+// cuda/cpu/ops.cpp sets these when it is linked in (not in the ISA-level tests' core builds,
+// whose ops run on the Python kernels): the C++ kernels of the core ops.
+void (*cpd_install_ops)() = nullptr;
+void (*cpd_set_cpu_kernels)(bool) = nullptr;
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  if (cpd_install_ops) {  // static initializers have run: the module's init function runs at import
+    m.def("install_ops", cpd_install_ops);
+    m.def("set_cpu_kernels", cpd_set_cpu_kernels);
+  }
   m.def("arith_out", &arith_out);
   m.def("matmul_out", &matmul_out);
   m.def("matmul_lanes", &matmul_lanes);

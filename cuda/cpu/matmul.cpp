@@ -6,7 +6,9 @@
 //   * binary16 lanes (LANES_H16): round to nearest into an IEEE binary16 accumulator: on CPUs
 //     with AVX512-FP16 products on float32 lanes (mul_f) and sums in the processor's binary16
 //     adds (h16_tile); elsewhere the float32 lanes below with the processor's float32 ->
-//     binary16 conversion as the rounding (matmul_f32.h, AccH: F16C on x86, FCVT on Arm);
+//     binary16 conversion as the rounding (matmul_f32.h, AccH: F16C on x86, FCVT on Arm); with
+//     mul a format with subnormals, no Kahan and no blocks, on x86-64-v3 and up, the same steps
+//     in a register tile (matmul_h16.h, h16_chain_matmul);
 //   * float32 lanes (LANES_F32, matmul_f32.h): round to nearest into an accumulator of at most
 //     11 bits, with products rounded to mul (mul_f, values of acc) or fused (fma, the midpoint
 //     lanes redone exactly); sums rounded by round_f, or on integer lanes for wide exponent
@@ -36,6 +38,7 @@
 #include "fp_env.h"
 #include "matmul_chain.h"
 #include "matmul_f32.h"
+#include "matmul_h16.h"
 #include "parallel.h"
 #include "philox_simd.h"
 
@@ -221,6 +224,34 @@ void chain_matmul(const float* a, const float* b, float* y, const Dims& d, const
 }
 #endif
 
+#if CPD_CPU_H16_CHAIN
+// The binary16 register chain (matmul_h16.h): tasks of (batch element, column panel of NR, up to
+// kRows rows), each packing its panel. BOUNDED: the caller checked that every operand is finite and
+// max|a| * max|b| <= mul's largest value (h16_bounded). Every NaN output is redone by the generic
+// steps (as chain_matmul's), so that it keeps their sign and payload whatever order the vector adds
+// took their two NaN operands in.
+template <bool BOUNDED>
+void h16_chain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mg,
+                      const cpd::DotSpec& spec) {
+  using C = cpd_cpu::H16Chain;
+  constexpr int64_t kRows = 16 * C::MR;
+  const cpd_cpu::H16Mul m(mg);
+  const int64_t panels = (d.N + C::NR - 1) / C::NR, rblocks = (d.M + kRows - 1) / kRows;
+  cpd_cpu::parallel_for(0, d.B * panels * rblocks, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> pack;
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t bi = t / (panels * rblocks), p = (t / rblocks) % panels, rb = t % rblocks;
+      const int64_t j0 = p * C::NR, nc = std::min<int64_t>(C::NR, d.N - j0);
+      const int64_t m0 = rb * kRows, m1 = std::min(d.M, m0 + kRows);
+      float* yb = y + bi * d.M * d.N;
+      cpd_cpu::h16_chain_rows<BOUNDED>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack, m);
+      for (int64_t i = m0; i < m1; ++i)
+        redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, false);
+    }
+  });
+}
+#endif
+
 // finite: every operand is finite (asked by the caller where a loop uses it: AccB32's products).
 void f32_dispatch(AccKind kind, const float* a, const float* b, float* y, const Dims& d, bool has_mul, bool kahan,
                   bool guard, bool finite, const cpd::Format& mf, const cpd::Format& af) {
@@ -388,7 +419,31 @@ bool any_at_least(const float* x, int64_t n, uint32_t lo) {
   return found;
 }
 
-bool any_nan(const float* x, int64_t n) { return any_at_least(x, n, cpd::INF_BITS + 1u); }
+// The largest magnitude's float32 bits in x[0 .. n) (above INF_BITS: a NaN; one vectorized pass per
+// span, in parallel).
+uint32_t max_magnitude_bits(const float* x, int64_t n) {
+  std::atomic<uint32_t> top{0u};
+  cpd_cpu::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
+    uint32_t m = 0u;
+    for (int64_t i = i0; i < i1; ++i) {
+      const uint32_t u = cpd::bits_of(x[i]) & ~cpd::SIGN;
+      m = m > u ? m : u;
+    }
+    uint32_t cur = top.load();
+    while (m > cur && !top.compare_exchange_weak(cur, m)) {
+    }
+  });
+  return top.load();
+}
+
+#if CPD_CPU_H16_CHAIN
+// The binary16 chain's bounded products (matmul_h16.h) apply: every operand finite (top bits below
+// INF_BITS) and max|a| * max|b| (exact in double: 24 x 24 bits) at most mul's largest value.
+bool h16_bounded(uint32_t top_a, uint32_t top_b, const cpd::FormatF& mg) {
+  return top_a < cpd::INF_BITS && top_b < cpd::INF_BITS &&
+         (double)cpd::float_of(top_a) * (double)cpd::float_of(top_b) <= (double)mg.max;
+}
+#endif
 
 enum { LANES_GENERIC = 0, LANES_H16 = 16, LANES_F32 = 32, LANES_F64 = 64 };
 
@@ -452,8 +507,12 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
   Plan plan = plan_for(has_mul, mf, af, (int)mode, path);
   // binary16 arithmetic would keep only 10 payload bits of a NaN operand: such calls take the
   // float32 lanes, whose NaN results are the other paths' bit for bit
-  if (plan.lanes == LANES_H16 && (any_nan(ap, a.numel()) || any_nan(bp, b.numel())))
-    plan = plan_for(has_mul, mf, af, (int)mode, 3);
+  uint32_t top_a = 0u, top_b = 0u;  // the largest magnitudes' bits (binary16 lanes)
+  if (plan.lanes == LANES_H16) {
+    top_a = max_magnitude_bits(ap, a.numel());
+    top_b = max_magnitude_bits(bp, b.numel());
+    if (top_a > cpd::INF_BITS || top_b > cpd::INF_BITS) plan = plan_for(has_mul, mf, af, (int)mode, 3);
+  }
   const int lanes = plan.lanes;
 #if defined(__AVX512FP16__)
   if (lanes == LANES_H16 && has_mul) {
@@ -464,6 +523,16 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
       case 2: h16_matmul<true, false>(ap, bp, yp, d, mg); break;
       default: h16_matmul<true, true>(ap, bp, yp, d, mg); break;
     }
+    return;
+  }
+#endif
+#if CPD_CPU_H16_CHAIN
+  // the binary16 register chain: products rounded to a format with subnormals, plain sums
+  if (lanes == LANES_H16 && plan.acc == ACC_H && has_mul && !kahan && !block && mf.subnormals) {
+    const cpd::FormatF mg = cpd::make_format_f(mf);
+    const cpd::DotSpec sp = cpd::make_dot_spec(mf, 1, af, 0, 0, cpd::NEAREST, 32);
+    if (h16_bounded(top_a, top_b, mg)) h16_chain_matmul<true>(ap, bp, yp, d, mg, sp);
+    else h16_chain_matmul<false>(ap, bp, yp, d, mg, sp);
     return;
   }
 #endif

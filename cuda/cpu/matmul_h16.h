@@ -1,0 +1,217 @@
+// The CPU matmul's binary16 register chain (included by matmul.cpp): acc = IEEE binary16 to nearest
+// by the processor's conversion (AccH, matmul_f32.h), mul a format of nearest_f_applies whose values
+// are values of acc (values_within) and that keeps subnormals, no Kahan, no blocks. Every output
+// is the chain
+//   s = rnd16(s + p_k),  p_k = mul_f(a[k], b[k])  for k = 0, 1, ..., K - 1 from s = +0
+// (rnd16: float32 -> binary16 -> float32, one rounding to nearest even: the sum of two values of
+// acc rounded to float32 then to binary16 is the sum rounded once, Figueroa; numerics.h
+// "Accumulation"). Outputs are independent and each keeps its own k order, so computing many at
+// once in vector registers changes no bit. The steps are those of the float32 lanes (matmul_f32.h
+// f32_tile with AccH): the same instructions on the same values, in registers instead of arrays.
+//
+// A register tile of R rows x NR columns (NR = NV vectors of W floats) keeps its R x NV sums in
+// registers for the whole k loop; b's column panel (K x NR) is first copied into a contiguous
+// buffer, zero-padded past N (the padded lanes' sums are never stored).
+//
+// Products, two forms (cpd/arith.h mul_f, mul_f_round, round_f_finish):
+//   General: mul_f's steps on vectors: h = fl32(a*b); C = 2^(E + 23 - man) from h's exponent E
+//     clamped to [emin, emax + 1]; r = fl32(|a||b| + C) - C; r > max -> outward; sign of h; a NaN
+//     h kept as it is. (flush_below = 0: the format keeps subnormals.)
+//   Bounded (every operand finite and max|a| * max|b| <= mul's largest value, checked by the caller
+//     on the whole operands): no product overflows, E <= emax (h <= max), h is never NaN, so those
+//     selects never fire and are left out; and the sign rides along: with C' = 1.5 C,
+//       p = fl32(a*b + C') - C'
+//     is round(a*b) with its sign: |a*b| < 2^(E+1) <= C / 2 (man <= 21), so a*b + C' lies in C's
+//     binade, whose float32 quantum 2^(E - man) is mul's at E; C' is an even multiple of it, so the
+//     tie to even is a*b's own; and the difference is exact (a multiple of the quantum below
+//     2^(E+1)). One difference from mul_f: a product that rounds to zero is +0, never -0. No sum
+//     sees it: s starts at +0 and is never -0 (s + p is a multiple of 2^-24, both being binary16
+//     values, so it rounds to -0 only when it is -0 exactly, which x + y is, to nearest, only for
+//     x = y = -0), and s + (+-0) = s for every s but -0.
+// The sum's rounding is AccH's: H16Vec::rnd(s + p).
+//
+// Builds with F16C, FMA and AVX2 integer lanes (x86-64-v3) or AVX-512F; elsewhere CPD_CPU_H16_CHAIN
+// is 0 and the float32 lanes serve (AVX512-FP16 CPUs take h16_tile in matmul.cpp first).
+#ifndef CPD_CPU_MATMUL_H16_H
+#define CPD_CPU_MATMUL_H16_H
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpd/numerics.h"
+#include "matmul_chain.h"  // CPD_UNROLL
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#include <immintrin.h>
+#define CPD_CPU_H16_CHAIN 1
+#else
+#define CPD_CPU_H16_CHAIN 0
+#endif
+
+namespace cpd_cpu {
+
+#if CPD_CPU_H16_CHAIN
+struct H16Chain {
+#if defined(__AVX512F__)
+  using V = __m512;
+  using I = __m512i;
+  static constexpr int W = 16, NV = 2, MR = 6;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static I ci(uint32_t x) { return _mm512_set1_epi32((int)x); }
+  static V cf(float x) { return _mm512_set1_ps(x); }
+  static I bits(V v) { return _mm512_castps_si512(v); }
+  static V flt(I v) { return _mm512_castsi512_ps(v); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static I andi(I a, I b) { return _mm512_and_si512(a, b); }
+  static I ori(I a, I b) { return _mm512_or_si512(a, b); }
+  static I addi(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I maxu(I a, I b) { return _mm512_max_epu32(a, b); }
+  static I minu(I a, I b) { return _mm512_min_epu32(a, b); }
+  // x > y ? t : x (float32 compare, false for NaN)
+  static V gt_select(V x, V y, V t) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, y, _CMP_GT_OQ), x, t); }
+  // (signed) x > y ? t : u
+  static I gti_select(I x, I y, I t, I u) { return _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(x, y), u, t); }
+  static V rnd16(V v) { return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+#else
+  using V = __m256;
+  using I = __m256i;
+  static constexpr int W = 8, NV = 2, MR = 4;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static I ci(uint32_t x) { return _mm256_set1_epi32((int)x); }
+  static V cf(float x) { return _mm256_set1_ps(x); }
+  static I bits(V v) { return _mm256_castps_si256(v); }
+  static V flt(I v) { return _mm256_castsi256_ps(v); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static I andi(I a, I b) { return _mm256_and_si256(a, b); }
+  static I ori(I a, I b) { return _mm256_or_si256(a, b); }
+  static I addi(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I maxu(I a, I b) { return _mm256_max_epu32(a, b); }
+  static I minu(I a, I b) { return _mm256_min_epu32(a, b); }
+  static V gt_select(V x, V y, V t) { return _mm256_blendv_ps(x, t, _mm256_cmp_ps(x, y, _CMP_GT_OQ)); }
+  static I gti_select(I x, I y, I t, I u) {
+    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(u), _mm256_castsi256_ps(t),
+                                                _mm256_castsi256_ps(_mm256_cmpgt_epi32(x, y))));
+  }
+  static V rnd16(V v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+#endif
+  static constexpr int NR = W * NV;
+};
+
+// mul's constants on vectors (cpd::FormatF, flush_below = 0).
+struct H16Mul {
+  H16Chain::I inf, sign, mag, emin, ecap, shift, shift15, outward;
+  H16Chain::V max;
+  explicit H16Mul(const cpd::FormatF& g) {
+    using C = H16Chain;
+    inf = C::ci(cpd::INF_BITS);
+    sign = C::ci(cpd::SIGN);
+    mag = C::ci(~cpd::SIGN);
+    emin = C::ci(g.emin_field);
+    ecap = C::ci(g.ecap_field);
+    shift = C::ci(g.c_shift);
+    shift15 = C::ci(g.c_shift + (1u << 22));  // C' = 1.5 C: C's bits with the top mantissa bit set
+    outward = C::ci(g.outward_bits);
+    max = C::cf(g.max);
+  }
+};
+
+// mul_f(a, b) on vectors; am, bm: |a|, |b| (General form, see above).
+inline H16Chain::V h16_product(H16Chain::V a, H16Chain::V b, H16Chain::V am, H16Chain::V bm, const H16Mul& m) {
+  using C = H16Chain;
+  const C::I h = C::bits(C::mul(a, b));
+  const C::I e = C::minu(C::maxu(C::andi(h, m.inf), m.emin), m.ecap);
+  const C::V c = C::flt(C::addi(e, m.shift));
+  const C::V r = C::gt_select(C::sub(C::fma(am, bm, c), c), m.max, C::flt(m.outward));  // overflow
+  const C::I p = C::ori(C::andi(h, m.sign), C::bits(r));
+  return C::flt(C::gti_select(C::andi(h, m.mag), m.inf, h, p));  // a NaN product: h itself
+}
+
+// round(a*b) for bounded operands (Bounded form, see above).
+inline H16Chain::V h16_product_bounded(H16Chain::V a, H16Chain::V b, const H16Mul& m) {
+  using C = H16Chain;
+  const C::I h = C::bits(C::mul(a, b));
+  const C::V c = C::flt(C::addi(C::maxu(C::andi(h, m.inf), m.emin), m.shift15));
+  return C::sub(C::fma(a, b, c), c);
+}
+
+// Rows r < R of a register tile: y[r][0 .. nc) = the chains of a's rows (a + r * lda, K values)
+// against the packed panel bp (K x NR, row k at bp + k * NR).
+template <int R, bool BOUNDED>
+inline void h16_chain_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K,
+                           float* __restrict y, int64_t ldy, int64_t nc, const H16Mul& m) {
+  using C = H16Chain;
+  C::V s[R][C::NV];
+  CPD_UNROLL for (int r = 0; r < R; ++r)
+    CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::zero();  // s = +0
+  for (int64_t k = 0; k < K; ++k) {
+    C::V bv[C::NV], bm[C::NV];
+    CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
+      bv[v] = C::load(bp + k * C::NR + v * C::W);
+      if (!BOUNDED) bm[v] = C::flt(C::andi(C::bits(bv[v]), m.mag));
+    }
+    CPD_UNROLL for (int r = 0; r < R; ++r) {
+      const C::V av = C::bcast(a + r * lda + k);
+      if (BOUNDED) {
+        CPD_UNROLL for (int v = 0; v < C::NV; ++v)
+          s[r][v] = C::rnd16(C::add(s[r][v], h16_product_bounded(av, bv[v], m)));
+      } else {
+        const C::V am = C::flt(C::andi(C::bits(av), m.mag));
+        CPD_UNROLL for (int v = 0; v < C::NV; ++v)
+          s[r][v] = C::rnd16(C::add(s[r][v], h16_product(av, bv[v], am, bm[v], m)));
+      }
+    }
+  }
+  CPD_UNROLL for (int r = 0; r < R; ++r) {
+    if (nc == C::NR) {
+      for (int v = 0; v < C::NV; ++v) C::store(y + r * ldy + v * C::W, s[r][v]);
+    } else {
+      alignas(64) float t[C::NR];
+      for (int v = 0; v < C::NV; ++v) C::store(t + v * C::W, s[r][v]);
+      std::memcpy(y + r * ldy, t, sizeof(float) * (size_t)nc);
+    }
+  }
+}
+
+// The last rows (n < MR of them): the tile of n rows.
+template <int R, bool BOUNDED>
+inline void h16_chain_last(int64_t n, const float* a, int64_t K, const float* bp, float* y, int64_t N, int64_t nc,
+                           const H16Mul& m) {
+  if (n == R) h16_chain_tile<R, BOUNDED>(a, K, bp, K, y, N, nc, m);
+  else if constexpr (R > 1) h16_chain_last<R - 1, BOUNDED>(n, a, K, bp, y, N, nc, m);
+}
+
+// Rows m0 .. m1 of one batch element's output, columns j0 .. j0 + nc (nc <= NR): a: (M, K) of that
+// element, b: (K, N), y: (M, N). The panel of b is packed into pack (resized as needed).
+template <bool BOUNDED>
+inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
+                           int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m) {
+  using C = H16Chain;
+  pack.resize((size_t)(K * C::NR));
+  float* bp = pack.data();
+  for (int64_t k = 0; k < K; ++k) {
+    std::memcpy(bp + k * C::NR, b + k * N + j0, sizeof(float) * (size_t)nc);
+    for (int64_t j = nc; j < C::NR; ++j) bp[k * C::NR + j] = 0.0f;
+  }
+  int64_t i = m0;
+  for (; i + C::MR <= m1; i += C::MR)
+    h16_chain_tile<C::MR, BOUNDED>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m);
+  if (i < m1) h16_chain_last<C::MR - 1, BOUNDED>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m);
+}
+#endif
+
+}  // namespace cpd_cpu
+
+#endif  // CPD_CPU_MATMUL_H16_H

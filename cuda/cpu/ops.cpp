@@ -1,0 +1,355 @@
+// The core ops' CPU and autograd kernels, registered with torch's dispatcher from C++.
+//
+// cpd/ops.py defines the schemas of cpd::cast, cast_out, encode, decode, arith and matmul (in
+// Python, so that they exist on a machine with no compiler, where the pure-torch fallback runs
+// them), their fake kernels (torch.compile) and their CUDA kernels. When this extension loads,
+// cpd/_impl.py calls install_ops(), which registers here:
+//   * the CPU kernels: each allocates its output and runs the loops of cast.cpp, arith.cpp and
+//     matmul.cpp (the same functions the Python bodies called, so the same bits);
+//   * the autograd kernels (the Autograd alias key: every device), straight-through as in the
+//     Python registrations they replace: cast passes the gradient through, arith and matmul give
+//     the gradients of the exact operation (matmul: grad @ b^T and a^T @ grad by at::matmul,
+//     reduced over broadcast batch dims), encode, decode and cast_out are not differentiable.
+// So a call from Python is one dispatcher call with no Python in it (issue 28: the
+// torch.library Python layers cost 40-80 us per call). set_cpu_kernels(false) takes the CPU
+// kernels away again (cpd._shim.on_host routes CPU tensors to the CUDA kernels run on the
+// host, registered from Python), set_cpu_kernels(true) puts them back.
+#include <ATen/core/Tensor.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/mul.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+// cuda/cpu/cast.cpp, arith.cpp, matmul.cpp
+void cast_out(const at::Tensor& x, at::Tensor& out, int64_t exp, int64_t man, int64_t bias, int64_t specials,
+              bool subnormals, int64_t mode, bool saturate, int64_t sr_bits, int64_t seed, int64_t offset);
+void encode_out(const at::Tensor& x, at::Tensor& out, int64_t exp, int64_t man, int64_t bias, int64_t specials,
+                bool subnormals, int64_t mode, bool saturate);
+void decode_out(const at::Tensor& codes, at::Tensor& out, int64_t exp, int64_t man, int64_t bias,
+                int64_t specials, bool subnormals);
+void arith_out(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, at::Tensor& out,
+               int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t mode,
+               bool saturate, int64_t sr_bits, int64_t seed, int64_t offset);
+void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool has_mul, int64_t mexp,
+                int64_t mman, int64_t mbias, int64_t mspecials, bool msubnormals, int64_t aexp, int64_t aman,
+                int64_t abias, int64_t aspecials, bool asubnormals, bool kahan, int64_t block, int64_t mode,
+                bool saturate, int64_t sr_bits, int64_t seed, int64_t offset, int64_t path);
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int64_t kStochastic = 1;  // cpd::STOCHASTIC (cuda/include/cpd/base.h), Rounding.STOCHASTIC.code
+
+// A format argument: [exp, man, bias, specials, subnormals] (cpd/ops.py _fmt_spec), [] for none.
+struct Fmt {
+  int64_t exp = 0, man = 0, bias = 0, specials = 0;
+  bool subnormals = false, given = false;
+};
+
+Fmt fmt_of(c10::IntArrayRef spec, const char* name) {
+  Fmt f;
+  if (spec.empty()) return f;
+  TORCH_CHECK(spec.size() == 5, "cpd: a format argument (", name,
+              ") is [exp, man, bias, specials, subnormals], got ", spec.size(), " values");
+  f.exp = spec[0], f.man = spec[1], f.bias = spec[2], f.specials = spec[3];
+  f.subnormals = spec[4] != 0;
+  f.given = true;
+  return f;
+}
+
+Fmt required_fmt(c10::IntArrayRef spec, const char* name) {
+  Fmt f = fmt_of(spec, name);
+  TORCH_CHECK(f.given, "cpd: the format argument ", name, " must not be empty");
+  return f;
+}
+
+// The (seed, offset) pair of a stochastic launch: a CPU int64 tensor of two (cpd.ops.draw_seed);
+// (0, 0) for the deterministic modes, which draw no words.
+std::pair<int64_t, int64_t> seed_pair(const at::Tensor& seed, int64_t rounding) {
+  if (rounding != kStochastic) return {0, 0};
+  TORCH_CHECK(seed.device().is_cpu() && seed.scalar_type() == at::kLong && seed.numel() == 2,
+              "cpd: seed must be a CPU int64 tensor of 2 elements (cpd.ops.draw_seed), got ", seed.scalar_type(),
+              " of ", seed.numel(), " elements on ", seed.device());
+  const at::Tensor s = seed.contiguous();
+  const int64_t* p = s.data_ptr<int64_t>();
+  return {p[0], p[1]};
+}
+
+void check_float(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat, "cpd: ", name, " must be float32, got ", t.scalar_type());
+}
+
+at::ScalarType code_dtype(const Fmt& f) {
+  const int64_t bits = 1 + f.exp + f.man;
+  return bits <= 8 ? at::kByte : bits <= 16 ? at::kShort : at::kInt;
+}
+
+// ------------------------------------------------------------------------------ CPU kernels
+at::Tensor cast_cpu(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding,
+                    bool saturate, int64_t sr_bits) {
+  check_float(x, "x");
+  const Fmt f = required_fmt(fmt, "fmt");
+  const auto [s, o] = seed_pair(seed, rounding);
+  const at::Tensor xc = x.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  cast_out(xc, out, f.exp, f.man, f.bias, f.specials, f.subnormals, rounding, saturate, sr_bits, s, o);
+  return out;
+}
+
+void cast_out_cpu(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding, bool saturate,
+                  int64_t sr_bits, const at::Tensor& out) {
+  check_float(x, "x");
+  check_float(out, "out");
+  TORCH_CHECK(out.sizes() == x.sizes(), "cpd: out has shape ", out.sizes(), ", x ", x.sizes());
+  const Fmt f = required_fmt(fmt, "fmt");
+  const auto [s, o] = seed_pair(seed, rounding);
+  const at::Tensor xc = x.contiguous();
+  at::Tensor target = out.is_contiguous() ? out : at::empty_like(xc);
+  cast_out(xc, target, f.exp, f.man, f.bias, f.specials, f.subnormals, rounding, saturate, sr_bits, s, o);
+  if (!target.is_same(out)) out.copy_(target);
+}
+
+at::Tensor encode_cpu(const at::Tensor& x, c10::IntArrayRef fmt, int64_t rounding, bool saturate) {
+  check_float(x, "x");
+  const Fmt f = required_fmt(fmt, "fmt");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor codes = at::empty(xc.sizes(), xc.options().dtype(code_dtype(f)));
+  encode_out(xc, codes, f.exp, f.man, f.bias, f.specials, f.subnormals, rounding, saturate);
+  return codes;
+}
+
+at::Tensor decode_cpu(const at::Tensor& codes, c10::IntArrayRef fmt) {
+  const Fmt f = required_fmt(fmt, "fmt");
+  const at::Tensor cc = codes.contiguous();
+  at::Tensor out = at::empty(cc.sizes(), cc.options().dtype(at::kFloat));
+  decode_out(cc, out, f.exp, f.man, f.bias, f.specials, f.subnormals);
+  return out;
+}
+
+at::Tensor arith_cpu(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+                     const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding, bool saturate, int64_t sr_bits) {
+  check_float(a, "a");
+  check_float(b, "b");
+  check_float(c, "c");
+  TORCH_CHECK(op >= 0 && op <= 2, "cpd: arith op is 0 (mul), 1 (add) or 2 (fma), got ", op);
+  TORCH_CHECK(a.sizes() == b.sizes() && a.sizes() == c.sizes(), "cpd: arith wants tensors of one shape, got ",
+              a.sizes(), ", ", b.sizes(), ", ", c.sizes());
+  const Fmt f = required_fmt(fmt, "fmt");
+  const auto [s, o] = seed_pair(seed, rounding);
+  const at::Tensor ac = a.contiguous(), bc = b.contiguous(), cc = c.contiguous();
+  at::Tensor out = at::empty_like(ac);
+  arith_out(op, ac, bc, cc, out, f.exp, f.man, f.bias, f.specials, f.subnormals, rounding, saturate, sr_bits, s, o);
+  return out;
+}
+
+// a (..., M, K) @ b (..., K, N), batch dims broadcast (torch.matmul's rule).
+at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& seed, c10::IntArrayRef mul,
+                      c10::IntArrayRef acc, bool kahan, int64_t block, int64_t rounding, bool saturate,
+                      int64_t sr_bits) {
+  check_float(a, "a");
+  check_float(b, "b");
+  TORCH_CHECK(a.dim() >= 2 && b.dim() >= 2, "cpd: matmul wants operands of at least 2 dims");
+  TORCH_CHECK(a.size(-1) == b.size(-2), "cpd: matmul shapes ", a.sizes(), " and ", b.sizes(), " do not match");
+  const Fmt mf = fmt_of(mul, "mul"), af = required_fmt(acc, "acc");
+  const auto [s, o] = seed_pair(seed, rounding);
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  const Fmt& m = mf.given ? mf : af;  // no format: matmul_out's has_mul = false ignores these
+  if (a.dim() == 2 && b.dim() == 2) {  // the common case, without the batch bookkeeping
+    at::Tensor out = at::empty({1, M, N}, a.options());
+    matmul_out(a.contiguous().view({1, M, K}), b.contiguous().view({1, K, N}), out, mf.given, m.exp, m.man, m.bias,
+               m.specials, m.subnormals, af.exp, af.man, af.bias, af.specials, af.subnormals, kahan, block, rounding,
+               saturate, sr_bits, s, o, 0);
+    return out.view({M, N});
+  }
+  std::vector<int64_t> batch = at::infer_size(a.sizes().slice(0, a.dim() - 2), b.sizes().slice(0, b.dim() - 2));
+  int64_t B = 1;
+  for (int64_t n : batch) B *= n;
+  std::vector<int64_t> ea(batch), eb(batch), shape(batch);
+  ea.insert(ea.end(), {M, K});
+  eb.insert(eb.end(), {K, N});
+  shape.insert(shape.end(), {M, N});
+  const at::Tensor a3 = a.expand(ea).reshape({B, M, K}).contiguous();
+  const at::Tensor b3 = b.expand(eb).reshape({B, K, N}).contiguous();
+  at::Tensor out = at::empty({B, M, N}, a.options());
+  matmul_out(a3, b3, out, mf.given, m.exp, m.man, m.bias, m.specials, m.subnormals, af.exp, af.man, af.bias,
+             af.specials, af.subnormals, kahan, block, rounding, saturate, sr_bits, s, o, 0);
+  return out.view(shape);
+}
+
+// ------------------------------------------------------------------------------ autograd
+// Each forward redispatches below autograd, to the kernel of the tensors' device (CPU here, the
+// CUDA kernels registered from Python, or the fallback).
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
+using CastSig = at::Tensor(const at::Tensor&, const at::Tensor&, c10::IntArrayRef, int64_t, bool, int64_t);
+using ArithSig = at::Tensor(int64_t, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            c10::IntArrayRef, int64_t, bool, int64_t);
+using MatmulSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::IntArrayRef,
+                             c10::IntArrayRef, bool, int64_t, int64_t, bool, int64_t);
+
+struct CastFn : public torch::autograd::Function<CastFn> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt,
+                            int64_t rounding, bool saturate, int64_t sr_bits) {
+    static const auto op = op_handle<CastSig>("cpd::cast");
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(x, seed, fmt, rounding, saturate, sr_bits);
+  }
+  static variable_list backward(AutogradContext*, variable_list grad) {  // straight-through
+    return {grad[0], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ArithFn : public torch::autograd::Function<ArithFn> {
+  static at::Tensor forward(AutogradContext* ctx, int64_t op, const at::Tensor& a, const at::Tensor& b,
+                            const at::Tensor& c, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding,
+                            bool saturate, int64_t sr_bits) {
+    static const auto handle = op_handle<ArithSig>("cpd::arith");
+    ctx->saved_data["op"] = op;
+    ctx->save_for_backward({a, b});
+    at::AutoDispatchBelowADInplaceOrView below;
+    return handle.call(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
+  }
+  // The gradients of the exact operation (the rounding is passed straight through).
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const int64_t op = ctx->saved_data["op"].toInt();
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& g = grad[0];
+    at::Tensor ga, gb, gc;
+    if (op == 1) {
+      ga = g, gb = g;
+    } else {
+      ga = at::mul(g, saved[1]), gb = at::mul(g, saved[0]);
+      if (op == 2) gc = g;
+    }
+    return {at::Tensor(), ga, gb, gc, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct MatmulFn : public torch::autograd::Function<MatmulFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b, const at::Tensor& seed,
+                            c10::IntArrayRef mul, c10::IntArrayRef acc, bool kahan, int64_t block, int64_t rounding,
+                            bool saturate, int64_t sr_bits) {
+    static const auto op = op_handle<MatmulSig>("cpd::matmul");
+    ctx->save_for_backward({a, b});
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
+  }
+  // Straight-through: the gradients of the exact float32 product a @ b, reduced over the
+  // broadcast batch dims (at::sum_to: the leading dims, then the dims of size 1).
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &a = saved[0], &b = saved[1], &g = grad[0];
+    at::Tensor ga, gb;
+    if (ctx->needs_input_grad(0)) ga = at::sum_to(at::matmul(g, b.transpose(-1, -2)), a.sym_sizes());
+    if (ctx->needs_input_grad(1)) gb = at::sum_to(at::matmul(a.transpose(-1, -2), g), b.sym_sizes());
+    variable_list out(10);
+    out[0] = ga, out[1] = gb;
+    return out;
+  }
+};
+
+// No gradient wanted: the op below autograd, without building a graph node (a few us a call).
+bool wants_grad(const at::Tensor& a, const at::Tensor& b = at::Tensor(), const at::Tensor& c = at::Tensor()) {
+  return at::GradMode::is_enabled() && ((a.defined() && a.requires_grad()) || (b.defined() && b.requires_grad()) ||
+                                        (c.defined() && c.requires_grad()));
+}
+
+at::Tensor cast_autograd(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding,
+                         bool saturate, int64_t sr_bits) {
+  if (wants_grad(x)) return CastFn::apply(x, seed, fmt, rounding, saturate, sr_bits);
+  static const auto op = op_handle<CastSig>("cpd::cast");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(x, seed, fmt, rounding, saturate, sr_bits);
+}
+
+at::Tensor arith_autograd(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+                          const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding, bool saturate,
+                          int64_t sr_bits) {
+  if (wants_grad(a, b, c)) return ArithFn::apply(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
+  static const auto handle = op_handle<ArithSig>("cpd::arith");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return handle.call(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
+}
+
+at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b, const at::Tensor& seed, c10::IntArrayRef mul,
+                           c10::IntArrayRef acc, bool kahan, int64_t block, int64_t rounding, bool saturate,
+                           int64_t sr_bits) {
+  if (wants_grad(a, b)) return MatmulFn::apply(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
+  static const auto op = op_handle<MatmulSig>("cpd::matmul");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return op.call(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
+}
+
+// cast_out writes into out: not differentiable (the public cast refuses out= under autograd);
+// the mutation is counted on out's version counter, as for torch's own in-place ops.
+void cast_out_autograd(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding,
+                       bool saturate, int64_t sr_bits, const at::Tensor& out) {
+  static const auto op = op_handle<void(const at::Tensor&, const at::Tensor&, c10::IntArrayRef, int64_t, bool,
+                                        int64_t, const at::Tensor&)>("cpd::cast_out");
+  TORCH_CHECK(!(at::GradMode::is_enabled() && (x.requires_grad() || out.requires_grad())),
+              "cpd: cast_out is not differentiable: x or out requires grad");
+  {
+    at::AutoDispatchBelowAutograd below;  // ADInplaceOrView and the device's kernel
+    op.call(x, seed, fmt, rounding, saturate, sr_bits, out);
+  }
+  torch::autograd::impl::bump_version(out);
+}
+
+// The registrations: created on demand, never destroyed at exit (the dispatcher may be gone by
+// then), released only by set_cpu_kernels(false).
+torch::Library* g_cpu = nullptr;
+torch::Library* g_autograd = nullptr;
+
+}  // namespace
+
+void set_cpu_kernels(bool on) {
+  if (on && !g_cpu) {
+    g_cpu = new torch::Library(torch::Library::IMPL, "cpd", c10::DispatchKey::CPU, __FILE__, __LINE__);
+    g_cpu->impl("cast", TORCH_FN(cast_cpu));
+    g_cpu->impl("cast_out", TORCH_FN(cast_out_cpu));
+    g_cpu->impl("encode", TORCH_FN(encode_cpu));
+    g_cpu->impl("decode", TORCH_FN(decode_cpu));
+    g_cpu->impl("arith", TORCH_FN(arith_cpu));
+    g_cpu->impl("matmul", TORCH_FN(matmul_cpu));
+  } else if (!on && g_cpu) {
+    delete g_cpu;
+    g_cpu = nullptr;
+  }
+}
+
+// The CPU kernels and the autograd kernels (once; the schemas must be defined: cpd/ops.py).
+void install_ops() {
+  set_cpu_kernels(true);
+  if (g_autograd) return;
+  g_autograd = new torch::Library(torch::Library::IMPL, "cpd", c10::DispatchKey::Autograd, __FILE__, __LINE__);
+  g_autograd->impl("cast", TORCH_FN(cast_autograd));
+  g_autograd->impl("arith", TORCH_FN(arith_autograd));
+  g_autograd->impl("matmul", TORCH_FN(matmul_autograd));
+  g_autograd->impl("cast_out", TORCH_FN(cast_out_autograd));
+  // integer codes in or out: torch's fallback, which records that no gradient flows
+  g_autograd->impl("encode", torch::autograd::autogradNotImplementedFallback());
+  g_autograd->impl("decode", torch::autograd::autogradNotImplementedFallback());
+}
+
+// cuda/cpu/cast.cpp binds these into the module when they are set (this file is linked in).
+extern void (*cpd_install_ops)();
+extern void (*cpd_set_cpu_kernels)(bool);
+namespace {
+[[maybe_unused]] const bool linked = (cpd_install_ops = &install_ops, cpd_set_cpu_kernels = &set_cpu_kernels, true);
+}  // namespace
