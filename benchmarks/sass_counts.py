@@ -31,6 +31,8 @@ FAMILIES = {
     "cpd_matmul_kahan16": ("Kahan, E5M2/E4M3 -> binary16", 8 * 4 * 4, 30.0),
     "cpd_matmul_lanes": ("other <= 11-bit accumulators", 8 * 4 * 4, None),
     "cpd_matmul_kahan": ("Kahan, other <= 11-bit accumulators", 8 * 4 * 4, None),
+    "cpd_matmul_lanesbf": ("E5M2/E4M3 -> BF16", 8 * 4 * 4, None),
+    "cpd_matmul_kahanbf": ("Kahan, E5M2/E4M3 -> BF16", 8 * 4 * 4, 30.0),
 }
 
 _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")

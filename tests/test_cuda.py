@@ -88,7 +88,7 @@ def test_gemm_family_kernels_do_not_spill(arch):
         pytest.skip(f"NVRTC lacks {arch}")
     usage = _usage("matmul.cu", arch)
     for name in ("cpd_matmul_chain", "cpd_matmul_lanes", "cpd_matmul_kahan", "cpd_matmul_lanes16",
-                 "cpd_matmul_kahan16"):
+                 "cpd_matmul_kahan16", "cpd_matmul_lanesbf", "cpd_matmul_kahanbf"):
         u = usage[name]
         assert u["stack"] == 0 and u["spill_stores"] == 0 and u["spill_loads"] == 0, (arch, name, u)
         assert u["registers"] <= 128, (arch, name, u)
@@ -221,11 +221,13 @@ def test_gpu_matmul_matches_cpu(rounding, kw):
 @pytest.mark.cuda
 @pytest.mark.parametrize("kw", [dict(acc=cpd.FP32), dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10)),
                                 dict(mul=cpd.E4M3, acc=cpd.FP16), dict(mul=cpd.E4M3, acc=cpd.FP16, kahan=True),
-                                dict(mul=cpd.E4M3, acc=cpd.FloatFormat(6, 9), kahan=True)],
+                                dict(mul=cpd.E4M3, acc=cpd.FloatFormat(6, 9), kahan=True),
+                                dict(mul=cpd.E5M2, acc=cpd.BF16), dict(mul=cpd.E4M3, acc=cpd.BF16, kahan=True)],
                          ids=lambda k: "-".join(f"{n}={getattr(v, 'name', v)}" for n, v in k.items()))
 def test_gpu_gemm_families_match_cpu(kw):
-    """The family kernels (cpd/gemm.h) on the hardware: the FFMA chain, the binary16 conversion
-    (cvt.rn.f16.f32) and cp.async staging, on ragged tiles, every binade, overflow, subnormal
+    """The family kernels (cpd/gemm.h) on the hardware: the FFMA chain, the binary16 pair
+    instructions (cvt.rn.f16x2.f32, add.rn/sub.rn.f16x2, max.xorsign.abs.f16x2), the BF16 lanes'
+    integer rounding and cp.async staging, on ragged tiles, every binade, overflow, subnormal
     sums, signed zeros and inf/NaN operands (tests/test_shim_gemm.py runs the same on the host)."""
     g = torch.Generator().manual_seed(8)
     e = torch.randint(-75, 64, (2, 130, 37), generator=g).float()

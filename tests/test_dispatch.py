@@ -376,3 +376,28 @@ def test_cuda_graph_and_compile_replay_eager_bits(ext):
         assert bits_equal(captured.cpu(), step(fresh).cpu()), seed
     compiled = torch.compile(step, fullgraph=False)
     assert bits_equal(compiled(x).cpu(), step(x).cpu())
+
+
+def test_cpp_launches_pick_the_python_launches_matmul_kernel(ext):
+    """launch.cpp chooses matmul.cu's kernel with cpd/gemm.h's gemm_family; cpd/_kernels.py's
+    matmul_family mirrors it in Python: the same kernel for every spec (a drift would cost speed
+    only, never bits, since each kernel checks its family on the device)."""
+    from cpd import _kernels
+
+    fmts = [cpd.E4M3, cpd.E5M2, cpd.E4M3FN, cpd.E2M1, cpd.FP16, cpd.BF16, cpd.FP32, cpd.TF32, cpd.FloatFormat(5, 10),
+            cpd.FloatFormat(6, 9), cpd.FloatFormat(4, 3, subnormals=False)]
+    seen = set()
+    for mul in [None, *fmts]:
+        for acc in fmts:
+            for kahan in (False, True):
+                for mode in (0, 1, 2):
+                    for saturate in (False, True):
+                        m5, a5 = (SPEC(mul) if mul is not None else SPEC(acc)), SPEC(acc)
+                        family = _kernels.matmul_family(tuple(m5) if mul is not None else None, tuple(a5), kahan, 0,
+                                                        mode, saturate)
+                        want = _kernels.FAMILY_KERNELS[family][0] if family in _kernels.FAMILY_KERNELS \
+                            else "cpd_matmul_tiled"
+                        got = ext.matmul_kernel(mul is not None, list(m5), list(a5), kahan, 0, mode, saturate)
+                        assert got == want, (mul, acc, kahan, mode, saturate)
+                        seen.add(got)
+    assert len(seen) == 8, seen  # every family kernel and the tiled one

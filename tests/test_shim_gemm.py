@@ -8,7 +8,9 @@ Invariants defended (no GPU needed):
   products and sums, overflow, signed zeros, and inf/NaN operands (a chain output ending as NaN is
   redone by the generic steps, so even NaN bits agree);
 * the binary16 families (LANES16, KAHAN16) round on the host with round_f, the function the
-  GPU's cvt.rn.f16.f32 computes; that instruction itself is checked only on a GPU (cuda mark);
+  GPU's binary16 pair instructions (cvt.rn.f16x2.f32, add.rn.f16x2, ...) compute; those
+  instructions themselves are checked only on a GPU (cuda mark); the BF16 families (LANESBF,
+  KAHANBF) run the same integer rounding on both;
 * a spec outside a kernel's family still gets the generic bits there (the kernels' safety net);
 * cpd/_kernels.py matmul_family routes exactly the specs of gemm.h's predicates to each kernel.
 Shapes are small: the shim runs GPU threads one after another on one core.
@@ -32,6 +34,9 @@ FAMILY_CASES = {
     "lanes": [dict(mul=cpd.FloatFormat(4, 3, subnormals=False), acc=cpd.FloatFormat(6, 9)),
               dict(mul=cpd.FloatFormat(5, 2, subnormals=False), acc=F510)],
     "kahan": [dict(mul=cpd.E4M3, acc=cpd.FloatFormat(6, 9), kahan=True)],
+    "lanesbf": [dict(mul=cpd.E5M2, acc=cpd.BF16), dict(mul=cpd.E4M3FN, acc=cpd.BF16),
+                dict(mul=cpd.FloatFormat(7, 2), acc=cpd.BF16)],
+    "kahanbf": [dict(mul=cpd.E4M3, acc=cpd.BF16, kahan=True), dict(mul=cpd.E5M2, acc=cpd.BF16, kahan=True)],
 }
 SEED = (0x123456789ABCDEF, 7)
 
@@ -103,7 +108,13 @@ def test_matmul_family_routes_by_the_headers_predicates():
     assert fam(None, cpd.FloatFormat(8, 23, subnormals=False)) == "tiled"
     assert fam(None, cpd.FP16) == "tiled"
     # lanes: accumulators of <= 11 bits whose quanta are float32 normals; mul values within acc
-    assert fam(cpd.E5M2, cpd.BF16) == "tiled"          # BF16's quantum 2^-133: not add_fast_applies
+    assert fam(cpd.E5M2, cpd.BF16) == "lanesbf"        # BF16's quantum 2^-133: not add_fast_applies, its own family
+    # BF16 lanes: an 8-bit-like mul with subnormals and nearest_f_applies; mul=None (fused) is generic
+    assert fam(None, cpd.BF16) == "tiled" and fam(None, cpd.BF16, kahan=True) == "tiled"
+    assert fam(cpd.FloatFormat(4, 3, subnormals=False), cpd.BF16) == "tiled"
+    assert fam(cpd.FP16, cpd.BF16) == "tiled"          # FP16 values are not BF16 values
+    assert fam(cpd.E5M2, cpd.BF16, sat=True) == "tiled"
+    assert fam(cpd.E5M2, cpd.BF16, mode=1) == "tiled" and fam(cpd.E5M2, cpd.BF16, block=4) == "tiled"
     assert fam(cpd.BF16, cpd.FP16) == "tiled"          # BF16 values are not FP16 values
     assert fam(cpd.E5M2, cpd.E4M3) == "tiled"          # E5M2's range exceeds E4M3's
     assert fam(cpd.E4M3, cpd.FloatFormat(8, 12)) == "tiled"  # 13 bits: Figueroa's bound fails
@@ -217,9 +228,11 @@ def _grid_targets(fmt, n, g, top=None):
     return t * (torch.randint(0, 2, (n,), generator=g).double() * 2 - 1)
 
 
-@pytest.mark.parametrize("case", [c for c in cases() if c[0] in ("lanes16", "kahan16")], ids=ids)
+@pytest.mark.parametrize("case", [c for c in cases() if c[0] in ("lanes16", "kahan16", "lanesbf", "kahanbf")],
+                         ids=ids)
 def test_binary16_families_at_the_rounding_points(case):
-    """Products exactly on the mul format's ties (normal and subnormal), at its overflow threshold
+    """(The binary16 and BF16 families.) Products exactly on the mul format's ties (normal and
+    subnormal), at its overflow threshold
     and half its smallest subnormal, and just beside them (the exact product a*b off a tie by less
     than float32's own rounding of a*b: only the exact product decides, one FFMA); sums that round,
     overflow binary16 and cancel; zeros of both signs; a B operand so large that b * 2^(23 - man)
@@ -256,4 +269,6 @@ def test_binary16_families_at_the_rounding_points(case):
     want, got = run(a, b, kw, fam, G(256, 1))
     assert same_bits(got, want), kw
     assert torch.isfinite(got).sum() > M * N // 3                        # many outputs are finite sums
-    assert not torch.isfinite(got[0, 9, 2]) and torch.isnan(got[0, 6]).all()  # binary16 overflow; a NaN a
+    assert torch.isnan(got[0, 6]).all()                                  # a NaN a
+    if kw["acc"] is not cpd.BF16:
+        assert not torch.isfinite(got[0, 9, 2])                          # binary16 overflow

@@ -272,11 +272,26 @@ Family family_kernel(int family) {
     case cpd::GEMM_KAHAN: return {"cpd_matmul_kahan", 64};
     case cpd::GEMM_LANES16: return {"cpd_matmul_lanes16", 64};
     case cpd::GEMM_KAHAN16: return {"cpd_matmul_kahan16", 64};
+    case cpd::GEMM_LANESBF: return {"cpd_matmul_lanesbf", 64};
+    case cpd::GEMM_KAHANBF: return {"cpd_matmul_kahanbf", 64};
     default: return {nullptr, 0};
   }
 }
 
+Family matmul_family(bool has_mul, const F5& m, const F5& acc, bool kahan, int block, int mode, bool saturate,
+                     int sr_bits) {
+  if (mode != 0 || block != 0) return {nullptr, 0};  // NEAREST, no blocks: maybe a family kernel
+  const cpd::Format mf = cpd::make_format(m.exp, m.man, m.bias, m.specials, m.subnormals, saturate);
+  const cpd::Format af = cpd::make_format(acc.exp, acc.man, acc.bias, acc.specials, acc.subnormals, saturate);
+  return family_kernel(cpd::gemm_family(cpd::make_dot_spec(mf, has_mul, af, kahan, block, mode, sr_bits)));
+}
+
 }  // namespace
+
+std::string matmul_kernel(bool has_mul, const F5& mul, const F5& acc, bool kahan, int block, int mode, bool saturate) {
+  const Family fam = matmul_family(has_mul, has_mul ? mul : acc, acc, kahan, block, mode, saturate, 32);
+  return fam.name ? fam.name : "cpd_matmul_tiled";
+}
 
 // ---------------------------------------------------------------------------- the launches
 void cast(const at::Tensor& x, const at::Tensor& out, const F5& f, int mode, bool saturate, int sr_bits,
@@ -327,12 +342,7 @@ void matmul(const at::Tensor& x, const at::Tensor& y, const at::Tensor& out, boo
   const int64_t B = x.size(0), M = x.size(1), K = x.size(2), N = y.size(2);
   const Geometry& g = geometry_of(x);
   const F5& m = has_mul ? mul : acc;
-  Family fam{nullptr, 0};
-  if (mode == 0 && block == 0) {  // NEAREST, no blocks: maybe a family kernel
-    const cpd::Format mf = cpd::make_format(m.exp, m.man, m.bias, m.specials, m.subnormals, saturate);
-    const cpd::Format af = cpd::make_format(acc.exp, acc.man, acc.bias, acc.specials, acc.subnormals, saturate);
-    fam = family_kernel(cpd::gemm_family(cpd::make_dot_spec(mf, has_mul, af, kahan, block, mode, sr_bits)));
-  }
+  const Family fam = matmul_family(has_mul, m, acc, kahan, block, mode, saturate, sr_bits);
   const int side = fam.name ? fam.side : kGenericTile;
   const int64_t tiles = B * ((M + side - 1) / side) * ((N + side - 1) / side);
   Args a;

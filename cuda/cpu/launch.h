@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
+#include <string>
 
 namespace cpd_launch {
 
@@ -29,6 +30,10 @@ void arith(int op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c
 void matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, bool has_mul, const F5& mul,
             const F5& acc, bool kahan, int block, int mode, bool saturate, int sr_bits, uint64_t seed,
             uint64_t offset);
+
+// The kernel of matmul.cu that matmul() launches for a spec (for the tests: the same choice as
+// cpd/_kernels.py matmul_family).
+std::string matmul_kernel(bool has_mul, const F5& mul, const F5& acc, bool kahan, int block, int mode, bool saturate);
 
 // Python hands over, once: image(kernel_file, device_index) -> bytes (cpd._cuda.image_for: the
 // NVRTC cubin/PTX for the device, compiled and cached on disk), and shim(kernel_file) -> int (the

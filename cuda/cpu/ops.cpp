@@ -451,6 +451,12 @@ void bind(pybind11::module_& m) {
   m.def("cpu_kernels", [] { return g_cpu_kind; });
   m.def("set_launch_sources", &cpd_launch::set_sources);
   m.def("set_host_geometry", &cpd_launch::set_host_geometry);
+  m.def("matmul_kernel", [](bool has_mul, std::vector<int> mul, std::vector<int> acc, bool kahan, int block, int mode,
+                            bool saturate) {
+    TORCH_CHECK(mul.size() == 5 && acc.size() == 5, "cpd: matmul_kernel takes two 5-int formats");
+    return cpd_launch::matmul_kernel(has_mul, {mul[0], mul[1], mul[2], mul[3], mul[4]},
+                                     {acc[0], acc[1], acc[2], acc[3], acc[4]}, kahan, block, mode, saturate);
+  });
 }
 
 }  // namespace

@@ -195,10 +195,10 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 1)
 }
 
 // ------------------------------------------------------------------------------------------
-// The family kernels: one per family of cpd/gemm.h (CHAIN, LANES, KAHAN), each with its step
-// fixed at compile time, so that the inner loop is the step's float32 instructions and two
-// shared-memory loads per four outputs. A block of 256 threads (16 x 16) owns T x T outputs,
-// T = 16 R; thread (tx, ty) owns the R x R outputs in rows own(ty, i) and columns own(tx, j)
+// The family kernels: one per family of cpd/gemm.h (CHAIN, LANES, KAHAN, LANES16, KAHAN16, LANESBF,
+// KAHANBF), each with its step fixed at compile time, so that the inner loop is the step's
+// instructions and two shared-memory loads per four outputs. A block of 256 threads (16 x 16)
+// owns T x T outputs, T = 16 R; thread (tx, ty) owns the R x R outputs in rows own(ty, i) and columns own(tx, j)
 // (groups of four neighbours, 64 apart: each float4 load from shared memory is conflict-free).
 // K is walked in slices of CPD_FK staged in shared memory, double-buffered: while the block
 // computes slice s from one buffer, the copies of slice s + 1 fill the other (cp.async on sm_80
@@ -209,7 +209,9 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 1)
 // each output takes exactly its K steps in order (no padding step: adding a +0 product would
 // change a -0 sum). Positions outside the matrices are never copied and never reach an output.
 // Outputs that end as NaN (cpd/gemm.h gemm_redo: a NaN's bits are the float32 unit's, which may
-// differ from the generic steps'), and every output when the spec is not the kernel's family
+// differ from the generic steps'), those the binary16 and BF16 families' watches flag
+// (gemm_f16_redo, gemm_bf16_redo: a product past the mul format's range, a Kahan sum past its
+// guard), and every output when the spec is not the kernel's family
 // (cpd/_kernels.py routes by the same predicates; this is a safety net), are recomputed by
 // dot_output, the generic steps of cpd_matmul_simple.
 #define CPD_FK 8
@@ -323,6 +325,40 @@ struct Binary16Step {
   template <int R>
   __device__ __forceinline__ bool redo(const Row<R>& r, int j) const {
     return cpd::gemm_f16_redo(r.s[j / 2], r.mx[j / 2], j & 1, g);
+  }
+  static constexpr bool FROM_VALUE = false;
+  __device__ __forceinline__ bool redo_value(float) const { return false; }
+};
+
+// LANESBF and KAHANBF: float32 lanes, one per output (cpd/gemm.h gemm_bf16_step, gemm_kahanbf_step):
+// sums s, Kahan's compensations c, the largest |product| w and (Kahan) the largest |t| top.
+template <bool KAHAN>
+struct BF16Step {
+  static constexpr int FAMILY = KAHAN ? cpd::GEMM_KAHANBF : cpd::GEMM_LANESBF;
+  cpd::GemmBF16 g;
+  template <int R>
+  struct Row {
+    float s[R], w[R], c[KAHAN ? R : 1], top[KAHAN ? R : 1];
+  };
+  __device__ __forceinline__ float prep(float b) const { return cpd::gemm_f16_scale(b, g.m); }
+  template <int R>
+  __device__ __forceinline__ void init(Row<R>& r) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) r.s[j] = r.w[j] = r.c[KAHAN ? j : 0] = r.top[KAHAN ? j : 0] = 0.0f;
+  }
+  template <int R>
+  __device__ __forceinline__ void step(Row<R>& r, float a, const float (&b)[R], const float (&bs)[R]) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      if (KAHAN) cpd::gemm_kahanbf_step(r.s[j], r.c[j], r.w[j], r.top[j], a, b[j], bs[j], g);
+      else cpd::gemm_bf16_step(r.s[j], r.w[j], a, b[j], bs[j], g);
+    }
+  }
+  template <int R>
+  __device__ __forceinline__ float value(const Row<R>& r, int j) const { return r.s[j]; }
+  template <int R>
+  __device__ __forceinline__ bool redo(const Row<R>& r, int j) const {
+    return cpd::gemm_bf16_redo(r.w[j], r.top[KAHAN ? j : 0], g);
   }
   static constexpr bool FROM_VALUE = false;
   __device__ __forceinline__ bool redo_value(float) const { return false; }
@@ -461,3 +497,5 @@ CPD_FAMILY_KERNEL(cpd_matmul_lanes, Rows<LanesStep>, 4, 2, (st.mg = cpd::make_fo
 CPD_FAMILY_KERNEL(cpd_matmul_kahan, Rows<KahanStep>, 4, 2, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
 CPD_FAMILY_KERNEL(cpd_matmul_lanes16, Binary16Step<false>, 4, 2, (st.g = cpd::make_gemm_f16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_kahan16, Binary16Step<true>, 4, 2, (st.g = cpd::make_gemm_f16(mf, af)))
+CPD_FAMILY_KERNEL(cpd_matmul_lanesbf, BF16Step<false>, 4, 2, (st.g = cpd::make_gemm_bf16(mf, af)))
+CPD_FAMILY_KERNEL(cpd_matmul_kahanbf, BF16Step<true>, 4, 2, (st.g = cpd::make_gemm_bf16(mf, af)))

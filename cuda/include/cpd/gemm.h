@@ -280,16 +280,113 @@ CPD_FN int gemm_f16_redo(u32 s, u32 mx, int i, const GemmF16& g) {
   return (int)((sc > 0x7c00u) | (mc > g.max_code));
 }
 
+// LANESBF / KAHANBF (gemm_bf16_applies): round to nearest, products rounded to a mul format with
+// subnormals whose values are bfloat16 values and with nearest_f_applies (E5M2, E4M3, ...: not
+// mul=None, whose fused steps need fma_bits), the accumulator IEEE bfloat16 itself ((8, 7), bias
+// 127, subnormals, no saturation), no blocks: float32 lanes, one integer rounding per sum.
+//   * the product: gemm_f16_product (LANES16's proof above holds for any such mul format: E, C
+//     and the clamp lo only ask nearest_f_applies, and lo is a float32 normal, emin - man >= -133
+//     by values_within), watched against max (fmax_abs_nan: NaN too) and redone past it;
+//   * the sum of two bfloat16 values, fl32(x + y) then rounded once to bfloat16, is
+//     add_bits(x, y, BF16, NEAREST) (add_lane_applies: Figueroa's 24 >= 2 * 8 + 2 above 2^-126,
+//     exact float32 subnormals below, no flush-to-zero on the GPU or in the shim);
+//   * the rounding of finite float32 bits u to bfloat16 (whose values are the float32 values with
+//     16 low zero bits, subnormals included: the same exponent field and emin) is
+//     (u + 0x7fff + bit 16 of u) & 0xffff0000 (round_bf16_bits): to nearest on the magnitude
+//     bits (the sign bit untouched: RN is symmetric), ties to the even code, a carry out of the
+//     mantissa the next binade, past 0x7f7f8000 (the overflow threshold, a tie to the even "code"
+//     0x7f80) +-inf, and +-inf itself unchanged; cast_bits(u, BF16, NEAREST) for finite and
+//     infinite u (round_lane_guarded's step N2 for BF16). A NaN u is not rounded right (its
+//     payload can carry into the sign), so no NaN may reach it unnoticed:
+//   * LANESBF: with every product finite and within max, s is finite or +-inf, and s + p never
+//     NaN; the product watch sees every other case;
+//   * KAHANBF: y = p - c, t = s + y, c = (t - s) - y each rounded as above, with the guard of the
+//     CPU's Kahan lanes (arith.h add_lane_guard_applies: every t below G = 2^(emax - 2) = 2^125
+//     keeps every sum inside the range, by induction), watched by a running maximum of |t| that
+//     keeps NaN (max.NaN); an output whose |t| reached G, or NaN, is redone, as is one whose product
+//     watch fired.
+// Signs of zeros as in LANES16 / KAHAN16 (the sums start at +0; the product's zero is +0).
+CPD_FN int is_bfloat16_format(const Format& f) {
+  return (int)(f.exp == 8 && f.man == 7 && f.bias == 127 && f.specials == SPECIALS_IEEE && f.is_signed &&
+               f.subnormals && f.outward_bits == INF_BITS);
+}
+
+CPD_FN int gemm_bf16_applies(const DotSpec& d) {
+  return (int)(d.has_mul && d.mode == NEAREST && !d.block && is_bfloat16_format(d.af) &&
+               nearest_f_applies(d.mf, d.mode) && d.mf.subnormals && values_within(d.mf, d.af));
+}
+
+CPD_FN u32 round_bf16_bits(u32 u) { return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; }
+
+CPD_FN float bf16_add(float x, float y) { return float_of(round_bf16_bits(bits_of(fadd(x, y)))); }
+
+// max(w, |x|), NaN when either is (PTX max.NaN.f32, sm_80 and later).
+CPD_FN float fmax_abs_nan(float w, float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(w), "f"(fabsf(x)));
+  return d;
+#else
+  const float ax = float_of(bits_of(x) & ~SIGN);
+  return (w != w || ax != ax) ? float_of(QNAN_BITS) : (ax > w ? ax : w);
+#endif
+}
+
+struct GemmBF16 {
+  GemmF16 m;    // the product's constants (m.scale, m.lo; m.ag unused)
+  float max;    // the mul format's largest value
+  float guard;  // G = 2^125 (KAHANBF)
+};
+
+CPD_FN GemmBF16 make_gemm_bf16(const Format& m, const Format& acc) {
+  GemmBF16 g;
+  g.m.scale = float_of((u32)(150 - m.man) << 23);
+  g.m.lo = float_of((u32)(m.emin + 150 - m.man) << 23);
+  g.m.ag = make_format_f(acc);
+  g.m.max_code = 0u;
+  g.max = float_of(m.max_bits);
+  g.guard = float_of(lane_guard_bits(acc));
+  return g;
+}
+
+// Step k of one output: s the sum, w the largest |product| so far.
+CPD_FN void gemm_bf16_step(float& s, float& w, float a, float b, float bs, const GemmBF16& g) {
+  const float p = gemm_f16_product(a, b, bs, g.m);
+  w = fmax_abs_nan(w, p);
+  s = bf16_add(s, p);
+}
+
+// Kahan's step (kahan_step's order); top: the largest |t| so far.
+CPD_FN void gemm_kahanbf_step(float& s, float& c, float& w, float& top, float a, float b, float bs,
+                              const GemmBF16& g) {
+  const float p = gemm_f16_product(a, b, bs, g.m);
+  w = fmax_abs_nan(w, p);
+  const float y = bf16_add(p, -c);
+  const float t = bf16_add(s, y);
+  top = fmax_abs_nan(top, t);
+  c = bf16_add(bf16_add(t, -s), -y);
+  s = t;
+}
+
+// Whether an output must be redone by dot_step: a product past max or NaN; Kahan: |t| >= G or NaN.
+CPD_FN int gemm_bf16_redo(float w, float top, const GemmBF16& g) {
+  return (int)(!(w <= g.max) | !(top < g.guard));
+}
+
 // Whether a family's output s must be redone by dot_step (a NaN: see CHAIN and LANES).
 CPD_FN int gemm_redo(float s) { return (int)((bits_of(s) & ~SIGN) > INF_BITS); }
 
 // The family of a spec: which kernel of matmul.cu runs it (GEMM_GENERIC: cpd_matmul_tiled).
-enum { GEMM_GENERIC = 0, GEMM_CHAIN = 1, GEMM_LANES = 2, GEMM_KAHAN = 3, GEMM_LANES16 = 4, GEMM_KAHAN16 = 5 };
+enum {
+  GEMM_GENERIC = 0, GEMM_CHAIN = 1, GEMM_LANES = 2, GEMM_KAHAN = 3, GEMM_LANES16 = 4, GEMM_KAHAN16 = 5,
+  GEMM_LANESBF = 6, GEMM_KAHANBF = 7
+};
 
 CPD_FN int gemm_family(const DotSpec& d) {
   if (gemm_chain_applies(d)) return GEMM_CHAIN;
   if (gemm_f16_applies(d)) return d.kahan ? GEMM_KAHAN16 : GEMM_LANES16;
   if (gemm_lanes_applies(d)) return d.kahan ? GEMM_KAHAN : GEMM_LANES;
+  if (gemm_bf16_applies(d)) return d.kahan ? GEMM_KAHANBF : GEMM_LANESBF;
   return GEMM_GENERIC;
 }
 
