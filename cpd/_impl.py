@@ -30,8 +30,8 @@ from .formats import FloatFormat
 from .rounding import Rounding
 
 __all__ = ["fmt_tuple", "fmt_of", "code_dtype_of", "Extension", "Fallback", "Kernels", "cast", "cast_out", "encode",
-           "decode", "arith", "matmul", "batch_shape", "register",
-           "register_cpu", "cuda_engine", "host_engine", "route_cpu_to_kernels"]
+           "decode", "arith", "matmul", "batch_shape", "register", "PyKernels",
+           "cuda_engine", "host_engine", "route_cpu_to_kernels"]
 
 _warned: set = set()
 
@@ -241,37 +241,47 @@ def _bind(body, engine_of):
     return kernel
 
 
-def register_cpu(impls, kernels_on_host: bool = False) -> None:
-    """CPU tensors: the extension or fallback (default), or the CUDA kernels run by the host shim
-    (cpd._shim.on_host)."""
-    if kernels_on_host:
-        def engine_of(args):
-            return Kernels(_shim.launcher, _shim.geometry())
-    else:
-        def engine_of(args):
-            return host_engine()
-    for op, body, _ in impls:
-        op.register_kernel("cpu")(_bind(body, engine_of))
+class PyKernels:
+    """Python kernels, per dispatch key, of ops defined with ``torch.library`` (cpd.mx's): each
+    op's body bound to the engine of its device, registered on a library of this object's own
+    (no ``custom_op`` layers per call: a call is the dispatcher and the body, ~45 us less).
+    ``bodies``: ``{"ns::name": (body, index of the tensor whose device picks the engine)}``."""
+
+    def __init__(self, bodies: dict):
+        self.bodies = dict(bodies)
+        self._cuda = self._lib("CUDA", lambda i: lambda args: cuda_engine(args[i].device))
+        self._cpu = self._lib("CPU", lambda i: lambda args: host_engine())
+
+    def _lib(self, key: str, engine_for):
+        ns = next(iter(self.bodies)).split("::")[0]
+        lib = torch.library.Library(ns, "IMPL")
+        for qualname, (body, i) in self.bodies.items():
+            lib.impl(qualname.split("::")[1], _bind(body, engine_for(i)), key)
+        return lib
+
+    def route_cpu(self, on: bool) -> None:
+        """CPU tensors: the CUDA kernels run by the host shim (on), or the extension / fallback."""
+        self._cpu._destroy()
+        self._cpu = self._lib("CPU", (lambda i: lambda args: Kernels(_shim.launcher, _shim.geometry())) if on
+                              else (lambda i: lambda args: host_engine()))
 
 
-_registered: list = []  # every register() call's impls, for route_cpu_to_kernels
+_registered: list = []  # every register() call's PyKernels, for route_cpu_to_kernels
 
 
 def route_cpu_to_kernels(on: bool) -> None:
     """Re-register the CPU implementations of every registered op (cpd.ops and cpd.mx): the CUDA
     kernels through the host shim (on), or the extension / fallback (off)."""
-    for impls in _registered:
-        register_cpu(impls, kernels_on_host=on)
+    for kernels in _registered:
+        kernels.route_cpu(on)
     _core.route_cpu(on)
 
 
-def register(impls) -> None:
-    """Register each op's body per device type: ``((op, body, index of the tensor whose device
-    picks the CUDA engine), ...)``."""
-    _registered.append(tuple(impls))
-    register_cpu(impls)
-    for op, body, i in impls:
-        op.register_kernel("cuda")(_bind(body, lambda args, i=i: cuda_engine(args[i].device)))
+def register(bodies: dict) -> PyKernels:
+    """Register each op's body for CPU and CUDA tensors (see :class:`PyKernels`)."""
+    kernels = PyKernels(bodies)
+    _registered.append(kernels)
+    return kernels
 
 
 # --------------------------------------------------------------------------------------- the core ops

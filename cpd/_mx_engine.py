@@ -147,7 +147,7 @@ def cast(engine, x, seed, fmt, mode: Rounding, out: torch.Tensor | None = None) 
         return y if out is None else out.copy_(y)
     s, o = _seed_pair(seed, mode)
     x2, lead, n = _rows(x, fmt)
-    t = float(_t(x, fmt))
+    t = float(_mx_torch.tensor_scale(x, fmt)) if fmt.tensor_scale else 1.0
     direct = out is not None and out.is_contiguous() and fmt.axis % x.dim() == x.dim() - 1
     if kind == "cpu":
         y2 = torch.ops.cpd_mx_cpu.mx_cast(x2, *_core_args(fmt, t), mode.code, s, o, out if direct else None)

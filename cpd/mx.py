@@ -97,14 +97,23 @@ def _checked(x, fmt, rounding, generator) -> tuple[torch.Tensor, BlockFormat, Ro
     return x, fmt, mode
 
 
-# --------------------------------------------------------------------------------------- custom ops
-# Each op's default body is the pure-torch path (any device); cpu and cuda get the bodies of
+# --------------------------------------------------------------------------------------- ops
+# Schemas defined with torch.library (not custom_op: its Python layers cost ~70 us a call); the
+# default body (any device) is the pure-torch path; CPU and CUDA tensors get the bodies of
 # cpd/_mx_engine.py bound to their engine (the fused kernels, or that same pure-torch path).
-@torch.library.custom_op("cpd_mx::cast", mutates_args=())
-def _cast_op(x: torch.Tensor, seed: torch.Tensor, fmt: str, rounding: str) -> torch.Tensor:
-    """One block-format fake quantization; ``fmt`` is the BlockFormat's op key (see _FORMATS),
-    ``seed`` a scalar int64 (stochastic rounding: a generator seeded with it draws the pair)."""
-    return _cast_body(None, x, seed, fmt, rounding)
+_LIB = torch.library.Library("cpd_mx", "FRAGMENT")
+_SCHEMAS = (
+    # one block-format fake quantization; fmt is the BlockFormat's op key (see _FORMATS), seed a
+    # scalar int64 (stochastic rounding: a generator seeded with it draws the pair)
+    "cast(Tensor x, Tensor seed, str fmt, str rounding) -> Tensor",
+    "cast_out(Tensor x, Tensor seed, str fmt, str rounding, Tensor(a!) out) -> ()",
+    # (codes, scale codes, tensor scale T or 1) of x; seed the (seed, offset) pair
+    "encode(Tensor x, Tensor seed, str fmt, str rounding, bool packed) -> (Tensor, Tensor, Tensor)",
+    # the float32 values (..., n), block axis last
+    "decode(Tensor codes, Tensor scales, Tensor t, str fmt, int n, bool packed) -> Tensor",
+)
+for _schema in _SCHEMAS:
+    _LIB.define(_schema, tags=(torch.Tag.pt2_compliant_tag,))
 
 
 def _cast_body(engine, x, seed, fmt, rounding):
@@ -113,7 +122,28 @@ def _cast_body(engine, x, seed, fmt, rounding):
     return _engine.cast(engine, x, pair, _FORMATS[fmt], mode)
 
 
-@_cast_op.register_fake
+def _cast_out_body(engine, x, seed, fmt, rounding, out):
+    mode = Rounding.parse(rounding)
+    pair = _engine.cast_seed(seed, x.device) if mode is Rounding.STOCHASTIC else _NO_SEED
+    _engine.cast(engine, x, pair, _FORMATS[fmt], mode, out)
+    torch.autograd.graph.increment_version(out)  # the write is counted, as for torch's in-place ops
+
+
+def _encode_body(engine, x, seed, fmt, rounding, packed):
+    return _engine.encode(engine, x, seed, _FORMATS[fmt], Rounding.parse(rounding), packed)
+
+
+def _decode_body(engine, codes, scales, t, fmt, n, packed):
+    return _engine.decode(engine, codes, scales, t, _FORMATS[fmt], n, packed)
+
+
+_BODIES = {"cast": (_cast_body, 0), "cast_out": (_cast_out_body, 0), "encode": (_encode_body, 0),
+           "decode": (_decode_body, 0)}
+for _name, (_body, _) in _BODIES.items():  # any other device: the pure-torch path
+    _LIB.impl(_name, _impl._bind(_body, lambda args: None), "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("cpd_mx::cast", lib=_LIB)
 def _(x, seed, fmt, rounding):
     return torch.empty_like(x)
 
@@ -122,38 +152,15 @@ def _cast_backward(ctx, grad):  # straight-through: the quantizer's gradient is 
     return grad, None, None, None
 
 
-_cast_op.register_autograd(_cast_backward)
+torch.library.register_autograd("cpd_mx::cast", _cast_backward, lib=_LIB)
 
 
-@torch.library.custom_op("cpd_mx::cast_out", mutates_args=("out",))
-def _cast_out_op(x: torch.Tensor, seed: torch.Tensor, fmt: str, rounding: str, out: torch.Tensor) -> None:
-    """cpd_mx::cast written into ``out`` (float32, x's shape)."""
-    _cast_out_body(None, x, seed, fmt, rounding, out)
-
-
-def _cast_out_body(engine, x, seed, fmt, rounding, out):
-    mode = Rounding.parse(rounding)
-    pair = _engine.cast_seed(seed, x.device) if mode is Rounding.STOCHASTIC else _NO_SEED
-    _engine.cast(engine, x, pair, _FORMATS[fmt], mode, out)
-
-
-@_cast_out_op.register_fake
+@torch.library.register_fake("cpd_mx::cast_out", lib=_LIB)
 def _(x, seed, fmt, rounding, out):
     return None
 
 
-@torch.library.custom_op("cpd_mx::encode", mutates_args=())
-def _encode_op(x: torch.Tensor, seed: torch.Tensor, fmt: str, rounding: str,
-               packed: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(codes, scale codes, tensor scale T or 1) of x; ``seed`` the (seed, offset) pair."""
-    return _encode_body(None, x, seed, fmt, rounding, packed)
-
-
-def _encode_body(engine, x, seed, fmt, rounding, packed):
-    return _engine.encode(engine, x, seed, _FORMATS[fmt], Rounding.parse(rounding), packed)
-
-
-@_encode_op.register_fake
+@torch.library.register_fake("cpd_mx::encode", lib=_LIB)
 def _(x, seed, fmt, rounding, packed):
     f = _FORMATS[fmt]
     lead = [s for i, s in enumerate(x.shape) if i != f.axis % x.dim()]
@@ -165,25 +172,14 @@ def _(x, seed, fmt, rounding, packed):
     return codes, x.new_empty((*lead, nb), dtype=torch.uint8), x.new_empty(())
 
 
-@torch.library.custom_op("cpd_mx::decode", mutates_args=())
-def _decode_op(codes: torch.Tensor, scales: torch.Tensor, t: torch.Tensor, fmt: str, n: int,
-               packed: bool) -> torch.Tensor:
-    """The float32 values (..., n), block axis last."""
-    return _decode_body(None, codes, scales, t, fmt, n, packed)
-
-
-def _decode_body(engine, codes, scales, t, fmt, n, packed):
-    return _engine.decode(engine, codes, scales, t, _FORMATS[fmt], n, packed)
-
-
-@_decode_op.register_fake
+@torch.library.register_fake("cpd_mx::decode", lib=_LIB)
 def _(codes, scales, t, fmt, n, packed):
     return scales.new_empty((*scales.shape[:-1], n), dtype=torch.float32)
 
 
 _NO_SEED = torch.zeros(2, dtype=torch.int64)
-_impl.register(((_cast_op, _cast_body, 0), (_cast_out_op, _cast_out_body, 0), (_encode_op, _encode_body, 0),
-                (_decode_op, _decode_body, 0)))
+_ZERO_SEED = torch.zeros((), dtype=torch.int64)  # cpd_mx::cast's seed argument for the deterministic modes
+_KERNELS = _impl.register({f"cpd_mx::{name}": entry for name, entry in _BODIES.items()})
 
 
 # --------------------------------------------------------------------------------------- public API
@@ -207,7 +203,7 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator
         [0.0, 0.0, -96.0]
     """
     x, fmt, mode = _checked(x, fmt, rounding, generator)
-    seed = torch.zeros((), dtype=torch.int64)
+    seed = _ZERO_SEED
     if mode is Rounding.STOCHASTIC:
         seed = torch.randint(0, 2**62, (), generator=generator, dtype=torch.int64)
     if out is None:
