@@ -380,8 +380,8 @@ class CoreOps:
                 self._cuda = None
                 ext.install_cuda_ops()
                 self.native_cuda = self.done = True
-            elif self._cuda_usable is False or not torch.cuda.is_available():
-                self.done = True  # the Python CUDA bodies stay (the fallback on the device)
+            elif self._cuda_usable is not None or not torch.cuda.is_available():
+                self.done = True  # the Python CUDA bodies stay (the fallback, or CPD_CUDA_LAUNCH=python)
 
     def route_cpu(self, on: bool) -> None:
         """CPU tensors get the CUDA kernels through the host shim (on), launched from C++ when the
