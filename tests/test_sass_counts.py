@@ -47,7 +47,7 @@ def test_loop_finder():
 
 
 #: The tiled fused-dot kernels (fused_dot.cu): today's counts plus a margin; the issue's goal for the
-#: Hopper FP8 model is 10 per MAC (not met yet: 17.7 at sm_90, NVRTC 13; docs/gpu.md).
+#: Hopper FP8 model is 10 per MAC (not met yet: 17.7 at sm_90, NVRTC 12.9; docs/gpu.md).
 FUSED_DOT_BOUNDS = {"cpd_fused_dot_tiled_l32": 18.5, "cpd_fused_dot_tiled_l16": 23.0, "cpd_fused_dot_tiled_l16w": 24.5}
 
 
