@@ -79,11 +79,23 @@ CPD_FN int fd_popc(u32 x) {
 #endif
 }
 
+// a ^ b ^ c as one instruction on the GPU (LOP3; written out, ptxas forms b ^ c per product pair
+// first and spends two).
+CPD_FN u32 fd_xor3(u32 a, u32 b, u32 c) {
+#if defined(__CUDA_ARCH__)
+  u32 r;
+  asm("lop3.b32 %0, %1, %2, %3, 0x96;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+#else
+  return a ^ b ^ c;
+#endif
+}
+
 // One product's contribution to the group sum: T ^ m, with emax2 = emax + 2 FD_TILED_EOFF.
 // wa, wb: the operands' words (M 2^pre ^ m); their signs' xor is m.
 CPD_FN u32 fd_tiled_term(u32 wa, u32 wb, u32 ea, u32 eb, u32 emax2) {
   const u32 ma = (u32)((int)wa >> 31), mb = (u32)((int)wb >> 31);
-  return fd_shr((wa ^ ma) * (wb ^ mb), emax2 - ea - eb) ^ ma ^ mb;
+  return fd_xor3(fd_shr((wa ^ ma) * (wb ^ mb), emax2 - ea - eb), ma, mb);
 }
 
 // emax of step 2 for c, offset as the products' (2 FD_TILED_EOFF).
