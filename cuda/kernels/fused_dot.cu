@@ -97,15 +97,18 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
       for (int j = 0; j < R; ++j) c[i][j] = 0u;
     for (long long k0 = 0; k0 < K; k0 += L) {
       // 1. stage the raw slices (A transposed: Ae[kk][m]); reset the flags
-      for (int e = tid; e < T * L; e += CPD_FD_THREADS) {
-        const int m = e / L, kk = e % L;
-        const long long gm = m0 + m, gk = k0 + kk;
-        if (gm < M && gk < K) cpd::copy_async4((float*)&Ae[kk][m], ab + gm * K + gk);
-        else Ae[kk][m] = 0u;
-        const int kb = e / T, n = e % T;
-        const long long gkb = k0 + kb, gn = n0 + n;
-        if (gkb < K && gn < N) cpd::copy_async4((float*)&Be[kb][n], bb + gkb * N + gn);
-        else Be[kb][n] = 0u;
+      {  // element tid + 256 r: A's (row tid / L + (256 / L) r, k tid % L), B's (k tid / T + 4 r, column tid % T)
+        const int kk = tid % L, n = tid % T;
+        const long long gk = k0 + kk, gn = n0 + n;
+#pragma unroll
+        for (int r = 0; r < T * L / CPD_FD_THREADS; ++r) {
+          const int m = tid / L + (CPD_FD_THREADS / L) * r, kb = tid / T + (CPD_FD_THREADS / T) * r;
+          const long long gm = m0 + m, gkb = k0 + kb;
+          if (gm < M && gk < K) cpd::copy_async4((float*)&Ae[kk][m], ab + gm * K + gk);
+          else Ae[kk][m] = 0u;
+          if (gkb < K && gn < N) cpd::copy_async4((float*)&Be[kb][n], bb + gkb * N + gn);
+          else Be[kb][n] = 0u;
+        }
       }
       if (tid < T) {
         badA[tid] = badB[tid] = 0u;
