@@ -118,8 +118,9 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
       cpd::copy_wait_all();
       __syncthreads();
       // 2. decompose every element in place
-      for (int e = tid; e < T * L; e += CPD_FD_THREADS) {
-        const int kk = e / T, m = e % T;
+#pragma unroll
+      for (int r = 0; r < T * L / CPD_FD_THREADS; ++r) {  // element tid + 256 r: k tid / T + 4 r, row/column tid % T
+        const int kk = tid / T + (CPD_FD_THREADS / T) * r, m = tid % T;
         cpd::u32 ee, w;
         if (cpd::fd_tiled_operand(Ae[kk][m], a_man, s.a_emin, s.zero_exp, pre, &ee, &w)) {
           Ae[kk][m] = ee;
