@@ -35,6 +35,14 @@ FAMILIES = {
     "cpd_matmul_kahanbf": ("Kahan, E5M2/E4M3 -> BF16", 8 * 4 * 4, 30.0),
 }
 
+#: The tiled fused-dot kernels (cuda/kernels/fused_dot.cu): kernel -> (what it runs, L, goal per MAC).
+#: Their K-slice loop (one group of L) holds nested loops, counted by their trip counts (below).
+FUSED_DOT = {
+    "cpd_fused_dot_tiled_l32": ("Hopper FP8 model (L 32, F 13, 32-bit sums)", 32, 10.0),
+    "cpd_fused_dot_tiled_l16": ("Ada FP8 model (L 16, F 13, 32-bit sums)", 16, None),
+    "cpd_fused_dot_tiled_l16w": ("Hopper/Blackwell FP16/BF16 (L 16, F 25, 64-bit sums)", 16, None),
+}
+
 _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 _BRA = re.compile(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
 
@@ -118,6 +126,35 @@ def counts(arch: str = "sm_90") -> dict[str, dict]:
     return out
 
 
+def fused_dot_counts(arch: str = "sm_90") -> dict[str, dict]:
+    """{kernel: {"insns", "macs", "per_mac", "goal", "label"}} for the tiled fused-dot kernels: the
+    instructions one thread issues per K slice (one group of L; 4 x 4 outputs, so 16 L MACs) on
+    the fast path: the slice loop's straight-line code, plus each loop nested in it times its trip
+    count: the staging and decomposition loops (shared stores: T L / 256 = L / 4 trips), the two
+    passes over k (shared loads only: unrolled by 8, L / 8 trips); loops that read global memory
+    (fd_step for flagged outputs, not run when no operand is flagged) are left out."""
+    from cpd import _cuda
+
+    functions = sass(_cuda.compile_source("fused_dot.cu", arch))
+    out = {}
+    for name, (label, L, goal) in FUSED_DOT.items():
+        insns = functions[name]
+        a, b = inner_loop(insns)
+        nested = [(c, d) for c, d in loops(insns) if a <= c and d <= b and (c, d) != (a, b)]
+        top = [(c, d) for c, d in nested if not any(e <= c and d <= f and (e, f) != (c, d) for e, f in nested)]
+        live = lambda lo, hi: [op for _, op, _ in insns[lo:hi + 1] if op != "NOP"]  # noqa: E731
+        total = len(live(a, b)) - sum(len(live(c, d)) for c, d in top)
+        for c, d in top:
+            ops = live(c, d)
+            if any(op.startswith("STS") or op.startswith("LDGSTS") for op in ops):
+                total += len(ops) * (L // 4)
+            elif not any(op.startswith("LDG") for op in ops):
+                total += len(ops) * (L // 8)
+        macs = 16 * L
+        out[name] = {"label": label, "insns": total, "macs": macs, "per_mac": total / macs, "goal": goal}
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="sm_90")
@@ -135,6 +172,10 @@ def main(argv=None) -> int:
         top = ", ".join(f"{k} {v}" for k, v in list(c["ops"].items())[:6])
         print(f"  {name:18s} {c['label']:42s} {c['insns']:5d} / {c['macs']:4d} = {c['per_mac']:6.2f}"
               f"  (goal {'<= ' + str(c['goal']) if c['goal'] else '-'})  [{top}]")
+    print(f"SASS per multiply-accumulate of one output, tiled fused-dot kernels (fused_dot.cu) at {args.arch}:")
+    for name, c in fused_dot_counts(args.arch).items():
+        print(f"  {name:26s} {c['label']:52s} {c['insns']:5d} / {c['macs']:4d} = {c['per_mac']:6.2f}"
+              f"  (goal {'<= ' + str(c['goal']) if c['goal'] else '-'})")
     return 0
 
 

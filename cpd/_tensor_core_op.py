@@ -61,7 +61,7 @@ def _cpu_body(a3, b3, sa, sb, block, s_emin, p, fields):
 def _cuda_body(a3, b3, sa, sb, block, s_emin, p, fields):
     if isinstance(_impl.cuda_engine(a3.device), _impl.Fallback):  # no NVRTC / driver for this device
         return _torch_body(a3, b3, sa, sb, block, s_emin, p, fields)
-    return _cuda_matmul(a3, b3, sa, sb, block, s_emin, p)
+    return _cuda_matmul(a3, b3, sa, sb, block, s_emin, p, fields)
 
 
 def _params(args):
@@ -117,14 +117,44 @@ def launch_of(a3, b3, y, sa, sb, block, s_emin, p: _fused_dot_ref.Params, blocks
     return _kernels.Launch("fused_dot.cu", "cpd_fused_dot_matmul", (blocks, 1, 1), (256, 1, 1), tuple(args))
 
 
-def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params) -> torch.Tensor:
-    """Launch cuda/kernels/fused_dot.cu on the device (:func:`launch_of`)."""
+def tiled_kernel(p: _fused_dot_ref.Params, fields, scaled: bool) -> str | None:
+    """The tiled kernel of cuda/kernels/fused_dot.cu for a spec, or None (the per-output kernel):
+    ``cpd::fd_tiled_applies`` and ``cpd::fd_tiled_wide`` of cuda/include/cpd/fused_dot_tiled.h
+    (mirrored here; tests/test_fused_dot_tiled.py checks both choices on the host shim)."""
+    a_man, b_man = fields[0], fields[2]
+    if not (p.algo == 0 and not scaled and p.group in (16, 32) and p.frac >= a_man + b_man
+            and p.frac + 1 - b_man <= 22 and p.frac <= 29 and p.zero_exp >= -255 and a_man <= 23 and b_man <= 23):
+        return None
+    wide = p.frac + 2 + (p.group + 1 - 1).bit_length() > 30
+    return f"cpd_fused_dot_tiled_l{p.group}{'w' if wide else ''}"
+
+
+def tiled_launch_of(a3, b3, y, p: _fused_dot_ref.Params, fields, kernel: str, blocks: int):
+    """The :class:`cpd._kernels.Launch` of a tiled kernel (:func:`tiled_kernel`): 256 threads per
+    block, a 64 x 64 output tile each, grid-stride over the tiles."""
+    B, M, K = a3.shape
+    N = b3.shape[2]
+    i, ll, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
+    args = [(ptr, a3.data_ptr()), (ptr, b3.data_ptr()), (ptr, y.data_ptr()), (ll, B), (ll, M), (ll, K), (ll, N),
+            (i, p.group), (i, p.frac), (i, p.out), (i, p.a_emin), (i, p.b_emin), (i, p.zero_exp), (i, p.algo),
+            (i, p.ftz), (i, fields[0]), (i, fields[2])]
+    return _kernels.Launch("fused_dot.cu", kernel, (blocks, 1, 1), (256, 1, 1), tuple(args))
+
+
+def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params, fields=None) -> torch.Tensor:
+    """Launch cuda/kernels/fused_dot.cu on the device: the tiled kernel where it applies
+    (:func:`tiled_kernel`), else the per-output one (:func:`launch_of`)."""
     B, M, _ = a3.shape
     N = b3.shape[2]
     y = torch.empty((B, M, N), dtype=torch.float32, device=a3.device)
     if y.numel() == 0:
         return y
     sms = torch.cuda.get_device_properties(a3.device).multi_processor_count
+    kernel = None if fields is None else tiled_kernel(p, fields, sa.numel() > 0)
+    if kernel is not None:
+        tiles = B * ((M + 63) // 64) * ((N + 63) // 64)
+        _cuda.launch(tiled_launch_of(a3, b3, y, p, fields, kernel, max(1, min(tiles, sms * 8))), a3.device)
+        return y
     blocks = max(1, min((y.numel() + 255) // 256, sms * 32))
     _cuda.launch(launch_of(a3, b3, y, sa, sb, block, s_emin, p, blocks), a3.device)
     return y

@@ -94,6 +94,21 @@ def test_gemm_family_kernels_do_not_spill(arch):
         assert u["registers"] <= 128, (arch, name, u)
 
 
+
+@nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_fused_dot_tiled_kernels_do_not_spill(arch):
+    """The tiled fused-dot kernels (fused_dot.cu: 4 x 4 outputs per thread, one block of 256 per
+    SM by __launch_bounds__) keep their tiles, exponents and sums in registers on Ampere and Hopper."""
+    if int(arch[3:]) not in _cuda.supported_archs():
+        pytest.skip(f"NVRTC lacks {arch}")
+    usage = _usage("fused_dot.cu", arch)
+    for name in ("cpd_fused_dot_tiled_l32", "cpd_fused_dot_tiled_l16", "cpd_fused_dot_tiled_l32w",
+                 "cpd_fused_dot_tiled_l16w"):
+        u = usage[name]
+        assert u["stack"] == 0 and u["spill_stores"] == 0 and u["spill_loads"] == 0, (arch, name, u)
+
+
 @nvrtc
 def test_compile_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("CPD_CACHE_DIR", str(tmp_path))
