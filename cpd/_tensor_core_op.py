@@ -1,4 +1,4 @@
-"""The custom op behind :func:`cpd.tensor_core_matmul`: ``torch.ops.cpd.fused_dot_matmul``.
+"""The op behind :func:`cpd.tensor_core_matmul`: ``torch.ops.cpd.fused_dot_matmul``.
 
 One op for every algorithm of ``cuda/include/cpd/fused_dot.h`` (NVIDIA tensor cores, AMD matrix
 cores, Blackwell's block-scaled kinds), registered per dispatch key as :mod:`cpd.ops` does: the
@@ -43,13 +43,22 @@ def _torch_body(a3, b3, sa, sb, block, s_emin, p, _fields):
     return _fused_dot_ref.matmul_torch(a3, b3, p, sa, sb, block, s_emin)
 
 
-@torch.library.custom_op("cpd::fused_dot_matmul", mutates_args=())
-def _op(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, block: int, s_emin: int, group: int,
-        frac: int, out: int, a_emin: int, b_emin: int, zero_exp: int, algo: int, ftz: int, a_man: int, a_emax: int,
-        b_man: int, b_emax: int) -> torch.Tensor:
+# Defined with torch.library and Python kernels per dispatch key (custom_op's Python layers cost
+# ~50 us a call): the pure-torch body for any device, the CPU and CUDA bodies below.
+_LIB = torch.library.Library("cpd", "FRAGMENT")
+_LIB.define("fused_dot_matmul(Tensor a, Tensor b, Tensor sa, Tensor sb, int block, int s_emin, int group, int frac, "
+            "int out, int a_emin, int b_emin, int zero_exp, int algo, int ftz, int a_man, int a_emax, int b_man, "
+            "int b_emax) -> Tensor", tags=(torch.Tag.pt2_compliant_tag,))
+
+
+def _op(a, b, sa, sb, block, s_emin, group, frac, out, a_emin, b_emin, zero_exp, algo, ftz, a_man, a_emax, b_man,
+        b_emax):
     """a (..., M, K) @ b (..., K, N) under the fused-dot model (devices other than CPU and CUDA)."""
     p = _fused_dot_ref.Params(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz)
     return _run(a, b, sa, sb, block, s_emin, p, (a_man, a_emax, b_man, b_emax), _torch_body)
+
+
+_LIB.impl("fused_dot_matmul", _op, "CompositeExplicitAutograd")
 
 
 def _cpu_body(a3, b3, sa, sb, block, s_emin, p, fields):
@@ -69,19 +78,21 @@ def _params(args):
     return _fused_dot_ref.Params(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz), tuple(args[8:])
 
 
-@_op.register_kernel("cpu")
-def _(a, b, sa, sb, block, s_emin, *args):
+def _cpu_kernel(a, b, sa, sb, block, s_emin, *args):
     p, fields = _params(args)
     return _run(a, b, sa, sb, block, s_emin, p, fields, _cpu_body)
 
 
-@_op.register_kernel("cuda")
-def _(a, b, sa, sb, block, s_emin, *args):
+def _cuda_kernel(a, b, sa, sb, block, s_emin, *args):
     p, fields = _params(args)
     return _run(a, b, sa, sb, block, s_emin, p, fields, _cuda_body)
 
 
-@_op.register_fake
+_LIB.impl("fused_dot_matmul", _cpu_kernel, "CPU")
+_LIB.impl("fused_dot_matmul", _cuda_kernel, "CUDA")
+
+
+@torch.library.register_fake("cpd::fused_dot_matmul", lib=_LIB)
 def _(a, b, sa, sb, *args):
     return a.new_empty((*_batch_shape(a.shape, b.shape), a.shape[-2], b.shape[-1]))
 
@@ -98,7 +109,7 @@ def _backward(ctx, grad):
     return (ga, gb) + (None,) * 16
 
 
-_op.register_autograd(_backward, setup_context=_setup)
+torch.library.register_autograd("cpd::fused_dot_matmul", _backward, setup_context=_setup, lib=_LIB)
 
 
 def launch_of(a3, b3, y, sa, sb, block, s_emin, p: _fused_dot_ref.Params, blocks: int):
