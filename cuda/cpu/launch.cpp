@@ -152,13 +152,14 @@ const DeviceState& device_state(int idx) {
   return g_devices.emplace(idx, s).first->second;  // a racing thread's entry is kept (retained twice: harmless)
 }
 
-std::string call_python(pybind11::object* fn, const char* what, const char* file, int idx) {
+// fn(file, args...) from Python, converted to R, with the GIL taken (the dispatcher may have
+// released it); a Python error becomes a c10::Error naming what failed.
+template <typename R, typename... A>
+R call_python(pybind11::object* fn, const char* what, const char* file, A... args) {
   pybind11::gil_scoped_acquire gil;
   TORCH_CHECK(fn && *fn, "cpd: ", what, " is not set (cpd._impl installs it with the C++ kernels)");
   try {
-    pybind11::object r = idx >= 0 ? (*fn)(file, idx) : (*fn)(file);
-    if (pybind11::isinstance<pybind11::bytes>(r)) return std::string(r.cast<pybind11::bytes>());
-    return std::to_string(r.cast<uintptr_t>());
+    return (*fn)(file, args...).template cast<R>();
   } catch (pybind11::error_already_set& e) {
     TORCH_CHECK(false, "cpd: ", what, " of ", file, " failed: ", e.what());
   }
@@ -180,7 +181,7 @@ void* function(int idx, const char* file, const char* name, const DeviceState& s
     if (it != g_modules.end()) module = it->second;
   }
   if (!module) {  // compile (Python, NVRTC, disk cache) outside the lock: it takes the GIL
-    const std::string image = call_python(g_image, "the NVRTC image", file, idx);
+    const std::string image = call_python<std::string>(g_image, "the NVRTC image", file, idx);  // bytes
     check(d.push(s.context), "cuCtxPushCurrent");
     void* loaded = nullptr;
     const CUresult rc = d.load(&loaded, image.data());
@@ -206,7 +207,7 @@ ShimFn shim_entry(const char* file) {
     auto it = entries.find(file);
     if (it != entries.end()) return it->second;
   }
-  const uintptr_t address = std::stoull(call_python(g_shim, "the host shim", file, -1));
+  const uintptr_t address = call_python<uintptr_t>(g_shim, "the host shim", file);
   TORCH_CHECK(address != 0, "cpd shim: no entry point for ", file);
   std::lock_guard<std::mutex> lock(g_mutex);
   return entries.emplace(file, reinterpret_cast<ShimFn>(address)).first->second;

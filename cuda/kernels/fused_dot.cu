@@ -80,6 +80,23 @@ struct alignas(16) Fd4 {
   cpd::u32 v[4];
 };
 
+// One staged operand decomposed in place: e (the raw float32 bits in, exponent + FD_TILED_EOFF out)
+// and w (fd_tiled_operand's word); an operand the integer step cannot take (NaN/inf, or not a value
+// of its format) is zero here and flags its row or column (bad) and the slice (any_bad).
+__device__ __forceinline__ void fd_decompose(cpd::u32& e, cpd::u32& w, cpd::u32& bad, int& any_bad, int man,
+                                             int emin, int zero_exp, int pre) {
+  cpd::u32 ee, ww;
+  if (cpd::fd_tiled_operand(e, man, emin, zero_exp, pre, &ee, &ww)) {
+    e = ee;
+    w = ww;
+  } else {
+    e = (cpd::u32)(zero_exp + cpd::FD_TILED_EOFF);
+    w = 0u;
+    bad = 1u;
+    any_bad = 1;
+  }
+}
+
 template <int L, bool WIDE>
 __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
                                          long long B, long long M, long long K, long long N, const cpd::FusedDotSpec& s,
@@ -130,25 +147,8 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
 #pragma unroll
       for (int r = 0; r < T * L / CPD_FD_THREADS; ++r) {  // element tid + 256 r: k tid / T + 4 r, row/column tid % T
         const int kk = tid / T + (CPD_FD_THREADS / T) * r, m = tid % T;
-        cpd::u32 ee, w;
-        if (cpd::fd_tiled_operand(Ae[kk][m], a_man, s.a_emin, s.zero_exp, pre, &ee, &w)) {
-          Ae[kk][m] = ee;
-          Aw[kk][m] = w;
-        } else {
-          Ae[kk][m] = (cpd::u32)(s.zero_exp + cpd::FD_TILED_EOFF);
-          Aw[kk][m] = 0u;
-          badA[m] = 1u;
-          any_bad = 1;
-        }
-        if (cpd::fd_tiled_operand(Be[kk][m], b_man, s.b_emin, s.zero_exp, 0, &ee, &w)) {
-          Be[kk][m] = ee;
-          Bw[kk][m] = w;
-        } else {
-          Be[kk][m] = (cpd::u32)(s.zero_exp + cpd::FD_TILED_EOFF);
-          Bw[kk][m] = 0u;
-          badB[m] = 1u;
-          any_bad = 1;
-        }
+        fd_decompose(Ae[kk][m], Aw[kk][m], badA[m], any_bad, a_man, s.a_emin, s.zero_exp, pre);
+        fd_decompose(Be[kk][m], Bw[kk][m], badB[m], any_bad, b_man, s.b_emin, s.zero_exp, 0);
       }
       __syncthreads();
       // 3. the sign words of each row of A and column of B (bit kk: operand kk is negative)
