@@ -31,7 +31,7 @@ from .rounding import Rounding
 
 __all__ = ["fmt_tuple", "fmt_of", "code_dtype_of", "Extension", "Fallback", "Kernels", "cast", "cast_out", "encode",
            "decode", "arith", "matmul", "batch_shape", "register", "PyKernels",
-           "cuda_engine", "host_engine", "route_cpu_to_kernels"]
+           "cuda_engine", "host_engine", "kernels_engine", "route_cpu_to_kernels"]
 
 _warned: set = set()
 
@@ -143,6 +143,10 @@ class Kernels:
         _kernels.matmul(a, b, out, mf, af, kahan, block, rounding, saturate, sr_bits, s, o, self.launcher,
                         self.geometry)
 
+    def reduce_rows(self, x, out, w, k, kahan, leader_comp, cast_inputs, f, rounding, saturate, sr_bits, seeds):
+        _kernels.reduce_rows(x, out, w, k, kahan, leader_comp, cast_inputs, f, rounding, saturate, sr_bits, seeds,
+                             self.launcher, self.geometry)
+
 
 def host_engine():
     """The CPU engine: the extension, or the fallback (with a warning once) when it cannot be built."""
@@ -152,6 +156,18 @@ def host_engine():
     if not _cpu.forced_fallback():
         warn_once("cpu", "cpd: no compiled CPU extension; using the slow pure-torch path")
     return Fallback()
+
+
+def kernels_engine(device: torch.device):
+    """The CUDA kernels' engine for tensors on ``device``, or None: a CUDA device whose kernels
+    are usable, or CPU tensors while :func:`cpd._shim.on_host` runs them on the host. For the
+    kernels that have no CPU loop of their own (``cpd_reduce_rows``)."""
+    if device.type == "cuda":
+        engine = cuda_engine(device)
+        return engine if isinstance(engine, Kernels) else None
+    if device.type == "cpu" and _core._shim is not None:
+        return Kernels(_shim.launcher, _shim.geometry())
+    return None
 
 
 def cuda_engine(device: torch.device):

@@ -26,7 +26,7 @@ import torch
 
 from .formats import FloatFormat
 
-__all__ = ["Geometry", "Launch", "pack", "cast", "encode", "decode", "arith", "matmul", "MAX_THREADS",
+__all__ = ["Geometry", "Launch", "pack", "cast", "encode", "decode", "arith", "reduce_rows", "matmul", "MAX_THREADS",
            "CAST_KERNELS", "CODE_SUFFIX", "TILE_M", "TILE_N", "MATMUL_THREADS", "FAMILY_KERNELS",
            "matmul_family"]
 
@@ -158,6 +158,21 @@ def arith(op: int, a, b, c, out, fmt, mode: int, saturate: bool, sr_bits: int, s
     launcher(Launch("cast.cu", "cpd_arith", **_grid(geometry.blocks(n), geometry.threads),
                     args=((_I, op), _ptr(a), _ptr(b), _ptr(c), _ptr(out), (_LL, n), *_fmt(fmt), (_I, mode),
                           (_I, int(saturate)), (_I, sr_bits), *_seed(seed, offset))), a.device)
+
+
+def reduce_rows(x, out, w: int, k: int, kahan: bool, leader_comp: bool, cast_inputs: bool, fmt, mode: int,
+                saturate: bool, sr_bits: int, seeds, launcher, geometry: Geometry = Geometry()) -> None:
+    """out (n,) = the emulated allreduce of the rows of x (w, n) in one launch (cast.cu
+    cpd_reduce_rows: k rows per group summed in order, the w / k group sums round the ring);
+    seeds: a contiguous int64 tensor on x's device holding the (seed, offset) pair of every add
+    in draw order (read in stochastic mode only)."""
+    n = out.numel()
+    if n == 0:
+        return
+    launcher(Launch("cast.cu", "cpd_reduce_rows", **_grid(geometry.blocks(n), geometry.threads),
+                    args=(_ptr(x), _ptr(out), (_LL, n), (_I, w), (_I, k), (_I, int(kahan)), (_I, int(leader_comp)),
+                          (_I, int(cast_inputs)), *_fmt(fmt), (_I, mode), (_I, int(saturate)), (_I, sr_bits),
+                          _ptr(seeds))), x.device)
 
 
 # ------------------------------------------------------------------------------ matmul families

@@ -135,3 +135,87 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS)
     y[i] = cpd::float_of(v);
   }
 }
+
+// The emulated allreduce of the rows of x (w, n) (cpd/collectives.py reduce_matrix: ring,
+// sequential and hierarchical orders), one element per thread with every rounded add of that
+// element in registers: each input is read once and the sum written once, where the op-by-op
+// path reads and writes every partial sum once per hop. The orders, the adds (cpd::add_bits, as
+// cpd_arith) and the random words are those of the op-by-op path, so the bits are too:
+//
+// * the inputs are first rounded to f unless cast_inputs is 0 (word w * n + e of seed pair 0,
+//   as cpd.cast of the (w, n) matrix);
+// * group g of the k consecutive rows g k .. g k + k - 1 is summed in row order (stage 1; the
+//   words of element (g, e) of a (w / k, n) add, g n + e, one seed pair per add in draw order);
+// * the w / k group sums go round the ring (stage 2): element e's chunk c (numpy.array_split of n
+//   into w / k chunks) starts from group c's sum and adds groups c + 1, c + 2, ... (mod w / k),
+//   one add per hop (word e).
+// With kahan each merge is Kahan's (cpd.primitives.Accumulator.merge: y = x - c, t = s + y,
+// c = (t - s) - y, s = t, four adds, preceded by c = c + cx when leader_comp passes the incoming
+// group's compensation, as the hierarchical order does). seeds holds the (seed, offset) pairs
+// of every add in the order the op-by-op path draws them (cast, stage 1, stage 2); it is read
+// only in stochastic mode. The ring is k = 1, the sequential sum k = w.
+namespace {
+
+struct Reducer {
+  cpd::Format f;
+  int mode, sr_bits, kahan;
+  const unsigned long long* seeds;
+
+  // round(a + b) with seed pair i's word `word` (stochastic mode)
+  __device__ __forceinline__ cpd::u32 add(cpd::u32 a, cpd::u32 b, int i, unsigned long long word) const {
+    const cpd::u32 r = mode == cpd::STOCHASTIC ? cpd::random_word(word, seeds[2 * i], seeds[2 * i + 1]) : 0u;
+    return cpd::add_bits(a, b, f, mode, r, sr_bits);
+  }
+  // (sum, c) += (v, cv), cv only with has_cv; i: the seed pair of the merge's first add.
+  __device__ __forceinline__ void merge(cpd::u32& sum, cpd::u32& c, cpd::u32 v, cpd::u32 cv, bool has_cv, int i,
+                                        unsigned long long word) const {
+    if (!kahan) {
+      sum = add(sum, v, i, word);
+      return;
+    }
+    if (has_cv) c = add(c, cv, i++, word);
+    const cpd::u32 y = add(v, c ^ cpd::SIGN, i, word);
+    const cpd::u32 t = add(sum, y, i + 1, word);
+    c = add(add(t, sum ^ cpd::SIGN, i + 2, word), y ^ cpd::SIGN, i + 3, word);
+    sum = t;
+  }
+};
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(CPD_THREADS)
+    cpd_reduce_rows(const float* __restrict__ x, float* __restrict__ y, long long n, int w, int k, int kahan,
+                    int leader_comp, int cast_inputs, int exp, int man, int bias, int specials, int subnormals,
+                    int mode, int saturate, int sr_bits, const unsigned long long* __restrict__ seeds) {
+  const Reducer red = {cpd::make_format(exp, man, bias, specials, subnormals, saturate), mode, sr_bits, kahan, seeds};
+  const int p = w / k;                                    // groups (ring participants)
+  const int adds1 = kahan ? 4 : 1, adds2 = kahan ? (leader_comp ? 5 : 4) : 1;
+  const int base1 = cast_inputs ? 1 : 0, base2 = base1 + (k - 1) * adds1;  // first seed pair of each stage
+  const long long q = n / p, r = n % p, long_part = r * (q + 1);
+  const long long stride = cpd::grid_stride(blockDim.x, gridDim.x);
+  for (long long e = cpd::first_item(blockIdx.x, blockDim.x, threadIdx.x); e < n; e += stride) {
+    const int chunk = (int)(e < long_part ? e / (q + 1) : r + (e - long_part) / q);
+    cpd::u32 sum = 0u, c = 0u;
+    for (int h = 0; h < p; ++h) {
+      const int g = chunk + h < p ? chunk + h : chunk + h - p;
+      cpd::u32 gs = 0u, gc = 0u;  // group g's sum and compensation (stage 1)
+      for (int j = 0; j < k; ++j) {
+        const long long i = (long long)(g * k + j) * n + e;
+        cpd::u32 v = cpd::bits_of(x[i]);
+        if (cast_inputs) {
+          const cpd::u32 rw = mode == cpd::STOCHASTIC ? cpd::random_word((unsigned long long)i, seeds[0], seeds[1]) : 0u;
+          v = cpd::cast_bits(v, red.f, mode, rw, sr_bits);
+        }
+        if (j == 0) gs = v;
+        else red.merge(gs, gc, v, 0u, false, base1 + (j - 1) * adds1, (unsigned long long)g * n + e);
+      }
+      if (h == 0) {
+        sum = gs;
+        c = gc;
+      } else {
+        red.merge(sum, c, gs, gc, leader_comp != 0, base2 + (h - 1) * adds2, (unsigned long long)e);
+      }
+    }
+    y[e] = cpd::float_of(sum);
+  }
+}

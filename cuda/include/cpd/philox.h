@@ -54,7 +54,8 @@ CPD_FN u32 random_word(u64 i, u64 seed, u64 offset) {
   u64 block = i >> 2;
   U32x4 w = philox4x32_10((u32)block, (u32)(block >> 32), (u32)offset, (u32)(offset >> 32), (u32)seed,
                           (u32)(seed >> 32));
-  return w.v[i & 3];
+  const u32 j = (u32)i & 3u;  // selects, not w.v[j]: an array indexed at run time lives in local memory
+  return j == 0u ? w.v[0] : j == 1u ? w.v[1] : j == 2u ? w.v[2] : w.v[3];
 }
 
 }  // namespace cpd
