@@ -163,3 +163,19 @@ def test_the_plan_of_each_order():
     assert _fused_reduce.plan("tree", 8, None, False) is None
     assert _fused_reduce.seed_pairs(8, 2, True, True, True) == 1 + 1 * 4 + 3 * 5
     assert _fused_reduce.seed_pairs(8, 1, False, False, False) == 7
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("order", ORDERS[:4], ids=lambda o: "-".join(str(v) for v in o.values()))
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "down"])
+def test_on_a_gpu_the_launch_gives_the_cpu_bits(order, rounding):
+    """On a GPU, cpd_reduce_rows against the CPU's hop-by-hop path (12 workers, ragged chunks, non-finite inputs)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = _rows(12, 4099, seed=2, specials=True)
+    for kahan in (False, True):
+        kw = dict(order, kahan=kahan, rounding=rounding)
+        gens = [torch.Generator().manual_seed(4) if rounding == "stochastic" else None for _ in range(2)]
+        want = cpd.allreduce(x, cpd.E5M2, generator=gens[0], **kw)
+        got = cpd.allreduce(x.cuda(), cpd.E5M2, generator=gens[1], **kw)
+        assert got.is_cuda and same(got.cpu(), want), kw
