@@ -37,15 +37,20 @@ __device__ __forceinline__ int mx_lanes(long long block) {
   return g;
 }
 
+// Consecutive blocks a group works per step of its grid-stride loop: the first element of each is
+// loaded before any is used, so that a warp has several coalesced loads in flight (one step
+// waits on a load, a shuffle reduction and the rounding, in that order).
+#define CPD_MX_BATCH 4
+
 // A thread's group: its lane in the group, the group's lanes as a shuffle mask, and the
-// grid-stride walk over the blocks (row r, block blk of nb per row) without a 64-bit division per
-// step.
+// grid-stride walk over batches of blocks (row r, block blk of nb per row, row-major) without a
+// 64-bit division per step.
 struct MxGroup {
   int G;
   int lane;
   unsigned mask;
-  long long k, stride;  // the flat block index, and the groups of the grid
-  long long r, blk, nb, sq, sr;
+  long long r, blk;      // the first block of the group's batch
+  long long nb, sq, sr;  // blocks per row; the grid's stride (in blocks) divided by nb: quotient, remainder
 };
 
 // Whether this thread belongs to a whole group (else it has nothing to do), and the group.
@@ -57,24 +62,61 @@ __device__ __forceinline__ bool mx_group(MxGroup& g, long long block, long long 
   g.lane = (int)(threadIdx.x & (unsigned)(g.G - 1));
   const unsigned wl = threadIdx.x & 31u;  // lane in the warp: the group lies in one warp (G divides 32)
   g.mask = g.G == 32 ? 0xffffffffu : ((1u << g.G) - 1u) << (wl & ~(unsigned)(g.G - 1));
-  g.k = cpd::first_item(blockIdx.x, per, gi);
-  g.stride = cpd::grid_stride(per, gridDim.x);
+  const long long k = cpd::first_item(blockIdx.x, per, gi) * CPD_MX_BATCH;
+  const long long stride = cpd::grid_stride(per, gridDim.x) * CPD_MX_BATCH;
   g.nb = nb;
-  g.r = g.k / nb;
-  g.blk = g.k % nb;
-  g.sq = g.stride / nb;
-  g.sr = g.stride % nb;
+  g.r = k / nb;
+  g.blk = k - g.r * nb;
+  g.sq = stride / nb;
+  g.sr = stride - g.sq * nb;
   return true;
 }
 
+// The group's next batch.
 __device__ __forceinline__ void mx_next(MxGroup& g) {
-  g.k += g.stride;
   g.r += g.sq;
   g.blk += g.sr;
   if (g.blk >= g.nb) {
     g.blk -= g.nb;
     g.r += 1;
   }
+}
+
+// Block (r, blk) -> the next one in row-major order.
+__device__ __forceinline__ void mx_step(long long& r, long long& blk, long long nb) {
+  if (++blk == nb) {
+    blk = 0;
+    ++r;
+  }
+}
+
+// Real elements of a block that starts at element j0 of its row (the rest is padding).
+__device__ __forceinline__ long long mx_real(long long n, long long j0, long long block) {
+  return n - j0 < block ? n - j0 : block;
+}
+
+// The lane's first element's bits of block (r, blk), +0 past the real elements or the rows.
+__device__ __forceinline__ cpd::u32 mx_first(const float* __restrict__ x, long long r, long long blk, long long rows,
+                                             long long n, long long block, const MxGroup& g) {
+  const long long j0 = blk * block;
+  return r < rows && g.lane < mx_real(n, j0, block) ? cpd::bits_of(x[r * n + j0 + g.lane]) : 0u;
+}
+
+// The batch's first elements: loaded together, picked by index with selects (no array).
+__device__ __forceinline__ void mx_prefetch(cpd::u32& p0, cpd::u32& p1, cpd::u32& p2, cpd::u32& p3,
+                                            const float* __restrict__ x, const MxGroup& g, long long rows,
+                                            long long n, long long block) {
+  long long r = g.r, blk = g.blk;
+  p0 = mx_first(x, r, blk, rows, n, block, g);
+  mx_step(r, blk, g.nb);
+  p1 = mx_first(x, r, blk, rows, n, block, g);
+  mx_step(r, blk, g.nb);
+  p2 = mx_first(x, r, blk, rows, n, block, g);
+  mx_step(r, blk, g.nb);
+  p3 = mx_first(x, r, blk, rows, n, block, g);
+}
+__device__ __forceinline__ cpd::u32 mx_pick(int j, cpd::u32 p0, cpd::u32 p1, cpd::u32 p2, cpd::u32 p3) {
+  return j == 0 ? p0 : j == 1 ? p1 : j == 2 ? p2 : p3;
 }
 
 // The group's largest magnitude bits (cpd/block.h: NaN > inf > finite as integers).
@@ -99,15 +141,15 @@ struct MxBlock {
   long long m;       // real elements (the rest is padding)
 };
 
-// Block (r, blk): its real elements, and this lane's first element's bits (u0, +0 past the
-// real ones); every lane of the group returns the block's scale (from the group's amax).
-__device__ __forceinline__ MxBlock mx_block(const float* __restrict__ xb, const MxGroup& g, long long n,
-                                            long long block, const cpd::BlockSpec& b, cpd::u32& u0) {
+// Block (r, blk) at xb, the lane's first element's bits u0 already loaded: every lane of the
+// group gets the block's scale (from the group's amax).
+__device__ __forceinline__ MxBlock mx_block(const float* __restrict__ xb, const MxGroup& g, long long r,
+                                            long long blk, long long n, long long block, const cpd::BlockSpec& b,
+                                            cpd::u32 u0) {
   MxBlock k;
-  const long long j0 = g.blk * block;
-  k.m = n - j0 < block ? n - j0 : block;
-  k.base = g.r * g.nb * block + j0;
-  u0 = g.lane < k.m ? cpd::bits_of(xb[g.lane]) : 0u;
+  const long long j0 = blk * block;
+  k.m = mx_real(n, j0, block);
+  k.base = r * g.nb * block + j0;
   cpd::u32 amax = u0 & ~cpd::SIGN;
   for (long long i = g.lane + g.G; i < k.m; i += g.G) {  // blocks of more than 32 elements
     const cpd::u32 a = cpd::bits_of(xb[i]) & ~cpd::SIGN;
@@ -148,6 +190,27 @@ __device__ __forceinline__ cpd::u32 mx_elem(cpd::u32 u, long long i, const MxBlo
                    : cpd::block_elem_amax<false>(u, k.d, b, mode, w, 32);
 }
 
+// Element j's code in a row of codes packed `pack` (4, 6, or 0: one per byte).
+__device__ __forceinline__ cpd::u32 mx_code(const unsigned char* __restrict__ row, long long j, int pack) {
+  if (pack == 4) return (row[j >> 1] >> (4 * (j & 1))) & 15u;
+  if (pack == 6) {
+    const long long q = 3 * (j >> 2);
+    return ((row[q] | (row[q + 1] << 8) | ((cpd::u32)row[q + 2] << 16)) >> (6 * (j & 3))) & 63u;
+  }
+  return row[j];
+}
+
+// Block (r, blk)'s scale code and the lane's first element's code (0 past the real elements or
+// the rows).
+__device__ __forceinline__ void mx_code_first(cpd::u32& sc, cpd::u32& c, const unsigned char* __restrict__ codes,
+                                              const unsigned char* __restrict__ scodes, long long r, long long blk,
+                                              long long rows, long long n, long long block, long long nb, int pack,
+                                              long long row_bytes, const MxGroup& g) {
+  const long long j0 = blk * block;
+  sc = r < rows ? scodes[r * nb + blk] : 0u;
+  c = r < rows && g.lane < mx_real(n, j0, block) ? mx_code(codes + r * row_bytes, j0 + g.lane, pack) : 0u;
+}
+
 }  // namespace
 
 #define CPD_MX_SPEC                                                                                                  \
@@ -161,79 +224,98 @@ __device__ __forceinline__ cpd::u32 mx_elem(cpd::u32 u, long long i, const MxBlo
   int e_exp, int e_man, int e_bias, int e_specials, int e_sub, int s_exp, int s_man, int s_bias, int s_specials,     \
       int s_sub, int rule, int is_int, float t
 
-extern "C" __global__ void __launch_bounds__(CPD_THREADS)
+extern "C" __global__ void __launch_bounds__(CPD_THREADS, 2)
     cpd_mx_cast(const float* __restrict__ x, float* __restrict__ y, long long rows, long long n, long long block,
                 CPD_MX_FORMAT_PARAMS, int mode, unsigned long long seed, unsigned long long offset) {
   CPD_MX_SPEC;
-  for (; g.k < rows * nb; mx_next(g)) {
-    const long long off = g.r * n + g.blk * block;
-    const float* xb = x + off;
-    float* yb = y + off;
-    cpd::u32 u0;
-    const MxBlock q = mx_block(xb, g, n, block, b, u0);
-    for (long long i = g.lane; i < q.m; i += g.G)
-      yb[i] = q.s > cpd::INF_BITS
-                  ? cpd::float_of(cpd::QNAN_BITS)
-                  : cpd::fmul(cpd::float_of(mx_elem(mx_load(xb, i, g, u0), i, q, b, mode, seed, offset)), q.d);
+  for (; g.r < rows; mx_next(g)) {
+    cpd::u32 p0, p1, p2, p3;
+    mx_prefetch(p0, p1, p2, p3, x, g, rows, n, block);
+    long long r = g.r, blk = g.blk;
+#pragma unroll 1
+    for (int j = 0; j < CPD_MX_BATCH && r < rows; ++j, mx_step(r, blk, nb)) {
+      const long long off = r * n + blk * block;
+      const float* xb = x + off;
+      float* yb = y + off;
+      const cpd::u32 u0 = mx_pick(j, p0, p1, p2, p3);
+      const MxBlock q = mx_block(xb, g, r, blk, n, block, b, u0);
+      for (long long i = g.lane; i < q.m; i += g.G)
+        yb[i] = q.s > cpd::INF_BITS
+                    ? cpd::float_of(cpd::QNAN_BITS)
+                    : cpd::fmul(cpd::float_of(mx_elem(mx_load(xb, i, g, u0), i, q, b, mode, seed, offset)), q.d);
+    }
   }
 }
 
 // codes: rows of row_bytes bytes; pack 4 (block even), 6 (block a multiple of 4) or 0 (one
 // code per byte): every code of the padded block is written (padding codes are +0's).
-extern "C" __global__ void __launch_bounds__(CPD_THREADS)
+extern "C" __global__ void __launch_bounds__(CPD_THREADS, 2)
     cpd_mx_encode(const float* __restrict__ x, unsigned char* __restrict__ codes, unsigned char* __restrict__ scodes,
                   long long rows, long long n, long long block, CPD_MX_FORMAT_PARAMS, int mode,
                   unsigned long long seed, unsigned long long offset, int pack, long long row_bytes) {
   CPD_MX_SPEC;
-  for (; g.k < rows * nb; mx_next(g)) {
-    const long long j0 = g.blk * block;
-    const float* xb = x + g.r * n + j0;
-    unsigned char* row = codes + g.r * row_bytes;
-    cpd::u32 u0;
-    const MxBlock q = mx_block(xb, g, n, block, b, u0);
-    if (g.lane == 0) scodes[g.k] = (unsigned char)cpd::encode_value_bits(q.s, b.sc);
-    // The whole group walks the padded block together (the shuffles need every lane of the mask).
-    for (long long i0 = 0; i0 < block; i0 += g.G) {
-      const long long i = i0 + g.lane;
-      const bool mine = i < block;
-      const cpd::u32 u = i < q.m ? mx_load(xb, i, g, u0) : 0u;
-      const cpd::u32 c = mine ? cpd::block_elem_code<false>(mx_elem(u, i, q, b, mode, seed, offset), b) : 0u;
-      if (pack == 4) {  // G >= 2: a pair's lanes are l, l ^ 1, elements i, i ^ 1
-        const cpd::u32 w = mx_group_or(c << (4 * (int)(i & 1)), g, 2);
-        if (mine && (i & 1) == 0) row[(j0 + i) >> 1] = (unsigned char)w;
-      } else if (pack == 6) {  // G >= 4: a quad's lanes hold elements 4q .. 4q + 3
-        const int p = (int)(i & 3);
-        const cpd::u32 w = mx_group_or(c << (6 * p), g, 4);
-        if (mine && p < 3) row[(j0 + i - p) / 4 * 3 + p] = (unsigned char)(w >> (8 * p));
-      } else if (mine) {
-        row[j0 + i] = (unsigned char)c;
+  for (; g.r < rows; mx_next(g)) {
+    cpd::u32 p0, p1, p2, p3;
+    mx_prefetch(p0, p1, p2, p3, x, g, rows, n, block);
+    long long r = g.r, blk = g.blk;
+#pragma unroll 1
+    for (int j = 0; j < CPD_MX_BATCH && r < rows; ++j, mx_step(r, blk, nb)) {
+      const long long j0 = blk * block;
+      const float* xb = x + r * n + j0;
+      unsigned char* row = codes + r * row_bytes;
+      const cpd::u32 u0 = mx_pick(j, p0, p1, p2, p3);
+      const MxBlock q = mx_block(xb, g, r, blk, n, block, b, u0);
+      if (g.lane == 0) scodes[r * nb + blk] = (unsigned char)cpd::encode_value_bits(q.s, b.sc);
+      // The whole group walks the padded block together (the shuffles need every lane of the mask).
+      for (long long i0 = 0; i0 < block; i0 += g.G) {
+        const long long i = i0 + g.lane;
+        const bool mine = i < block;
+        const cpd::u32 u = i < q.m ? mx_load(xb, i, g, u0) : 0u;
+        const cpd::u32 c = mine ? cpd::block_elem_code<false>(mx_elem(u, i, q, b, mode, seed, offset), b) : 0u;
+        if (pack == 4) {  // G >= 2: a pair's lanes are l, l ^ 1, elements i, i ^ 1
+          const cpd::u32 w = mx_group_or(c << (4 * (int)(i & 1)), g, 2);
+          if (mine && (i & 1) == 0) row[(j0 + i) >> 1] = (unsigned char)w;
+        } else if (pack == 6) {  // G >= 4: a quad's lanes hold elements 4q .. 4q + 3
+          const int p = (int)(i & 3);
+          const cpd::u32 w = mx_group_or(c << (6 * p), g, 4);
+          if (mine && p < 3) row[(j0 + i - p) / 4 * 3 + p] = (unsigned char)(w >> (8 * p));
+        } else if (mine) {
+          row[j0 + i] = (unsigned char)c;
+        }
       }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(CPD_THREADS)
+extern "C" __global__ void __launch_bounds__(CPD_THREADS, 2)
     cpd_mx_decode(const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scodes,
                   float* __restrict__ y, long long rows, long long n, long long block, CPD_MX_FORMAT_PARAMS, int pack,
                   long long row_bytes) {
   CPD_MX_SPEC;
-  for (; g.k < rows * nb; mx_next(g)) {
-    const long long j0 = g.blk * block, m = n - j0 < block ? n - j0 : block;
-    const float d = cpd::block_divisor(cpd::decode_bits(scodes[g.k], b.sc), b);
-    const unsigned char* row = codes + g.r * row_bytes;
-    float* yb = y + g.r * n + j0;
-    for (long long i = g.lane; i < m; i += g.G) {
-      const long long j = j0 + i;
-      cpd::u32 c;
-      if (pack == 4) {
-        c = (row[j >> 1] >> (4 * (j & 1))) & 15u;
-      } else if (pack == 6) {
-        const long long q = 3 * (j >> 2);
-        c = ((row[q] | (row[q + 1] << 8) | ((cpd::u32)row[q + 2] << 16)) >> (6 * (j & 3))) & 63u;
-      } else {
-        c = row[j];
+  for (; g.r < rows; mx_next(g)) {
+    // The batch's scale codes and the lane's first codes, loaded before any is used.
+    cpd::u32 s0, s1, s2, s3, c0, c1, c2, c3;
+    {
+      long long r = g.r, blk = g.blk;
+      mx_code_first(s0, c0, codes, scodes, r, blk, rows, n, block, nb, pack, row_bytes, g);
+      mx_step(r, blk, nb);
+      mx_code_first(s1, c1, codes, scodes, r, blk, rows, n, block, nb, pack, row_bytes, g);
+      mx_step(r, blk, nb);
+      mx_code_first(s2, c2, codes, scodes, r, blk, rows, n, block, nb, pack, row_bytes, g);
+      mx_step(r, blk, nb);
+      mx_code_first(s3, c3, codes, scodes, r, blk, rows, n, block, nb, pack, row_bytes, g);
+    }
+    long long r = g.r, blk = g.blk;
+#pragma unroll 1
+    for (int j = 0; j < CPD_MX_BATCH && r < rows; ++j, mx_step(r, blk, nb)) {
+      const long long j0 = blk * block, m = mx_real(n, j0, block);
+      const float d = cpd::block_divisor(cpd::decode_bits(mx_pick(j, s0, s1, s2, s3), b.sc), b);
+      const unsigned char* row = codes + r * row_bytes;
+      float* yb = y + r * n + j0;
+      for (long long i = g.lane; i < m; i += g.G) {
+        const cpd::u32 c = i == g.lane ? mx_pick(j, c0, c1, c2, c3) : mx_code(row, j0 + i, pack);
+        yb[i] = cpd::fmul(cpd::float_of(cpd::block_elem_value(c, b)), d);
       }
-      yb[i] = cpd::fmul(cpd::float_of(cpd::block_elem_value(c, b)), d);
     }
   }
 }
