@@ -10,8 +10,14 @@
 // 32, 16 for NVFP4's 16, any block size maps); lane l takes elements l, l + G, l + 2G, ... of the
 // block, so a warp reads and writes 32 consecutive floats of a row per instruction (coalesced),
 // where a thread per block read addresses 4 * block bytes apart. Groups run a grid-stride loop
-// over the rows * nblocks blocks with 64-bit indices (cpd/launch.h); the launch gives every
-// thread block at least G threads, and the threads past its last whole group idle.
+// over batches of CPD_MX_BATCH consecutive blocks (row-major over the rows * nblocks blocks, 64-bit
+// indices as cpd/launch.h's), the batch's first loads issued together; the launch gives every
+// thread block at least G threads, and the threads past its last whole group idle. Every block
+// size maps to a group, so no thread-per-block path is kept.
+//
+// __launch_bounds__(256, 2): without the minimum of 2 blocks per SM ptxas aims at 64 registers
+// and spills a few bytes (the BlockSpec's fields stay live across the loops); with it no kernel
+// here touches local memory at sm_70 .. sm_120 (tests/test_mx_kernels.py checks sm_90).
 //
 // Per block: each lane takes the largest magnitude bits of its elements, the group's max comes
 // from G/2, ..., 1 butterfly shuffles (__shfl_xor_sync, the group's lanes as mask), and every
@@ -41,6 +47,7 @@ __device__ __forceinline__ int mx_lanes(long long block) {
 // loaded before any is used, so that a warp has several coalesced loads in flight (one step
 // waits on a load, a shuffle reduction and the rounding, in that order).
 #define CPD_MX_BATCH 4
+static_assert(CPD_MX_BATCH == 4, "mx_prefetch, mx_pick and the decode's prefetch hold 4 blocks");
 
 // A thread's group: its lane in the group, the group's lanes as a shuffle mask, and the
 // grid-stride walk over batches of blocks (row r, block blk of nb per row, row-major) without a
