@@ -91,13 +91,17 @@ def mx_lanes(block_size: int) -> int:
     return min(32, 1 << (block_size - 1).bit_length())
 
 
+#: Consecutive blocks a group works per step (cuda/kernels/mx.cu CPD_MX_BATCH).
+MX_BATCH = 4
+
+
 def _grid(engine, blocks: int, block_size: int) -> dict:
-    """The launch of ``blocks`` blocks of ``block_size`` elements, a group of mx_lanes lanes each:
-    the geometry's threads per thread block, but at least one whole group."""
+    """The launch of ``blocks`` blocks of ``block_size`` elements, batches of MX_BATCH per group
+    of mx_lanes lanes: the geometry's threads per thread block, but at least one whole group."""
     g = engine.geometry
     lanes = mx_lanes(block_size)
     threads = max(g.threads, lanes)
-    return {"grid": (g.blocks(blocks, threads // lanes), 1, 1), "block": (threads, 1, 1)}
+    return {"grid": (g.blocks(-(-blocks // MX_BATCH), threads // lanes), 1, 1), "block": (threads, 1, 1)}
 
 
 def _ptr(t):

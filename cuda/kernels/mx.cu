@@ -46,7 +46,7 @@ __device__ __forceinline__ int mx_lanes(long long block) {
 // Consecutive blocks a group works per step of its grid-stride loop: the first element of each is
 // loaded before any is used, so that a warp has several coalesced loads in flight (one step
 // waits on a load, a shuffle reduction and the rounding, in that order).
-#define CPD_MX_BATCH 4
+#define CPD_MX_BATCH 4  // cpd/_mx_engine.py MX_BATCH (the grid it launches)
 static_assert(CPD_MX_BATCH == 4, "mx_prefetch, mx_pick and the decode's prefetch hold 4 blocks");
 
 // A thread's group: its lane in the group, the group's lanes as a shuffle mask, and the
