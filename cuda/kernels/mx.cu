@@ -126,13 +126,28 @@ __device__ __forceinline__ cpd::u32 mx_pick(int j, cpd::u32 p0, cpd::u32 p1, cpd
   return j == 0 ? p0 : j == 1 ? p1 : j == 2 ? p2 : p3;
 }
 
-// The group's largest magnitude bits (cpd/block.h: NaN > inf > finite as integers).
-__device__ __forceinline__ cpd::u32 mx_group_max(cpd::u32 a, const MxGroup& g) {
-  for (int o = g.G >> 1; o > 0; o >>= 1) {
-    const cpd::u32 v = __shfl_xor_sync(g.mask, a, o, g.G);
+// The largest of a over a group of W lanes: log2 W butterfly steps, unrolled.
+template <int W>
+__device__ __forceinline__ cpd::u32 mx_max_over(cpd::u32 a, unsigned mask) {
+#pragma unroll
+  for (int o = W >> 1; o > 0; o >>= 1) {
+    const cpd::u32 v = __shfl_xor_sync(W == 32 ? 0xffffffffu : mask, a, o, W);
     a = v > a ? v : a;
   }
   return a;
+}
+
+// The group's largest magnitude bits (cpd/block.h: NaN > inf > finite as integers); the width
+// is the same for the whole launch, so the switch does not diverge.
+__device__ __forceinline__ cpd::u32 mx_group_max(cpd::u32 a, const MxGroup& g) {
+  switch (g.G) {
+    case 32: return mx_max_over<32>(a, g.mask);
+    case 16: return mx_max_over<16>(a, g.mask);
+    case 8: return mx_max_over<8>(a, g.mask);
+    case 4: return mx_max_over<4>(a, g.mask);
+    case 2: return mx_max_over<2>(a, g.mask);
+    default: return a;
+  }
 }
 
 // The OR of v over the aligned run of `span` lanes (2 or 4) holding it, in every lane of the run.
