@@ -238,10 +238,10 @@ inline long resolve_warps(Fiber* fibers, size_t nt, char* err, size_t errlen) {
       Fiber& g = fibers[base + l];
       if (g.op == SYNC_WARP) continue;
       const unsigned src = source_lane(g.op, l, g.arg, g.width);
-      const bool present = base + src < nt && fibers[base + src].state == AT_WARP;
-      if (src != l && (!((f.mask >> src) & 1u) || !present)) {
+      const bool in_mask = (f.mask >> src) & 1u;
+      if (src != l && (!in_mask || base + src >= nt || fibers[base + src].state == DONE)) {
         std::snprintf(err, errlen, "lane %u of warp %zu reads lane %u through %s with mask %#x: %s", l, t / 32, src,
-                      op_name(g.op), f.mask, present ? "a lane outside the mask" : "it has exited or does not exist");
+                      op_name(g.op), f.mask, in_mask ? "it has exited or does not exist" : "a lane outside the mask");
         return -1;
       }
       g.result = fibers[base + src].value;
