@@ -200,11 +200,36 @@ __device__ __forceinline__ cpd::u32 mx_word(cpd::u64 i, unsigned long long seed,
   return j == 0u ? w.v[0] : j == 1u ? w.v[1] : j == 2u ? w.v[2] : w.v[3];
 }
 
+// Stochastic rounding with blocks of G = 4, 8, 16 or 32 elements (MX's 32, NVFP4's 16): a batch's
+// 4G elements are consecutive in the padded layout and start at a multiple of 4, so its words are
+// the 4 words of G Philox blocks. Lane l computes block l of them once per batch (mx_batch_words),
+// and the element of lane i in the batch's block j takes word i & 3 of block j * G / 4 + i / 4
+// through 4 shuffles (mx_shared_word): one Philox block per lane and batch instead of one per
+// element, the same words.
+__device__ __forceinline__ bool mx_shares_words(int mode, long long block, const MxGroup& g) {
+  return mode == cpd::STOCHASTIC && block == g.G && block >= 4;
+}
+__device__ __forceinline__ cpd::U32x4 mx_batch_words(const MxGroup& g, long long block, unsigned long long seed,
+                                                     unsigned long long offset) {
+  const cpd::u64 p = (cpd::u64)((g.r * g.nb + g.blk) * block) / 4u + (cpd::u64)g.lane;
+  return cpd::philox4x32_10((cpd::u32)p, (cpd::u32)(p >> 32), (cpd::u32)offset, (cpd::u32)(offset >> 32),
+                            (cpd::u32)seed, (cpd::u32)(seed >> 32));
+}
+__device__ __forceinline__ cpd::u32 mx_shared_word(const cpd::U32x4& w, int j, const MxGroup& g) {
+  const int src = j * (g.G >> 2) + (g.lane >> 2);
+  const cpd::u32 w0 = __shfl_sync(g.mask, w.v[0], src, g.G), w1 = __shfl_sync(g.mask, w.v[1], src, g.G);
+  const cpd::u32 w2 = __shfl_sync(g.mask, w.v[2], src, g.G), w3 = __shfl_sync(g.mask, w.v[3], src, g.G);
+  const int k = g.lane & 3;
+  return k == 0 ? w0 : k == 1 ? w1 : k == 2 ? w2 : w3;
+}
+
 // Element i's P (float32 bits) from its bits u; +0 for padding (i >= m) and in a NaN block.
+// shared: the element's random word is `word` (mx_shared_word), else it is drawn here.
 __device__ __forceinline__ cpd::u32 mx_elem(cpd::u32 u, long long i, const MxBlock& k, const cpd::BlockSpec& b,
-                                            int mode, unsigned long long seed, unsigned long long offset) {
+                                            int mode, unsigned long long seed, unsigned long long offset, bool shared,
+                                            cpd::u32 word) {
   if (i >= k.m || k.s > cpd::INF_BITS) return 0u;
-  const cpd::u32 w = mode == cpd::STOCHASTIC ? mx_word((cpd::u64)(k.base + i), seed, offset) : 0u;
+  const cpd::u32 w = mode != cpd::STOCHASTIC ? 0u : shared ? word : mx_word((cpd::u64)(k.base + i), seed, offset);
   if (b.rule != cpd::RULE_AMAX)
     return b.el.fast ? cpd::block_elem_pow2<true>(u, k.inv, b, mode, w, 32)
                      : cpd::block_elem_pow2<false>(u, k.inv, b, mode, w, 32);
@@ -250,9 +275,11 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 2)
     cpd_mx_cast(const float* __restrict__ x, float* __restrict__ y, long long rows, long long n, long long block,
                 CPD_MX_FORMAT_PARAMS, int mode, unsigned long long seed, unsigned long long offset) {
   CPD_MX_SPEC;
+  const bool shared = mx_shares_words(mode, block, g);
   for (; g.r < rows; mx_next(g)) {
     cpd::u32 p0, p1, p2, p3;
     mx_prefetch(p0, p1, p2, p3, x, g, rows, n, block);
+    const cpd::U32x4 words = shared ? mx_batch_words(g, block, seed, offset) : cpd::U32x4{{0u, 0u, 0u, 0u}};
     long long r = g.r, blk = g.blk;
 #pragma unroll 1
     for (int j = 0; j < CPD_MX_BATCH && r < rows; ++j, mx_step(r, blk, nb)) {
@@ -260,11 +287,13 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 2)
       const float* xb = x + off;
       float* yb = y + off;
       const cpd::u32 u0 = mx_pick(j, p0, p1, p2, p3);
+      const cpd::u32 word = shared ? mx_shared_word(words, j, g) : 0u;
       const MxBlock q = mx_block(xb, g, r, blk, n, block, b, u0);
       for (long long i = g.lane; i < q.m; i += g.G)
-        yb[i] = q.s > cpd::INF_BITS
-                    ? cpd::float_of(cpd::QNAN_BITS)
-                    : cpd::fmul(cpd::float_of(mx_elem(mx_load(xb, i, g, u0), i, q, b, mode, seed, offset)), q.d);
+        yb[i] = q.s > cpd::INF_BITS ? cpd::float_of(cpd::QNAN_BITS)
+                                    : cpd::fmul(cpd::float_of(mx_elem(mx_load(xb, i, g, u0), i, q, b, mode, seed,
+                                                                      offset, shared, word)),
+                                                q.d);
     }
   }
 }
@@ -276,9 +305,11 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 2)
                   long long rows, long long n, long long block, CPD_MX_FORMAT_PARAMS, int mode,
                   unsigned long long seed, unsigned long long offset, int pack, long long row_bytes) {
   CPD_MX_SPEC;
+  const bool shared = mx_shares_words(mode, block, g);
   for (; g.r < rows; mx_next(g)) {
     cpd::u32 p0, p1, p2, p3;
     mx_prefetch(p0, p1, p2, p3, x, g, rows, n, block);
+    const cpd::U32x4 words = shared ? mx_batch_words(g, block, seed, offset) : cpd::U32x4{{0u, 0u, 0u, 0u}};
     long long r = g.r, blk = g.blk;
 #pragma unroll 1
     for (int j = 0; j < CPD_MX_BATCH && r < rows; ++j, mx_step(r, blk, nb)) {
@@ -286,6 +317,7 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 2)
       const float* xb = x + r * n + j0;
       unsigned char* row = codes + r * row_bytes;
       const cpd::u32 u0 = mx_pick(j, p0, p1, p2, p3);
+      const cpd::u32 word = shared ? mx_shared_word(words, j, g) : 0u;
       const MxBlock q = mx_block(xb, g, r, blk, n, block, b, u0);
       if (g.lane == 0) scodes[r * nb + blk] = (unsigned char)cpd::encode_value_bits(q.s, b.sc);
       // The whole group walks the padded block together (the shuffles need every lane of the mask).
@@ -293,7 +325,7 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 2)
         const long long i = i0 + g.lane;
         const bool mine = i < block;
         const cpd::u32 u = i < q.m ? mx_load(xb, i, g, u0) : 0u;
-        const cpd::u32 c = mine ? cpd::block_elem_code<false>(mx_elem(u, i, q, b, mode, seed, offset), b) : 0u;
+        const cpd::u32 c = mine ? cpd::block_elem_code<false>(mx_elem(u, i, q, b, mode, seed, offset, shared, word), b) : 0u;
         if (pack == 4) {  // G >= 2: a pair's lanes are l, l ^ 1, elements i, i ^ 1
           const cpd::u32 w = mx_group_or(c << (4 * (int)(i & 1)), g, 2);
           if (mine && (i & 1) == 0) row[(j0 + i) >> 1] = (unsigned char)w;
