@@ -24,7 +24,8 @@
 // value after that is the numerics core's (cpd/block.h): the scale from the block's amax, each
 // element rounded once (the exact product for power-of-two scales, cpd::block_elem_pow2),
 // stochastic rounding with element i's word random_word(i, seed, offset), i the flat index in the
-// padded (rows, nblocks * block) layout, as on the CPU. Encoded codes are written whole bytes by
+// padded (rows, nblocks * block) layout, as on the CPU (shared through shuffles where a batch's
+// words are whole Philox blocks: mx_shares_words). Encoded codes are written whole bytes by
 // the lanes that own them: 4-bit codes two per byte (the pair's codes OR-ed together with one
 // shuffle, the even lane stores) when the block is even, 6-bit codes four per three bytes (a
 // quad's 24 bits OR-ed with two shuffles, lanes 0..2 of the quad store one byte each) when it is
