@@ -8,7 +8,8 @@ Invariants defended (no GPU needed):
   idle past an odd block, blocks of more than 32 elements walked in chunks), every scale rule,
   4-bit, 6-bit and 8-bit codes (the kernels' pack 4 / 6 and one code per byte, the wrapper's
   packing of odd blocks), every rounding mode, stochastic included (the same Philox words per
-  element, so the same bits for the same generator);
+  element, so the same bits for the same generator: drawn per element, or -- blocks of 4, 8, 16,
+  32 -- one Philox block per lane and batch, handed to the elements by shuffles);
 * ragged rows (n not a multiple of the block, n below one block), blocks holding NaN, infinities,
   only zeros, only subnormals, float32's largest values, and values that underflow once scaled;
 * odd launch geometries: thread blocks of 1 (raised to one whole group), 33 (a partial warp), 48
