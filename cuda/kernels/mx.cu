@@ -326,7 +326,8 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 2)
         const long long i = i0 + g.lane;
         const bool mine = i < block;
         const cpd::u32 u = i < q.m ? mx_load(xb, i, g, u0) : 0u;
-        const cpd::u32 c = mine ? cpd::block_elem_code<false>(mx_elem(u, i, q, b, mode, seed, offset, shared, word), b) : 0u;
+        const cpd::u32 e = mx_elem(u, i, q, b, mode, seed, offset, shared, word);  // +0 past the block
+        const cpd::u32 c = mine ? cpd::block_elem_code<false>(e, b) : 0u;
         if (pack == 4) {  // G >= 2: a pair's lanes are l, l ^ 1, elements i, i ^ 1
           const cpd::u32 w = mx_group_or(c << (4 * (int)(i & 1)), g, 2);
           if (mine && (i & 1) == 0) row[(j0 + i) >> 1] = (unsigned char)w;
