@@ -14,7 +14,8 @@ Invariants defended (no GPU needed):
   only zeros, only subnormals, float32's largest values, and values that underflow once scaled;
 * odd launch geometries: thread blocks of 1 (raised to one whole group), 33 (a partial warp), 48
   and 256 threads, capped grids (the grid-stride loop over batches of blocks), several rows per
-  batch (rows shorter than a batch).
+  batch (rows shorter than a batch);
+* on a GPU (``cuda``-marked), the hardware's warps give the same bits.
 """
 
 from __future__ import annotations
@@ -106,3 +107,24 @@ def test_launch_geometry():
     """The lanes per block (the kernel's mx_lanes) and a thread block of at least one whole group."""
     assert [_mx_engine.mx_lanes(b) for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 1000)] == \
         [1, 2, 4, 4, 8, 8, 16, 16, 32, 32, 32, 32, 32]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_warp_kernels_on_a_gpu_match_the_cpu(fmt):
+    """The real warps (shuffles in hardware, every launch of the device's geometry) give the CPU's
+    bits: the shim's cases, and a tensor of many thread blocks (grid-stride batches)."""
+    big = torch.randn(300, 4 * fmt.block_size + 3, generator=torch.Generator().manual_seed(5)) * 1e3
+    for x in (blocks_data(fmt, seed=fmt.block_size), big if fmt.axis % 2 == 1 else big.t().contiguous()):
+        for mode in MODES:
+            wy, wencs, wdecs = _run(x, fmt, mode, 11)
+            stochastic = mode == "stochastic"
+            gen = lambda: torch.Generator(device="cuda").manual_seed(11) if stochastic else None  # noqa: E731
+            xc = x.cuda()
+            y = mx.cast(xc, fmt, mode, generator=gen())
+            assert torch.equal(_bits(y.cpu()), _bits(wy)), (fmt.name, mode)
+            for p, we, wd in zip((True, False), wencs, wdecs):
+                e = mx.encode(xc, fmt, mode, pack=p, generator=gen())
+                assert torch.equal(e.codes.cpu(), we.codes) and torch.equal(e.scales.cpu(), we.scales), (fmt.name, mode)
+                assert torch.equal(_bits(mx.decode(e).cpu()), _bits(wd)), (fmt.name, mode)
