@@ -117,14 +117,12 @@ def test_warp_kernels_on_a_gpu_match_the_cpu(fmt):
     bits: the shim's cases, and a tensor of many thread blocks (grid-stride batches)."""
     big = torch.randn(300, 4 * fmt.block_size + 3, generator=torch.Generator().manual_seed(5)) * 1e3
     for x in (blocks_data(fmt, seed=fmt.block_size), big if fmt.axis % 2 == 1 else big.t().contiguous()):
-        for mode in MODES:
+        for mode in MODES:  # CPU generators for both: the same (seed, offset) pairs (cpd.ops.draw_seed)
             wy, wencs, wdecs = _run(x, fmt, mode, 11)
-            stochastic = mode == "stochastic"
-            gen = lambda: torch.Generator(device="cuda").manual_seed(11) if stochastic else None  # noqa: E731
-            xc = x.cuda()
-            y = mx.cast(xc, fmt, mode, generator=gen())
+            y, encs, decs = _run(x.cuda(), fmt, mode, 11)
             assert torch.equal(_bits(y.cpu()), _bits(wy)), (fmt.name, mode)
-            for p, we, wd in zip((True, False), wencs, wdecs):
-                e = mx.encode(xc, fmt, mode, pack=p, generator=gen())
+            for e, we, d, wd in zip(encs, wencs, decs, wdecs):
                 assert torch.equal(e.codes.cpu(), we.codes) and torch.equal(e.scales.cpu(), we.scales), (fmt.name, mode)
-                assert torch.equal(_bits(mx.decode(e).cpu()), _bits(wd)), (fmt.name, mode)
+                # a NaN block decodes as P * NaN: the GPU's multiplier gives its one canonical NaN
+                d, nan = d.cpu(), wd.isnan()
+                assert torch.equal(d.isnan(), nan) and torch.equal(_bits(d)[~nan], _bits(wd)[~nan]), (fmt.name, mode)
