@@ -10,7 +10,9 @@ operation timed side by side with its baseline in the same process, interleaved)
 * cast, nearest and stochastic, of 2^26 float32 to E5M2 / E4M3 / BF16, against ``out.copy_(x)``
   on the device, one call between two events and 20 calls back to back (goal: nearest <= 1.15x,
   stochastic <= 1.3x back to back), and one cast of 2^14 floats against ``x.to(torch.bfloat16)``;
-* cpd.mx.cast 2^24 MXFP8 / MXFP4 / NVFP4 back to back against ``out.copy_(x)`` (goal <= 1.5x);
+* cpd.mx.cast and cpd.mx.encode (packed codes) 2^24 MXFP8 / MXFP4 / NVFP4 back to back against
+  ``out.copy_(x)`` (goal <= 1.5x; an encode writes 1 or 1/2 byte per element where the copy
+  writes 4);
 * cpd.matmul 4096^3 and 2048x512x2048 for each GEMM family (E5M2 into (5, 10), E4M3 x FP16, the
   float32 chain, the Hopper e4m3 model, Kahan into BF16) against float32 ``torch.mm`` with TF32 off
   (goals: chain <= 3x, E5M2/(5,10) and E4M3 x FP16 <= 15x, Hopper <= 15x, Kahan BF16 <= 40x);
@@ -188,6 +190,8 @@ def main(argv=None) -> int:
         om = torch.empty_like(xm)
         t, b = back_to_back(lambda: cpd.mx.cast(xm, fmt, out=om), lambda: om.copy_(xm), args.reps)
         rows.append((f"mx.cast {fmt.name}, back to back", f"2^{m.bit_length() - 1}", t, b, "out.copy_(x)"))
+        t, b = back_to_back(lambda: cpd.mx.encode(xm, fmt), lambda: om.copy_(xm), args.reps)
+        rows.append((f"mx.encode {fmt.name}, back to back", f"2^{m.bit_length() - 1}", t, b, "out.copy_(x)"))
 
     for shape in (((1024, 1024, 1024),) if args.quick else ((4096, 4096, 4096), (2048, 512, 2048))):
         M, K, N = shape

@@ -26,7 +26,7 @@ from . import _impl, _kernels, _mx_torch
 from .ops import draw_seed
 from .rounding import Rounding
 
-__all__ = ["fused", "pack_mode", "cast", "encode", "decode", "KERNEL_FILE", "RULES"]
+__all__ = ["fused", "pack_mode", "mx_lanes", "cast", "encode", "decode", "KERNEL_FILE", "RULES"]
 
 #: cpd/mx.py SCALE_RULES -> the core's RULE_* (cuda/include/cpd/block.h).
 RULES = {"floor": 0, "ceil": 1, "even": 2, "amax": 3}
@@ -85,9 +85,23 @@ def _launch_args(fmt, t: float) -> list:
             (_F, t)]
 
 
-def _grid(engine, items: int) -> dict:
+def mx_lanes(block_size: int) -> int:
+    """The lanes of the group of a warp that works one block in cuda/kernels/mx.cu (its
+    ``mx_lanes``): the block size rounded up to a power of two, at most 32."""
+    return min(32, 1 << (block_size - 1).bit_length())
+
+
+#: Consecutive blocks a group works per step (cuda/kernels/mx.cu CPD_MX_BATCH).
+MX_BATCH = 4
+
+
+def _grid(engine, blocks: int, block_size: int) -> dict:
+    """The launch of ``blocks`` blocks of ``block_size`` elements, batches of MX_BATCH per group
+    of mx_lanes lanes: the geometry's threads per thread block, but at least one whole group."""
     g = engine.geometry
-    return {"grid": (g.blocks(items), 1, 1), "block": (g.threads, 1, 1)}
+    lanes = mx_lanes(block_size)
+    threads = max(g.threads, lanes)
+    return {"grid": (g.blocks(-(-blocks // MX_BATCH), threads // lanes), 1, 1), "block": (threads, 1, 1)}
 
 
 def _ptr(t):
@@ -106,14 +120,14 @@ def _kernel_quantize(engine, x2, fmt, t, mode, s, o, pack, encode: bool):
     if not encode:
         y = torch.empty_like(x2)
         if rows * n:
-            engine.launcher(_kernels.Launch(KERNEL_FILE, "cpd_mx_cast", **_grid(engine, rows * nb),
+            engine.launcher(_kernels.Launch(KERNEL_FILE, "cpd_mx_cast", **_grid(engine, rows * nb, fmt.block_size),
                                             args=(_ptr(x2), _ptr(y), *common)), x2.device)
         return y
     rb = _row_bytes(nb * fmt.block_size, pack) if n else 0
     codes = torch.empty((rows, rb), dtype=torch.uint8, device=x2.device)
     scodes = torch.empty((rows, nb), dtype=torch.uint8, device=x2.device)
     if rows * n:
-        engine.launcher(_kernels.Launch(KERNEL_FILE, "cpd_mx_encode", **_grid(engine, rows * nb),
+        engine.launcher(_kernels.Launch(KERNEL_FILE, "cpd_mx_encode", **_grid(engine, rows * nb, fmt.block_size),
                                         args=(_ptr(x2), _ptr(codes), _ptr(scodes), *common, (_I, pack),
                                               (_LL, rb))), x2.device)
     return codes, scodes
@@ -123,7 +137,7 @@ def _kernel_decode(engine, codes2, scodes2, fmt, t, n, pack):
     rows, nb = scodes2.shape
     y = torch.empty((rows, n), dtype=torch.float32, device=codes2.device)
     if rows * n:
-        engine.launcher(_kernels.Launch(KERNEL_FILE, "cpd_mx_decode", **_grid(engine, rows * nb),
+        engine.launcher(_kernels.Launch(KERNEL_FILE, "cpd_mx_decode", **_grid(engine, rows * nb, fmt.block_size),
                                         args=(_ptr(codes2), _ptr(scodes2), _ptr(y), (_LL, rows), (_LL, n),
                                               (_LL, fmt.block_size), *_launch_args(fmt, t), (_I, pack),
                                               (_LL, codes2.shape[1]))), codes2.device)

@@ -225,8 +225,9 @@ def test_mx_kernels_compile_without_local_memory(tmp_path, monkeypatch):
     archs = [a for a in (70, 80, 90) if a in cuda.supported_archs()] or cuda.supported_archs()[-1:]
     for a in archs:
         assert cuda.compile_source("mx.cu", f"sm_{a}", use_cache=False)[:4] == b"\x7fELF"
-    usage = cuda.resource_usage("mx.cu", f"sm_{archs[-1]}")
-    assert usage and all(u["stack"] == 0 and u["spill_stores"] == 0 for u in usage.values()), usage
+    for a in archs:  # the warp-cooperative kernels hold a block's state in registers on every target
+        usage = cuda.resource_usage("mx.cu", f"sm_{a}")
+        assert usage and all(u["stack"] == 0 and u["spill_stores"] == 0 for u in usage.values()), (a, usage)
 
 
 # ------------------------------------------------------------------------------------ ops, errors

@@ -7,7 +7,9 @@ Invariants defended (no GPU needed; cuda/shim/cpd_shim.h, cpd/_shim.py):
   cuLaunchKernel (cpd/_kernels.py), with odd launch geometries (1 thread, 1 block, blocks of 33
   and 96 threads, ragged tails, misaligned and aliased pointers);
 * the 64-bit index helpers (cpd/launch.h) are right past 2^31 and 2^32;
-* the shim honours __syncthreads/__shared__ and rejects launches the driver would reject, and
+* the shim honours __syncthreads/__shared__ and the warp shuffles (lock-step lanes, per-mask
+  groups, every width and mode, as the CUDA programming guide defines them), reports what a GPU
+  leaves undefined in them, and rejects launches the driver would reject, and
   parameter arrays that do not match the kernel's signature (which the driver cannot check);
 * under cpd._shim.on_host() the public API and the layers above it run the CUDA code path.
 Sizes are small: the shim runs GPU threads one after another on one core.
@@ -197,6 +199,68 @@ def test_syncthreads_and_shared():
     with pytest.raises(RuntimeError, match="probe_divergent.*__syncthreads"):
         _shim.launch(_kernels.Launch(lib_file, "probe_divergent", (1, 1, 1), (32, 1, 1),
                                      ((ctypes.c_void_p, y.data_ptr()),)))
+
+
+def _shuffle_source(op: str, lane: int, arg: int, width: int) -> int:
+    """The lane a shuffle reads, as the CUDA programming guide defines it (independent of the
+    shim's code): within the caller's segment of ``width`` lanes; up/down past the segment and xor
+    into a later segment read the caller's own lane."""
+    seg, pos = lane - lane % width, lane % width
+    if op == "idx":
+        return seg + arg % width
+    if op == "up":
+        return lane - arg if pos >= arg else lane
+    if op == "down":
+        return lane + arg if pos + arg < width else lane
+    src = (lane ^ arg) % 32
+    return lane if src >= seg + width else src
+
+
+def test_warp_shuffles():
+    """__shfl_*_sync at every width and mode, 4- and 8-byte values, over two warps."""
+    lib_file = __file__.rsplit("/", 1)[0] + "/kernels/shim_probe.cu"
+    threads, k = 64, 14
+    out = torch.full((threads * k,), -1, dtype=torch.int64)
+    _shim.launch(_kernels.Launch(lib_file, "probe_shuffles", (1, 1, 1), (threads, 1, 1),
+                                 ((ctypes.c_void_p, out.data_ptr()),)))
+    got = out.view(threads, k).tolist()
+    cases = [("xor", 1, 32), ("xor", 16, 32), ("xor", 5, 8), ("xor", 8, 8), ("xor", 24, 16), None, ("idx", 3, 8),
+             ("idx", 19, 16), ("up", 3, 16), ("down", 3, 16), ("down", 1, 32), ("xor", 2, 32), ("xor", 4, 32),
+             ("xor", 31, 32)]
+    for t in range(threads):
+        warp, lane = divmod(t, 32)
+        for c, case in enumerate(cases):
+            src = (lane * 7) % 32 if case is None else _shuffle_source(case[0], lane, case[1], case[2])
+            want = 1000 * (32 * warp + src) + 7
+            want = want * 4000000000 if c == 11 else want
+            assert got[t][c] == want, (t, c, case)
+
+
+def test_warp_groups_with_their_own_masks():
+    """Groups of 8 lanes synchronize with their own masks and trip counts (a partial last warp)."""
+    lib_file = __file__.rsplit("/", 1)[0] + "/kernels/shim_probe.cu"
+    threads = 40
+    out = torch.zeros(threads, dtype=torch.int32)
+    _shim.launch(_kernels.Launch(lib_file, "probe_groups", (1, 1, 1), (threads, 1, 1),
+                                 ((ctypes.c_void_p, out.data_ptr()),)))
+    want = []
+    for t in range(threads):
+        group = range(t - t % 8, t - t % 8 + 8)
+        want.append(max((u * 37) % 101 for u in group) + 1000 * ((t // 8) % 3 + 1))
+    assert out.tolist() == want
+
+
+@pytest.mark.parametrize("kind,match", [(0, "leaves its lane out"), (1, "has exited or does not exist"),
+                                        (2, "waits at __shfl_xor_sync with mask 0xffffffff for ever"),
+                                        (3, "meet with mask 0xffffffff at"), (4, "width 12"),
+                                        (5, "a lane outside the mask")])
+def test_warp_misuse_is_reported(kind, match):
+    """What a GPU leaves undefined in a warp operation is an error of the launch on the shim."""
+    lib_file = __file__.rsplit("/", 1)[0] + "/kernels/shim_probe.cu"
+    out = torch.zeros(32, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=f"probe_warp_misuse.*{match}"):
+        _shim.launch(_kernels.Launch(lib_file, "probe_warp_misuse", (1, 1, 1), (32, 1, 1),
+                                     ((ctypes.c_int, kind), (ctypes.c_void_p, out.data_ptr()))))
 
 
 def test_bad_launches_are_reported():

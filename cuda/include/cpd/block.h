@@ -140,9 +140,11 @@ CPD_FN u32 pow2_inexact(u32 x, float inv) {
   return (u32)(p < 0x00800000u) & (u32)((x & ~SIGN) != 0u);
 }
 
-// The element in every case: the exact product rounded once (cpd.mul's rule).
+// The element in every case: the exact product rounded once (cpd.mul's rule). FAST (only where
+// b.el.fast) takes the fast cast path for the common case, with the same bits (cast.h cast_bits).
+template <bool FAST = false>
 CPD_FN u32 block_elem_pow2(u32 x, float inv, const BlockSpec& b, int mode, u32 rand, int sr_bits) {
-  if (!pow2_inexact(x, inv)) return block_elem_pow2_cast<false>(x, inv, b, mode, rand, sr_bits);
+  if (!pow2_inexact(x, inv)) return block_elem_pow2_cast<FAST>(x, inv, b, mode, rand, sr_bits);
   return elem_no_int_neg_zero(mul_bits(x, bits_of(inv), b.el, mode, rand, sr_bits), b.is_int);
 }
 
