@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 # The C++ launch path first (issue 28), then the kernels' own tests (issue 27).
 timeout 240 python -m pytest -q -p no:cacheprovider -o addopts="-ra" -n 4 --dist load -m cuda tests/test_dispatch.py tests/test_cuda.py \
   tests/test_device_paths.py tests/test_mx_kernels.py tests/test_tensor_core_amd_mx.py tests/test_fused_reduce.py \
-  tests/test_fused_dot_tiled.py > "$OUT/2_pytest_cuda.log" 2>&1
+  tests/test_fused_dot_tiled.py tests/test_mx_warp.py > "$OUT/2_pytest_cuda.log" 2>&1
 timeout 90 python benchmarks/bench_dispatch.py --device cuda > "$OUT/3_bench_dispatch.log" 2>&1
 timeout 150 python benchmarks/bench_gpu.py --quick > "$OUT/4_bench_gpu.log" 2>&1
 tail -n 3 "$OUT"/2_pytest_cuda.log
