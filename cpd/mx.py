@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _impl, _mx_engine as _engine, _mx_torch
+from . import _cuda, _impl, _mx_engine as _engine, _mx_torch
 from ._block_format import FORMATS as _FORMATS, MXINT8_ELEMENT, SCALE_RULES, BlockFormat
 from ._mx_torch import pack, unpack
 from .formats import E2M1, E2M3, E3M2, E4M3FN, E5M2
@@ -92,6 +92,8 @@ def _checked(x, fmt, rounding, generator) -> tuple[torch.Tensor, BlockFormat, Ro
     fmt = _fmt(fmt)
     _axis(fmt, x)
     mode = Rounding.parse(rounding)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if mode is not Rounding.STOCHASTIC and generator is not None:
         raise ValueError(f"generator only applies to rounding='stochastic', got rounding={mode.value!r}")
     return x, fmt, mode
@@ -205,7 +207,10 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator
     x, fmt, mode = _checked(x, fmt, rounding, generator)
     seed = _ZERO_SEED
     if mode is Rounding.STOCHASTIC:
-        seed = torch.randint(0, 2**62, (), generator=generator, dtype=torch.int64)
+        # a CUDA generator draws through its CPU twin (as cpd.ops.draw_seed does): torch.randint
+        # on the CPU refuses a CUDA generator
+        gen = _cuda.cpu_twin(generator) if generator is not None and generator.device.type == "cuda" else generator
+        seed = torch.randint(0, 2**62, (), generator=gen, dtype=torch.int64)
     if out is None:
         return torch.ops.cpd_mx.cast(x, seed, fmt._op_key, mode.value)
     if not isinstance(out, torch.Tensor):

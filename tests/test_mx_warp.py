@@ -126,3 +126,20 @@ def test_warp_kernels_on_a_gpu_match_the_cpu(fmt):
                 # a NaN block decodes as P * NaN: the GPU's multiplier gives its one canonical NaN
                 d, nan = d.cpu(), wd.isnan()
                 assert torch.equal(d.isnan(), nan) and torch.equal(_bits(d)[~nan], _bits(wd)[~nan]), (fmt.name, mode)
+
+
+def test_a_generator_that_is_not_one_is_refused():
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        mx.cast(torch.ones(32), mx.MXFP8_E4M3, "stochastic", generator=3)
+
+
+@pytest.mark.cuda
+def test_a_cuda_generator_draws_what_a_cpu_generator_seeded_alike_draws():
+    """cpd.mx.cast with a CUDA generator (through its CPU twin, as cpd.cast) gives the bits of a
+    CPU generator with the same seed."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = torch.randn(4, 96, generator=torch.Generator().manual_seed(1))
+    want = mx.cast(x, mx.MXFP4, "stochastic", generator=torch.Generator().manual_seed(7))
+    got = mx.cast(x.cuda(), mx.MXFP4, "stochastic", generator=torch.Generator("cuda").manual_seed(7))
+    assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32))
