@@ -32,12 +32,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cpd/numerics.h"
 #include "fp_env.h"
 #include "matmul_chain.h"
 #include "matmul_f32.h"
+#include "matmul_fchain.h"
 #include "matmul_h16.h"
 #include "parallel.h"
 #include "philox_simd.h"
@@ -201,53 +203,59 @@ void f32_matmul(const float* a, const float* b, float* y, const Dims& d, bool fu
 }
 
 #if CPD_CPU_CHAIN
-// The binary32 chain (matmul_chain.h): tasks of (batch element, column panel of NR, up to kChainRows
+// The binary32 chain (matmul_chain.h): tasks of (batch element, column panel of NR, up to 16 MR
 // rows), each packing its panel; a task on a thread that flushes float32 subnormals runs the generic
 // steps, and every NaN output is redone by them (as f32_matmul_v).
 void chain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::DotSpec& spec) {
   using C = cpd_cpu::ChainVec;
-  constexpr int64_t kChainRows = 16 * C::MR;
-  const int64_t panels = (d.N + C::NR - 1) / C::NR, rblocks = (d.M + kChainRows - 1) / kChainRows;
-  cpd_cpu::parallel_for(0, d.B * panels * rblocks, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> pack;
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t bi = t / (panels * rblocks), p = (t / rblocks) % panels, rb = t % rblocks;
-      const int64_t j0 = p * C::NR, nc = std::min<int64_t>(C::NR, d.N - j0);
-      const int64_t m0 = rb * kChainRows, m1 = std::min(d.M, m0 + kChainRows);
-      float* yb = y + bi * d.M * d.N;
-      const bool lanes = cpd_cpu::float32_subnormals_kept();
-      if (lanes) cpd_cpu::chain_rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack);
-      for (int64_t i = m0; i < m1; ++i)
-        redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, !lanes);
-    }
+  cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
+                                                             int64_t nc, std::vector<float>& pack) {
+    float* yb = y + bi * d.M * d.N;
+    const bool lanes = cpd_cpu::float32_subnormals_kept();
+    if (lanes) cpd_cpu::chain_rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack);
+    for (int64_t i = m0; i < m1; ++i)
+      redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, !lanes);
   });
 }
 #endif
 
 #if CPD_CPU_H16_CHAIN
-// The binary16 register chain (matmul_h16.h): tasks of (batch element, column panel of NR, up to
-// kRows rows), each packing its panel. BOUNDED: the caller checked that every operand is finite and
-// max|a| * max|b| <= mul's largest value (h16_bounded). Every NaN output is redone by the generic
-// steps (as chain_matmul's), so that it keeps their sign and payload whatever order the vector adds
-// took their two NaN operands in.
-template <bool BOUNDED>
+// The binary16 register chain (matmul_h16.h), Sum = SumH16, and the same chain into binary32
+// (Sum = SumB32, products rounded to mul): tasks as chain_matmul's. BOUNDED: the caller checked
+// that every operand is finite and max|a| * max|b| <= mul's largest value (h16_bounded). Every NaN
+// output is redone by the generic steps, so that it keeps their sign and payload whatever order
+// the vector adds took their two NaN operands in; into binary32, a task on a thread that flushes
+// float32 subnormals runs the generic steps (as chain_matmul's).
+template <bool BOUNDED, class Sum>
 void h16_chain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mg,
                       const cpd::DotSpec& spec) {
   using C = cpd_cpu::H16Chain;
-  constexpr int64_t kRows = 16 * C::MR;
   const cpd_cpu::H16Mul m(mg);
-  const int64_t panels = (d.N + C::NR - 1) / C::NR, rblocks = (d.M + kRows - 1) / kRows;
-  cpd_cpu::parallel_for(0, d.B * panels * rblocks, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> pack;
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t bi = t / (panels * rblocks), p = (t / rblocks) % panels, rb = t % rblocks;
-      const int64_t j0 = p * C::NR, nc = std::min<int64_t>(C::NR, d.N - j0);
-      const int64_t m0 = rb * kRows, m1 = std::min(d.M, m0 + kRows);
-      float* yb = y + bi * d.M * d.N;
-      cpd_cpu::h16_chain_rows<BOUNDED>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack, m);
-      for (int64_t i = m0; i < m1; ++i)
-        redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, false);
-    }
+  cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
+                                                             int64_t nc, std::vector<float>& pack) {
+    float* yb = y + bi * d.M * d.N;
+    const bool lanes = std::is_same<Sum, cpd_cpu::SumH16>::value || cpd_cpu::float32_subnormals_kept();
+    if (lanes)
+      cpd_cpu::h16_chain_rows<BOUNDED, Sum>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc,
+                                            pack, m);
+    for (int64_t i = m0; i < m1; ++i)
+      redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, !lanes);
+  });
+}
+
+// The fused narrow register chain (matmul_fchain.h): finite operands (checked by the caller), tasks
+// as chain_matmul's; a task on a thread that flushes float32 subnormals runs the generic steps.
+void fchain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::Format& af,
+                   const cpd::DotSpec& spec) {
+  using C = cpd_cpu::H16Chain;
+  const cpd_cpu::FChainAcc m(af);
+  cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
+                                                             int64_t nc, std::vector<float>& pack) {
+    float* yb = y + bi * d.M * d.N;
+    if (cpd_cpu::float32_subnormals_kept())
+      cpd_cpu::fchain_rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack, m, af);
+    else
+      for (int64_t i = m0; i < m1; ++i) redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, true);
   });
 }
 #endif
@@ -531,9 +539,25 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
   if (lanes == LANES_H16 && plan.acc == ACC_H && has_mul && !kahan && !block && mf.subnormals) {
     const cpd::FormatF mg = cpd::make_format_f(mf);
     const cpd::DotSpec sp = cpd::make_dot_spec(mf, 1, af, 0, 0, cpd::NEAREST, 32);
-    if (h16_bounded(top_a, top_b, mg)) h16_chain_matmul<true>(ap, bp, yp, d, mg, sp);
-    else h16_chain_matmul<false>(ap, bp, yp, d, mg, sp);
+    if (h16_bounded(top_a, top_b, mg)) h16_chain_matmul<true, cpd_cpu::SumH16>(ap, bp, yp, d, mg, sp);
+    else h16_chain_matmul<false, cpd_cpu::SumH16>(ap, bp, yp, d, mg, sp);
     return;
+  }
+  // the same register chain into binary32 (products rounded to a format with subnormals), and the
+  // fused narrow chain (no mul, acc of fchain_applies, finite operands)
+  const bool b32_chain = plan.acc == ACC_B32 && has_mul && mf.subnormals;
+  const bool fchain = plan.acc == ACC_I_NORMAL && !has_mul && cpd_cpu::fchain_applies(af);
+  if (path == 0 && lanes == LANES_F32 && !kahan && !block && (b32_chain || fchain)) {
+    top_a = max_magnitude_bits(ap, a.numel());
+    top_b = max_magnitude_bits(bp, b.numel());
+    const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, 0, 0, cpd::NEAREST, 32);
+    if (b32_chain) {
+      const cpd::FormatF mg = cpd::make_format_f(mf);
+      if (h16_bounded(top_a, top_b, mg)) h16_chain_matmul<true, cpd_cpu::SumB32>(ap, bp, yp, d, mg, sp);
+      else h16_chain_matmul<false, cpd_cpu::SumB32>(ap, bp, yp, d, mg, sp);
+      return;
+    }
+    if (top_a < cpd::INF_BITS && top_b < cpd::INF_BITS) return fchain_matmul(ap, bp, yp, d, af, sp);
   }
 #endif
   if (lanes == LANES_H16 || lanes == LANES_F32) {

@@ -147,9 +147,18 @@ inline H16Chain::V h16_product_bounded(H16Chain::V a, H16Chain::V b, const H16Mu
   return C::sub(C::fma(a, b, c), c);
 }
 
+// How a chain's sum s + p is rounded: SumH16 to binary16 (AccH's rnd16), SumB32 the float32 add
+// itself (AccB32: acc is IEEE binary32, whose sum of two float32 values is the processor's add).
+struct SumH16 {
+  static H16Chain::V step(H16Chain::V s, H16Chain::V p) { return H16Chain::rnd16(H16Chain::add(s, p)); }
+};
+struct SumB32 {
+  static H16Chain::V step(H16Chain::V s, H16Chain::V p) { return H16Chain::add(s, p); }
+};
+
 // Rows r < R of a register tile: y[r][0 .. nc) = the chains of a's rows (a + r * lda, K values)
 // against the packed panel bp (K x NR, row k at bp + k * NR).
-template <int R, bool BOUNDED>
+template <int R, bool BOUNDED, class Sum>
 inline void h16_chain_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K,
                            float* __restrict y, int64_t ldy, int64_t nc, const H16Mul& m) {
   using C = H16Chain;
@@ -166,11 +175,11 @@ inline void h16_chain_tile(const float* __restrict a, int64_t lda, const float* 
       const C::V av = C::bcast(a + r * lda + k);
       if (BOUNDED) {
         CPD_UNROLL for (int v = 0; v < C::NV; ++v)
-          s[r][v] = C::rnd16(C::add(s[r][v], h16_product_bounded(av, bv[v], m)));
+          s[r][v] = Sum::step(s[r][v], h16_product_bounded(av, bv[v], m));
       } else {
         const C::V am = C::flt(C::andi(C::bits(av), m.mag));
         CPD_UNROLL for (int v = 0; v < C::NV; ++v)
-          s[r][v] = C::rnd16(C::add(s[r][v], h16_product(av, bv[v], am, bm[v], m)));
+          s[r][v] = Sum::step(s[r][v], h16_product(av, bv[v], am, bm[v], m));
       }
     }
   }
@@ -186,24 +195,24 @@ inline void h16_chain_tile(const float* __restrict a, int64_t lda, const float* 
 }
 
 // The last rows (n < MR of them): the tile of n rows.
-template <int R, bool BOUNDED>
+template <int R, bool BOUNDED, class Sum>
 inline void h16_chain_last(int64_t n, const float* a, int64_t K, const float* bp, float* y, int64_t N, int64_t nc,
                            const H16Mul& m) {
-  if (n == R) h16_chain_tile<R, BOUNDED>(a, K, bp, K, y, N, nc, m);
-  else if constexpr (R > 1) h16_chain_last<R - 1, BOUNDED>(n, a, K, bp, y, N, nc, m);
+  if (n == R) h16_chain_tile<R, BOUNDED, Sum>(a, K, bp, K, y, N, nc, m);
+  else if constexpr (R > 1) h16_chain_last<R - 1, BOUNDED, Sum>(n, a, K, bp, y, N, nc, m);
 }
 
 // Rows m0 .. m1 of one batch element's output, columns j0 .. j0 + nc (nc <= NR): a: (M, K) of that
 // element, b: (K, N), y: (M, N). The panel of b is packed into pack (resized as needed).
-template <bool BOUNDED>
+template <bool BOUNDED, class Sum>
 inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
                            int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m) {
   using C = H16Chain;
   const float* bp = pack_panel(b, K, N, j0, nc, C::NR, pack);
   int64_t i = m0;
   for (; i + C::MR <= m1; i += C::MR)
-    h16_chain_tile<C::MR, BOUNDED>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m);
-  if (i < m1) h16_chain_last<C::MR - 1, BOUNDED>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m);
+    h16_chain_tile<C::MR, BOUNDED, Sum>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m);
+  if (i < m1) h16_chain_last<C::MR - 1, BOUNDED, Sum>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m);
 }
 #endif
 
