@@ -41,6 +41,7 @@
 #include "matmul_f32.h"
 #include "matmul_fchain.h"
 #include "matmul_h16.h"
+#include "matmul_tasks.h"
 #include "parallel.h"
 #include "philox_simd.h"
 

@@ -16,12 +16,9 @@
 #ifndef CPD_CPU_MATMUL_CHAIN_H
 #define CPD_CPU_MATMUL_CHAIN_H
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
-
-#include "parallel.h"
 
 #if defined(__AVX512F__) || (defined(__AVX__) && defined(__FMA__))
 #include <immintrin.h>
@@ -54,23 +51,6 @@ inline float* pack_panel(const float* b, int64_t K, int64_t N, int64_t j0, int64
     for (int64_t j = nc; j < nr; ++j) bp[k * nr + j] = 0.0f;
   }
   return bp;
-}
-
-// The register chains' tasks (this file's, matmul_h16.h's, matmul_fchain.h's): (batch element,
-// column panel of nr columns, up to rows rows), split over the threads; task(bi, m0, m1, j0, nc,
-// pack) runs rows m0 .. m1 of element bi on columns j0 .. j0 + nc (nc <= nr), pack: the thread's
-// panel buffer. Column panels outside row blocks: a panel (K x nr floats) stays in cache.
-template <class F>
-inline void chain_tasks(int64_t B, int64_t M, int64_t N, int64_t nr, int64_t rows, const F& task) {
-  const int64_t panels = (N + nr - 1) / nr, rblocks = (M + rows - 1) / rows;
-  parallel_for(0, B * panels * rblocks, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> pack;
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t bi = t / (panels * rblocks), p = (t / rblocks) % panels, rb = t % rblocks;
-      const int64_t j0 = p * nr, m0 = rb * rows;
-      task(bi, m0, std::min(M, m0 + rows), j0, std::min(nr, N - j0), pack);
-    }
-  });
 }
 
 #if CPD_CPU_CHAIN

@@ -5,19 +5,21 @@
 // each step rounded once (fma_bits into acc; numerics.h "Accumulation"). The steps are those of
 // the float32 lanes' fused form (matmul_f32.h f32_tile, FUSED with AccI<1>), in registers:
 //   r = fl32(s + a*b)               one FMA
-//   s = (bits(r) + half) & ~qmask   acc's nearest rounding of r on its float32 bits (region N;
+//   t = bits(r) + half              (half = 2^(d0 - 1), d0 = 23 - man: the dropped bits)
+//   s = t & ~qmask                  acc's nearest rounding of r on its float32 bits (region N;
 //                                   lane_normal_only: emin = -126, float32's subnormals included)
 // r rounds to acc as s + a*b does unless r is a midpoint of acc's grid (cpd::is_midpoint_bits:
-// its d0 = 23 - man dropped bits are 100...0); those lanes are redone with cpd::fma_bits (fchain_fix,
-// rare: 2^-d0 of the steps on random data), whose result is a value of acc that the rounding then
-// leaves alone. Off the midpoints the tie-to-even bit of round_lane_i (half - 1 + even) and the
-// plain half give the same bits: the dropped bits differ from half, so adding half - 1 or half
-// carries into the kept bits alike. The rest of cast_bits_fast_normal drops out for the formats of
-// fchain_applies and finite r: a carry past max (max_bits = float32's max with the dropped bits
-// clear) lands on INF_BITS, which is their overflow (outward_bits = INF_BITS, no saturation);
-// fl32's overflow is +-inf, left alone by the rounding; the sign bit is never touched (signed
-// zeros: the sign of fl32's result, as round_lane_i keeps it). With finite operands no step is
-// NaN: a*b is finite, and an infinite s stays infinite (inf + finite).
+// its dropped bits are 100...0, exactly when t's are 0, i.e. when s == t); those lanes are redone
+// with cpd::fma_bits (fchain_fix; rare: about 2^-d0 of the steps on random data), whose result is
+// a value of acc that the rounding then leaves alone. Off the midpoints the tie-to-even bit of
+// round_lane_i (half - 1 + even) and the plain half give the same bits: the dropped bits differ
+// from half, so adding half - 1 or half carries into the kept bits alike. The rest of
+// cast_bits_fast_normal drops out for the formats of fchain_applies and finite r: a carry past max
+// (max_bits = float32's max with the dropped bits clear) lands on INF_BITS, which is their
+// overflow (outward_bits = INF_BITS, no saturation); fl32's overflow is +-inf, which the rounding
+// leaves alone (its dropped bits are 0); the sign bit is never touched (signed zeros: the sign of
+// fl32's result, as round_lane_i keeps it). With finite operands no step is NaN: a*b is finite,
+// and an infinite s stays infinite (inf + finite).
 //
 // A register tile of R rows x NR columns keeps its sums in registers for the whole k loop; b's
 // column panel is packed (matmul_chain.h pack_panel), zero past N: a padded lane's r is s, never a
@@ -47,48 +49,43 @@ inline bool fchain_applies(const cpd::Format& f) {
 
 #if CPD_CPU_H16_CHAIN
 struct FChainAcc {
-  H16Chain::I qmask, half, keep;
+  H16Chain::I half, keep;
   explicit FChainAcc(const cpd::Format& f) {
-    qmask = H16Chain::ci(f.qmask);
     half = H16Chain::ci(f.half_m1 + 1u);
     keep = H16Chain::ci(~f.qmask);
   }
 };
 
-// The midpoint lanes' flags: T a vector mask (AVX2) or a bit mask (AVX-512).
+// The midpoint lanes' flags: with t = bits(r) + half and its rounding t & keep, r is a midpoint
+// exactly when t's dropped bits are 0 (dropped bits of r equal to half, and only those, carry into
+// the kept bits leaving zeros), i.e. when t & keep == t: one compare of the rounding with t.
+// FChainTies: a vector of flags (AVX2) or a bit mask (AVX-512).
 #if defined(__AVX512F__)
 using FChainTies = __mmask16;
 inline FChainTies fchain_no_ties() { return 0; }
-inline FChainTies fchain_ties(H16Chain::I u, const FChainAcc& m) {
-  return _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, m.qmask), m.half);
-}
+inline FChainTies fchain_ties(H16Chain::I rounded, H16Chain::I t) { return _mm512_cmpeq_epi32_mask(rounded, t); }
 inline FChainTies fchain_or(FChainTies x, FChainTies y) { return (FChainTies)(x | y); }
 inline bool fchain_none(FChainTies t) { return t == 0; }
 #else
 using FChainTies = __m256i;
 inline FChainTies fchain_no_ties() { return _mm256_setzero_si256(); }
-inline FChainTies fchain_ties(H16Chain::I u, const FChainAcc& m) {
-  return _mm256_cmpeq_epi32(_mm256_and_si256(u, m.qmask), m.half);
-}
+inline FChainTies fchain_ties(H16Chain::I rounded, H16Chain::I t) { return _mm256_cmpeq_epi32(rounded, t); }
 inline FChainTies fchain_or(FChainTies x, FChainTies y) { return _mm256_or_si256(x, y); }
 inline bool fchain_none(FChainTies t) { return _mm256_testz_si256(t, t) != 0; }
 #endif
 
-// The midpoint lanes of one row's step redone exactly: r[v] = fl32(s[v] + a*b[v]); lanes whose r is
-// a midpoint of acc (qmask, half) get fma_bits(s, a, b) instead (a value of acc).
-__attribute__((noinline, cold)) inline void fchain_fix(H16Chain::V* r, const H16Chain::V* s, float a, const float* b,
-                                                       const cpd::Format& af) {
-  using C = H16Chain;
-  alignas(64) float rr[C::NR], ss[C::NR];
-  for (int v = 0; v < C::NV; ++v) {
-    C::store(rr + v * C::W, r[v]);
-    C::store(ss + v * C::W, s[v]);
+// One row's step with midpoint lanes, redone: x holds the row's s (NR lanes); on return it holds
+// r = fl32(s + a*b) (the FMA of the vector step, scalar), the midpoint lanes' replaced by
+// fma_bits(s, a, b), a value of acc. (Arrays made only on this path, so that the hot loop's
+// registers never go to memory for it.)
+__attribute__((noinline, cold)) inline void fchain_fix(float* x, float a, const float* b, const cpd::Format& af) {
+  for (int i = 0; i < H16Chain::NR; ++i) {
+    const float r = cpd::ffma(a, b[i], x[i]);
+    x[i] = (cpd::bits_of(r) & af.qmask) == af.half_m1 + 1u
+               ? cpd::float_of(cpd::fma_bits(cpd::bits_of(x[i]), cpd::bits_of(a), cpd::bits_of(b[i]), af, cpd::NEAREST,
+                                             0u, 32))
+               : r;
   }
-  for (int i = 0; i < C::NR; ++i)
-    if ((cpd::bits_of(rr[i]) & af.qmask) == af.half_m1 + 1u)
-      rr[i] = cpd::float_of(cpd::fma_bits(cpd::bits_of(ss[i]), cpd::bits_of(a), cpd::bits_of(b[i]), af, cpd::NEAREST,
-                                          0u, 32));
-  for (int v = 0; v < C::NV; ++v) r[v] = C::load(rr + v * C::W);
 }
 
 // Rows r < R of a register tile: y[r][0 .. nc) = the chains of a's rows (a + r * lda, K values)
@@ -105,14 +102,21 @@ inline void fchain_tile(const float* __restrict a, int64_t lda, const float* __r
     CPD_UNROLL for (int v = 0; v < C::NV; ++v) bv[v] = C::load(bp + k * C::NR + v * C::W);
     CPD_UNROLL for (int r = 0; r < R; ++r) {
       const C::V av = C::bcast(a + r * lda + k);
-      C::V q[C::NV];
+      C::I rounded[C::NV];
       FChainTies tie = fchain_no_ties();
       CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
-        q[v] = C::fma(av, bv[v], s[r][v]);
-        tie = fchain_or(tie, fchain_ties(C::bits(q[v]), m));
+        const C::I t = C::addi(C::bits(C::fma(av, bv[v], s[r][v])), m.half);
+        rounded[v] = C::andi(t, m.keep);
+        tie = fchain_or(tie, fchain_ties(rounded[v], t));
       }
-      if (__builtin_expect(!fchain_none(tie), 0)) fchain_fix(q, s[r], a[r * lda + k], bp + k * C::NR, af);
-      CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::flt(C::andi(C::addi(C::bits(q[v]), m.half), m.keep));
+      if (__builtin_expect(!fchain_none(tie), 0)) {
+        alignas(64) float x[C::NR];
+        CPD_UNROLL for (int v = 0; v < C::NV; ++v) C::store(x + v * C::W, s[r][v]);
+        fchain_fix(x, a[r * lda + k], bp + k * C::NR, af);
+        CPD_UNROLL for (int v = 0; v < C::NV; ++v)
+          rounded[v] = C::andi(C::addi(C::bits(C::load(x + v * C::W)), m.half), m.keep);
+      }
+      CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::flt(rounded[v]);
     }
   }
   CPD_UNROLL for (int r = 0; r < R; ++r) {
