@@ -5,7 +5,10 @@
   no blocks, finite operands: ``s = round(fl32(s + a*b))`` per step, the lanes where fl32 lands
   on a midpoint of acc redone exactly;
 * the binary16 chain into binary32 (cuda/cpu/matmul_h16.h with SumB32): acc FP32, products
-  rounded to a format with subnormals (E4M3, E5M2, FP16, ...), bounded and general forms.
+  rounded to a format with subnormals (E4M3, E5M2, FP16, ...), bounded and general forms;
+* the same chain into a narrow acc of float32's exponent range (SumI: BF16, (8, 3)), products
+  rounded to mul, bounded form only (max|a| * max|b| <= mul's max, finite operands; otherwise the
+  float32 lanes serve).
 
 Invariants defended:
 * every output equals an exact reference written here (each step's exact rational sum rounded
@@ -35,6 +38,7 @@ pytestmark = pytest.mark.skipif(_cpu.extension() is None, reason="no compiled ex
 
 NARROW = [cpd.TF32, cpd.BF16, cpd.FloatFormat(8, 3), cpd.FloatFormat(8, 1)]
 B32_MULS = [cpd.E4M3, cpd.E5M2, cpd.FP16, cpd.E4M3FN]
+NARROW_MUL = [(cpd.E4M3, cpd.BF16), (cpd.E5M2, cpd.BF16), (cpd.E4M3FN, cpd.BF16), (cpd.E2M1, cpd.FloatFormat(8, 3))]
 
 
 def _neg(x: float) -> bool:
@@ -124,8 +128,8 @@ def test_chains_report_float32_lanes():
     e = _cpu.extension()
     for acc in NARROW:
         assert e.matmul_lanes(False, *cpd.ops._fmt_args(acc), *cpd.ops._fmt_args(acc), 0, False) == 32
-    for mul in B32_MULS:
-        assert e.matmul_lanes(True, *cpd.ops._fmt_args(mul), *cpd.ops._fmt_args(cpd.FP32), 0, False) == 32
+    for mul, acc in [(m, cpd.FP32) for m in B32_MULS] + NARROW_MUL:
+        assert e.matmul_lanes(True, *cpd.ops._fmt_args(mul), *cpd.ops._fmt_args(acc), 0, False) == 32
 
 
 @pytest.mark.parametrize("acc", NARROW, ids=lambda f: f.name)
@@ -196,8 +200,50 @@ def test_b32_chain_equals_generic_ragged_and_nonfinite(mul):
     check(a, b, mul, cpd.FP32)
 
 
-@pytest.mark.parametrize("mul,acc", [(None, cpd.TF32), (None, cpd.BF16), (cpd.E4M3, cpd.FP32)],
-                         ids=["tf32", "bf16", "e4m3-fp32"])
+@pytest.mark.parametrize("mul,acc", NARROW_MUL, ids=lambda x: x.name)
+def test_narrow_chain_with_mul_exact_reference(mul, acc):
+    """Products rounded to mul summed into BF16 / (8, 3): ties of the sums (to even), sums that
+    cancel to +0, products that round to +-0, at and above the bound (above: the float32 lanes),
+    every binade of the operands (tiny products: subnormal-range sums of acc's grid)."""
+    g = torch.Generator().manual_seed(17)
+    top = float(mul.max)
+    for hi in (top, math.nextafter(top, math.inf)):
+        a = torch.rand(1, 5, 11, generator=g) * 2 - 1
+        a[:, :, 0] = 1.0
+        b = (torch.rand(1, 11, 7, generator=g) * 2 - 1) * hi
+        b[:, 0, :] = hi
+        b[:, 1, :] = -hi
+        check(a, b, mul, acc, oracle=True)
+    vals = cpd.cast(torch.linspace(-3, 3, 41), mul)
+    vals = vals[torch.isfinite(vals)]
+    a = torch.stack([vals, -vals, vals.flip(0), torch.full_like(vals, 2.0 ** -30), torch.full_like(vals, -0.0)])[None]
+    b = torch.ones(1, vals.numel(), 6)
+    b[0, :, 1], b[0, :, 2], b[0, :, 3] = -1.0, 0.5, -0.0
+    b[0, :, 4:] = torch.randn(vals.numel(), 2, generator=g)
+    check(a, b, mul, acc, oracle=True)
+    check(binades(g, (1, 3, 21), -40, 1), binades(g, (1, 21, 5), -40, 1), mul, acc, oracle=True)
+
+
+@pytest.mark.parametrize("mul,acc", NARROW_MUL, ids=lambda x: x.name)
+def test_narrow_chain_with_mul_equals_generic(mul, acc):
+    """Ragged shapes, long sums of the largest products, NaN and infinite operands (the float32
+    lanes)."""
+    g = torch.Generator().manual_seed(19)
+    for M in (1, 4, 5, 7, 65):
+        for N, K in ((1, 9), (16, 33), (17, 8), (70, 20)):
+            check(torch.randn(2, M, K, generator=g), torch.randn(2, K, N, generator=g) * 0.1, mul, acc)
+    K = 300  # long sums of the largest products (bounded: max|a| * max|b| = mul's max), both signs
+    a, b = torch.ones(1, 3, K), torch.full((1, K, 5), float(mul.max))
+    a[0, 1] = torch.linspace(-1, 1, K)
+    b[0, :, 1] = -float(mul.max)
+    check(a, b, mul, acc)
+    a, b = torch.randn(1, 5, 8, generator=g), torch.randn(1, 8, 17, generator=g)
+    a[0, 0, 2], b[0, 3, 5], b[0, 2, 4] = math.inf, math.nan, -math.inf
+    check(a, b, mul, acc)
+
+
+@pytest.mark.parametrize("mul,acc", [(None, cpd.TF32), (None, cpd.BF16), (cpd.E4M3, cpd.FP32), (cpd.E4M3, cpd.BF16)],
+                         ids=["tf32", "bf16", "e4m3-fp32", "e4m3-bf16"])
 def test_thread_count_and_flush_to_zero(mul, acc):
     g = torch.Generator().manual_seed(13)
     a, b = torch.randn(2, 150, 64, generator=g), torch.randn(2, 64, 70, generator=g) * 0.1
