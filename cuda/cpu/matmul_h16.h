@@ -30,6 +30,12 @@
 //     x = y = -0), and s + (+-0) = s for every s but -0.
 // The sum's rounding is AccH's: H16Vec::rnd(s + p).
 //
+// The same tile serves other accumulators through its sum's rounding (SumB32: acc = IEEE binary32,
+// the float32 add itself; SumI: BF16-like accumulators, bounded products only; matmul.cpp picks).
+// The zero-sign argument above holds for them too: s + p is a sum of multiples of mul's finest
+// quantum (a power of two >= 2^-149), and a nonzero one never rounds to zero in either, so s is
+// never -0.
+//
 // Builds with F16C, FMA and AVX2 integer lanes (x86-64-v3) or AVX-512F; elsewhere CPD_CPU_H16_CHAIN
 // is 0 and the float32 lanes serve (AVX512-FP16 CPUs take h16_tile in matmul.cpp first).
 #ifndef CPD_CPU_MATMUL_H16_H
