@@ -9,10 +9,12 @@
 //     binary16 conversion as the rounding (matmul_f32.h, AccH: F16C on x86, FCVT on Arm); with
 //     mul a format with subnormals, no Kahan and no blocks, on x86-64-v3 and up, the same steps
 //     in a register tile (matmul_h16.h, h16_chain_matmul);
-//   * float32 lanes (LANES_F32, matmul_f32.h): round to nearest into an accumulator of at most
-//     11 bits, with products rounded to mul (mul_f, values of acc) or fused (fma, the midpoint
-//     lanes redone exactly); sums rounded by round_f, or on integer lanes for wide exponent
-//     ranges such as BF16 (8 floats per AVX2 op, 16 per AVX-512 op, 4 per NEON op);
+//   * float32 lanes (LANES_F32, matmul_f32.h): round to nearest into binary32 or an accumulator
+//     of at most 11 bits, with products rounded to mul (mul_f, values of acc) or fused (fma, the
+//     midpoint lanes redone exactly); sums rounded by round_f, or on integer lanes for wide
+//     exponent ranges such as BF16 (8 floats per AVX2 op, 16 per AVX-512 op, 4 per NEON op);
+//     without Kahan or blocks, in register tiles: binary32 with exact products (matmul_chain.h)
+//     or products rounded to mul (matmul_h16.h, SumB32), TF32/BF16 fused (matmul_fchain.h);
 //   * float64 lanes (LANES_F64), round to nearest otherwise: a tile of up to kTile outputs of one
 //     row (i, j0 .. j0 + kTile) keeps its accumulators as doubles in arrays; for each k the loop
 //     over j reads row k of b (contiguous) and applies round_d / add_d (branch-free, so GCC
@@ -30,15 +32,17 @@
 #endif
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cpd/numerics.h"
 #include "fp_env.h"
 #include "matmul_chain.h"
 #include "matmul_f32.h"
+#include "matmul_fchain.h"
 #include "matmul_h16.h"
+#include "matmul_tasks.h"
 #include "parallel.h"
 #include "philox_simd.h"
 
@@ -201,53 +205,61 @@ void f32_matmul(const float* a, const float* b, float* y, const Dims& d, bool fu
 }
 
 #if CPD_CPU_CHAIN
-// The binary32 chain (matmul_chain.h): tasks of (batch element, column panel of NR, up to kChainRows
+// The binary32 chain (matmul_chain.h): tasks of (batch element, column panel of NR, up to 16 MR
 // rows), each packing its panel; a task on a thread that flushes float32 subnormals runs the generic
 // steps, and every NaN output is redone by them (as f32_matmul_v).
 void chain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::DotSpec& spec) {
   using C = cpd_cpu::ChainVec;
-  constexpr int64_t kChainRows = 16 * C::MR;
-  const int64_t panels = (d.N + C::NR - 1) / C::NR, rblocks = (d.M + kChainRows - 1) / kChainRows;
-  cpd_cpu::parallel_for(0, d.B * panels * rblocks, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> pack;
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t bi = t / (panels * rblocks), p = (t / rblocks) % panels, rb = t % rblocks;
-      const int64_t j0 = p * C::NR, nc = std::min<int64_t>(C::NR, d.N - j0);
-      const int64_t m0 = rb * kChainRows, m1 = std::min(d.M, m0 + kChainRows);
-      float* yb = y + bi * d.M * d.N;
-      const bool lanes = cpd_cpu::float32_subnormals_kept();
-      if (lanes) cpd_cpu::chain_rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack);
-      for (int64_t i = m0; i < m1; ++i)
-        redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, !lanes);
-    }
+  cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
+                                                             int64_t nc, std::vector<float>& pack) {
+    float* yb = y + bi * d.M * d.N;
+    const bool lanes = cpd_cpu::float32_subnormals_kept();
+    if (lanes) cpd_cpu::chain_rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack);
+    for (int64_t i = m0; i < m1; ++i)
+      redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, !lanes);
   });
 }
 #endif
 
 #if CPD_CPU_H16_CHAIN
-// The binary16 register chain (matmul_h16.h): tasks of (batch element, column panel of NR, up to
-// kRows rows), each packing its panel. BOUNDED: the caller checked that every operand is finite and
+// The binary16 register chain (matmul_h16.h), sum = SumH16, and the same chain into binary32
+// (SumB32) or an acc of fchain_applies (SumI, bounded only), products rounded to mul: tasks as
+// chain_matmul's. BOUNDED: the caller checked that every operand is finite and
 // max|a| * max|b| <= mul's largest value (h16_bounded). Every NaN output is redone by the generic
-// steps (as chain_matmul's), so that it keeps their sign and payload whatever order the vector adds
-// took their two NaN operands in.
-template <bool BOUNDED>
+// steps, so that it keeps their sign and payload whatever order the vector adds took their two NaN
+// operands in; and, except into binary16, a task on a thread that flushes float32 subnormals runs
+// the generic steps (as chain_matmul's).
+template <bool BOUNDED, class Sum>
 void h16_chain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mg,
-                      const cpd::DotSpec& spec) {
+                      const cpd::DotSpec& spec, const Sum& sum) {
   using C = cpd_cpu::H16Chain;
-  constexpr int64_t kRows = 16 * C::MR;
   const cpd_cpu::H16Mul m(mg);
-  const int64_t panels = (d.N + C::NR - 1) / C::NR, rblocks = (d.M + kRows - 1) / kRows;
-  cpd_cpu::parallel_for(0, d.B * panels * rblocks, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> pack;
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t bi = t / (panels * rblocks), p = (t / rblocks) % panels, rb = t % rblocks;
-      const int64_t j0 = p * C::NR, nc = std::min<int64_t>(C::NR, d.N - j0);
-      const int64_t m0 = rb * kRows, m1 = std::min(d.M, m0 + kRows);
-      float* yb = y + bi * d.M * d.N;
-      cpd_cpu::h16_chain_rows<BOUNDED>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack, m);
+  cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
+                                                             int64_t nc, std::vector<float>& pack) {
+    float* yb = y + bi * d.M * d.N;
+    const bool lanes = std::is_same<Sum, cpd_cpu::SumH16>::value || cpd_cpu::float32_subnormals_kept();
+    if (lanes)
+      cpd_cpu::h16_chain_rows<BOUNDED>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack,
+                                       m, sum);
+    for (int64_t i = m0; i < m1; ++i)
+      redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, !lanes);
+  });
+}
+
+// The fused narrow register chain (matmul_fchain.h): finite operands (checked by the caller), tasks
+// as chain_matmul's; a task on a thread that flushes float32 subnormals runs the generic steps.
+void fchain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::Format& af,
+                   const cpd::DotSpec& spec) {
+  using C = cpd_cpu::H16Chain;
+  const cpd_cpu::FChainAcc m(af);
+  cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
+                                                             int64_t nc, std::vector<float>& pack) {
+    float* yb = y + bi * d.M * d.N;
+    if (cpd_cpu::float32_subnormals_kept())
+      cpd_cpu::fchain_rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack, m, af);
+    else
       for (int64_t i = m0; i < m1; ++i)
-        redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, false);
-    }
+        redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, true);
   });
 }
 #endif
@@ -406,36 +418,6 @@ void generic_matmul(const float* a, const float* b, float* y, const Dims& d, con
   });
 }
 
-// Whether x[0 .. n) holds a magnitude whose float32 bits are at least lo: a NaN for
-// lo = INF_BITS + 1, an infinity or NaN for lo = INF_BITS (one vectorized pass per span, in
-// parallel).
-bool any_at_least(const float* x, int64_t n, uint32_t lo) {
-  std::atomic<bool> found{false};
-  cpd_cpu::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
-    uint32_t hit = 0;
-    for (int64_t i = i0; i < i1; ++i) hit |= (uint32_t)((cpd::bits_of(x[i]) & ~cpd::SIGN) >= lo);
-    if (hit) found = true;
-  });
-  return found;
-}
-
-// The largest magnitude's float32 bits in x[0 .. n) (above INF_BITS: a NaN; one vectorized pass per
-// span, in parallel).
-uint32_t max_magnitude_bits(const float* x, int64_t n) {
-  std::atomic<uint32_t> top{0u};
-  cpd_cpu::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
-    uint32_t m = 0u;
-    for (int64_t i = i0; i < i1; ++i) {
-      const uint32_t u = cpd::bits_of(x[i]) & ~cpd::SIGN;
-      m = m > u ? m : u;
-    }
-    uint32_t cur = top.load();
-    while (m > cur && !top.compare_exchange_weak(cur, m)) {
-    }
-  });
-  return top.load();
-}
-
 #if CPD_CPU_H16_CHAIN
 // The binary16 chain's bounded products (matmul_h16.h) apply: every operand finite (top bits below
 // INF_BITS) and max|a| * max|b| (exact in double: 24 x 24 bits) at most mul's largest value.
@@ -509,8 +491,8 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
   // float32 lanes, whose NaN results are the other paths' bit for bit
   uint32_t top_a = 0u, top_b = 0u;  // the largest magnitudes' bits (binary16 lanes)
   if (plan.lanes == LANES_H16) {
-    top_a = max_magnitude_bits(ap, a.numel());
-    top_b = max_magnitude_bits(bp, b.numel());
+    top_a = cpd_cpu::max_magnitude_bits(ap, a.numel());
+    top_b = cpd_cpu::max_magnitude_bits(bp, b.numel());
     if (top_a > cpd::INF_BITS || top_b > cpd::INF_BITS) plan = plan_for(has_mul, mf, af, (int)mode, 3);
   }
   const int lanes = plan.lanes;
@@ -531,15 +513,32 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
   if (lanes == LANES_H16 && plan.acc == ACC_H && has_mul && !kahan && !block && mf.subnormals) {
     const cpd::FormatF mg = cpd::make_format_f(mf);
     const cpd::DotSpec sp = cpd::make_dot_spec(mf, 1, af, 0, 0, cpd::NEAREST, 32);
-    if (h16_bounded(top_a, top_b, mg)) h16_chain_matmul<true>(ap, bp, yp, d, mg, sp);
-    else h16_chain_matmul<false>(ap, bp, yp, d, mg, sp);
+    if (h16_bounded(top_a, top_b, mg)) h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
+    else h16_chain_matmul<false>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
     return;
+  }
+  // the same register chain into binary32 or (bounded products) an acc of fchain_applies
+  // (products rounded to a format with subnormals), and the fused narrow chain (no mul, acc of
+  // fchain_applies, finite operands)
+  const bool b32_chain = plan.acc == ACC_B32 && has_mul && mf.subnormals;
+  const bool narrow = plan.acc == ACC_I_NORMAL && cpd_cpu::fchain_applies(af) && (!has_mul || mf.subnormals);
+  if (path == 0 && lanes == LANES_F32 && !kahan && !block && (b32_chain || narrow)) {
+    top_a = cpd_cpu::max_magnitude_bits(ap, a.numel());
+    top_b = cpd_cpu::max_magnitude_bits(bp, b.numel());
+    const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, 0, 0, cpd::NEAREST, 32);
+    const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);
+    const bool bounded = has_mul && h16_bounded(top_a, top_b, mg);
+    if (b32_chain && bounded) return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
+    if (b32_chain) return h16_chain_matmul<false>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
+    if (bounded) return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumI(af));
+    if (!has_mul && top_a < cpd::INF_BITS && top_b < cpd::INF_BITS) return fchain_matmul(ap, bp, yp, d, af, sp);
   }
 #endif
   if (lanes == LANES_H16 || lanes == LANES_F32) {
     // guarded lanes: finite operands only (no NaN payload reaches their rounding)
     const bool ask = (plan.guard && kahan) || (plan.acc == ACC_B32 && has_mul);
-    const bool finite = ask && !any_at_least(ap, a.numel(), cpd::INF_BITS) && !any_at_least(bp, b.numel(), cpd::INF_BITS);
+    const bool finite = ask && !cpd_cpu::any_at_least(ap, a.numel(), cpd::INF_BITS) &&
+                        !cpd_cpu::any_at_least(bp, b.numel(), cpd::INF_BITS);
     const bool guard = plan.guard && kahan && finite;
     f32_dispatch(plan.acc, ap, bp, yp, d, has_mul, kahan, guard, finite, mf, af);
     return;

@@ -30,6 +30,12 @@
 //     x = y = -0), and s + (+-0) = s for every s but -0.
 // The sum's rounding is AccH's: H16Vec::rnd(s + p).
 //
+// The same tile serves other accumulators through its sum's rounding (SumB32: acc = IEEE binary32,
+// the float32 add itself; SumI: BF16-like accumulators, bounded products only; matmul.cpp picks).
+// The zero-sign argument above holds for them too: s + p is a sum of multiples of mul's finest
+// quantum (a power of two >= 2^-149), and a nonzero one never rounds to zero in either, so s is
+// never -0.
+//
 // Builds with F16C, FMA and AVX2 integer lanes (x86-64-v3) or AVX-512F; elsewhere CPD_CPU_H16_CHAIN
 // is 0 and the float32 lanes serve (AVX512-FP16 CPUs take h16_tile in matmul.cpp first).
 #ifndef CPD_CPU_MATMUL_H16_H
@@ -74,6 +80,7 @@ struct H16Chain {
   static I addi(I a, I b) { return _mm512_add_epi32(a, b); }
   static I maxu(I a, I b) { return _mm512_max_epu32(a, b); }
   static I minu(I a, I b) { return _mm512_min_epu32(a, b); }
+  static I srlv(I a, I n) { return _mm512_srlv_epi32(a, n); }
   // x > y ? t : x (float32 compare, false for NaN)
   static V gt_select(V x, V y, V t) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, y, _CMP_GT_OQ), x, t); }
   // (signed) x > y ? t : u
@@ -100,6 +107,7 @@ struct H16Chain {
   static I addi(I a, I b) { return _mm256_add_epi32(a, b); }
   static I maxu(I a, I b) { return _mm256_max_epu32(a, b); }
   static I minu(I a, I b) { return _mm256_min_epu32(a, b); }
+  static I srlv(I a, I n) { return _mm256_srlv_epi32(a, n); }
   static V gt_select(V x, V y, V t) { return _mm256_blendv_ps(x, t, _mm256_cmp_ps(x, y, _CMP_GT_OQ)); }
   static I gti_select(I x, I y, I t, I u) {
     return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(u), _mm256_castsi256_ps(t),
@@ -147,11 +155,40 @@ inline H16Chain::V h16_product_bounded(H16Chain::V a, H16Chain::V b, const H16Mu
   return C::sub(C::fma(a, b, c), c);
 }
 
+// How a chain's sum s + p is rounded: SumH16 to binary16 (AccH's rnd16), SumB32 the float32 add
+// itself (AccB32: acc is IEEE binary32, whose sum of two float32 values is the processor's add),
+// SumI to an acc of fchain_applies (matmul_fchain.h: BF16, float32's exponent range, at most 10
+// mantissa bits) on the float32 bits of fl32(s + p): round_lane_i's integer rounding (region N,
+// lane_normal_only; Figueroa, add_lane_applies)
+//   (u + half - 1 + ((u >> d0) & 1)) & ~qmask,   d0 = 23 - man
+// on the signed bits, for bounded products only: p is finite, so s is never NaN; a carry past max
+// lands on INF_BITS (acc's overflow), which the rounding then keeps, as it keeps the sign bit.
+struct SumH16 {
+  H16Chain::V step(H16Chain::V s, H16Chain::V p) const { return H16Chain::rnd16(H16Chain::add(s, p)); }
+};
+struct SumB32 {
+  H16Chain::V step(H16Chain::V s, H16Chain::V p) const { return H16Chain::add(s, p); }
+};
+struct SumI {
+  H16Chain::I half_m1, keep, one, d0;
+  explicit SumI(const cpd::Format& f) {
+    half_m1 = H16Chain::ci(f.half_m1);
+    keep = H16Chain::ci(~f.qmask);
+    one = H16Chain::ci(1u);
+    d0 = H16Chain::ci(23u - (uint32_t)f.man);
+  }
+  H16Chain::V step(H16Chain::V s, H16Chain::V p) const {
+    using C = H16Chain;
+    const C::I u = C::bits(C::add(s, p));
+    return C::flt(C::andi(C::addi(C::addi(u, half_m1), C::andi(C::srlv(u, d0), one)), keep));
+  }
+};
+
 // Rows r < R of a register tile: y[r][0 .. nc) = the chains of a's rows (a + r * lda, K values)
 // against the packed panel bp (K x NR, row k at bp + k * NR).
-template <int R, bool BOUNDED>
+template <int R, bool BOUNDED, class Sum>
 inline void h16_chain_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K,
-                           float* __restrict y, int64_t ldy, int64_t nc, const H16Mul& m) {
+                           float* __restrict y, int64_t ldy, int64_t nc, const H16Mul& m, const Sum& sum) {
   using C = H16Chain;
   C::V s[R][C::NV];
   CPD_UNROLL for (int r = 0; r < R; ++r)
@@ -166,11 +203,11 @@ inline void h16_chain_tile(const float* __restrict a, int64_t lda, const float* 
       const C::V av = C::bcast(a + r * lda + k);
       if (BOUNDED) {
         CPD_UNROLL for (int v = 0; v < C::NV; ++v)
-          s[r][v] = C::rnd16(C::add(s[r][v], h16_product_bounded(av, bv[v], m)));
+          s[r][v] = sum.step(s[r][v], h16_product_bounded(av, bv[v], m));
       } else {
         const C::V am = C::flt(C::andi(C::bits(av), m.mag));
         CPD_UNROLL for (int v = 0; v < C::NV; ++v)
-          s[r][v] = C::rnd16(C::add(s[r][v], h16_product(av, bv[v], am, bm[v], m)));
+          s[r][v] = sum.step(s[r][v], h16_product(av, bv[v], am, bm[v], m));
       }
     }
   }
@@ -186,24 +223,24 @@ inline void h16_chain_tile(const float* __restrict a, int64_t lda, const float* 
 }
 
 // The last rows (n < MR of them): the tile of n rows.
-template <int R, bool BOUNDED>
+template <int R, bool BOUNDED, class Sum>
 inline void h16_chain_last(int64_t n, const float* a, int64_t K, const float* bp, float* y, int64_t N, int64_t nc,
-                           const H16Mul& m) {
-  if (n == R) h16_chain_tile<R, BOUNDED>(a, K, bp, K, y, N, nc, m);
-  else if constexpr (R > 1) h16_chain_last<R - 1, BOUNDED>(n, a, K, bp, y, N, nc, m);
+                           const H16Mul& m, const Sum& sum) {
+  if (n == R) h16_chain_tile<R, BOUNDED, Sum>(a, K, bp, K, y, N, nc, m, sum);
+  else if constexpr (R > 1) h16_chain_last<R - 1, BOUNDED, Sum>(n, a, K, bp, y, N, nc, m, sum);
 }
 
 // Rows m0 .. m1 of one batch element's output, columns j0 .. j0 + nc (nc <= NR): a: (M, K) of that
 // element, b: (K, N), y: (M, N). The panel of b is packed into pack (resized as needed).
-template <bool BOUNDED>
+template <bool BOUNDED, class Sum>
 inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
-                           int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m) {
+                           int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m, const Sum& sum) {
   using C = H16Chain;
   const float* bp = pack_panel(b, K, N, j0, nc, C::NR, pack);
   int64_t i = m0;
   for (; i + C::MR <= m1; i += C::MR)
-    h16_chain_tile<C::MR, BOUNDED>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m);
-  if (i < m1) h16_chain_last<C::MR - 1, BOUNDED>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m);
+    h16_chain_tile<C::MR, BOUNDED, Sum>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m, sum);
+  if (i < m1) h16_chain_last<C::MR - 1, BOUNDED, Sum>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m, sum);
 }
 #endif
 
