@@ -264,3 +264,24 @@ def test_thread_count_and_flush_to_zero(mul, acc):
     finally:
         torch.set_flush_denormal(False)
     assert same_bits(ftz, gen), mismatch(ftz, gen)
+
+
+@pytest.mark.parametrize("mul,acc", [(cpd.E5M2, cpd.FP16), (cpd.E5M2, cpd.FloatFormat(5, 10)), (cpd.E5M2, cpd.FP32)],
+                         ids=["e5m2-fp16", "e5m2-5-10", "e5m2-fp32"])
+def test_subnormal_operands_on_a_flushing_thread(mul, acc):
+    """float32-subnormal operands whose products are values of mul (2^-127 * 2^118 = 2^-9), within
+    the bounded chain's bound: a thread that flushes subnormals (DAZ) would read them as zeros, so
+    it must take the generic steps, into binary16 too."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.full((1, 6, 16), 2.0 ** -127) * torch.randint(1, 4, (1, 6, 16), generator=g)
+    b = torch.full((1, 16, 20), 2.0 ** 116) * torch.randint(1, 4, (1, 16, 20), generator=g)
+    want = ext(a, b, mul, acc, 1)
+    assert bool((want != 0).all())
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormals")
+    try:
+        got = {path: ext(a, b, mul, acc, path) for path in (0, 2, 3, 4)}
+    finally:
+        torch.set_flush_denormal(False)
+    for path, out in got.items():
+        assert same_bits(out, want), (path, mismatch(out, want))

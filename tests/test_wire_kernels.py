@@ -421,10 +421,9 @@ def test_wide_hop_directed_equals_exact_sums(fmt):
 @compiled
 def test_wide_hop_under_flush_to_zero(monkeypatch):
     """bfloat16's subnormals are float32 subnormals: with flush-to-zero / denormals-are-zero on the
-    hop's thread (torch.set_flush_denormal) the wide loop hands its blocks to add_bits, so it writes
-    what the exact loop (CPD_WIRE_HOP=table) writes under the same flags. (That loop's own decode
-    then flushes bfloat16 subnormals too, as it did before the wide loop: without the flags both
-    equal cpd.add, the tests above.)"""
+    hop's thread (torch.set_flush_denormal) every loop (wide, scalar, table) writes what it writes
+    without the flags: the extension's chunks run with subnormals kept (cuda/cpu/fp_env.h
+    KeepSubnormals; before it, the table loop's decode flushed bfloat16 subnormals)."""
     wf, f = _wide_codes("bf16")
     g = torch.Generator().manual_seed(2)
     n = 4096 + 5
@@ -449,7 +448,7 @@ def test_wide_hop_under_flush_to_zero(monkeypatch):
     assert torch.equal(got[None], got["table"]) and torch.equal(got["scalar"], got["table"])
     ftz_free = rb.clone()
     kernels.hop(ra, ftz_free, n, wf, Rounding.NEAREST, False)
-    assert not torch.equal(ftz_free, got[None])  # the flags did reach the hop's thread
+    assert torch.equal(ftz_free, got[None])  # the flags did not reach the hop's arithmetic
 
 
 KAHAN_LANES = ["e4m3", "e5m2", "e4m3fn", cpd.FloatFormat(3, 0), cpd.FloatFormat(3, 2, specials="finite"), "bf16",

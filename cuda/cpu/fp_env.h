@@ -1,9 +1,16 @@
-// cpd_cpu: what the calling thread's floating-point unit does, asked at run time by the CPU loops
-// that lean on IEEE float32 arithmetic (the wire hops, the matmul's binary32 lanes).
+// cpd_cpu: the calling thread's floating-point unit: whether it keeps subnormals (asked at run time
+// by the CPU loops that lean on IEEE float32 arithmetic: the wire hops, the matmul's binary32
+// lanes) and a guard that makes it keep them (KeepSubnormals, around every parallel_for chunk).
 #ifndef CPD_CPU_FP_ENV_H
 #define CPD_CPU_FP_ENV_H
 
+#include <cstdint>
+
 #include "cpd/numerics.h"
+
+#if defined(__SSE__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
 
 namespace cpd_cpu {
 
@@ -14,6 +21,45 @@ inline bool float32_subnormals_kept() {
   volatile float t = cpd::float_of(1u);
   return cpd::bits_of(t + t) == 2u;
 }
+
+// Keeps subnormals on this thread for its lifetime: clears the flush-to-zero and
+// denormals-are-zero modes (x86 MXCSR FTZ and DAZ; Arm FPCR FZ and FZ16) if they are set, and
+// restores the register when it ends. Every chunk of cpd_cpu::parallel_for runs under one, so a
+// thread that flushes subnormals (torch.set_flush_denormal(True), or a library that set MXCSR)
+// computes cpd's exact results all the same: under DAZ a vector load of a float32 subnormal
+// operand reads 0, and under FTZ a subnormal float32 sum or product is written as 0, which no
+// rounding decision of the core may see. A read of the control register and a compare when
+// nothing is set; other architectures: nothing.
+class KeepSubnormals {
+ public:
+  KeepSubnormals() {
+#if defined(__SSE__) || defined(_M_X64)
+    saved_ = _mm_getcsr();
+    if (saved_ & kFlushBits) _mm_setcsr(saved_ & ~kFlushBits);
+#elif defined(__aarch64__)
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(saved_));
+    if (saved_ & kFlushBits) __asm__ __volatile__("msr fpcr, %0" ::"r"(saved_ & ~kFlushBits));
+#endif
+  }
+  ~KeepSubnormals() {
+#if defined(__SSE__) || defined(_M_X64)
+    if (saved_ & kFlushBits) _mm_setcsr(saved_);
+#elif defined(__aarch64__)
+    if (saved_ & kFlushBits) __asm__ __volatile__("msr fpcr, %0" ::"r"(saved_));
+#endif
+  }
+  KeepSubnormals(const KeepSubnormals&) = delete;
+  KeepSubnormals& operator=(const KeepSubnormals&) = delete;
+
+ private:
+#if defined(__SSE__) || defined(_M_X64)
+  static constexpr unsigned kFlushBits = 0x8040u;  // MXCSR bit 15 FTZ, bit 6 DAZ
+  unsigned saved_ = 0;
+#elif defined(__aarch64__)
+  static constexpr uint64_t kFlushBits = (1ull << 24) | (1ull << 19);  // FPCR FZ, FZ16
+  uint64_t saved_ = 0;
+#endif
+};
 
 }  // namespace cpd_cpu
 

@@ -221,6 +221,7 @@ std::shared_ptr<const Tables> tables_of(const Wire& w) {
   std::lock_guard<std::mutex> g(g_tables_lock);
   auto it = g_tables.find(key);
   if (it != g_tables.end()) return it->second;
+  cpd_cpu::KeepSubnormals keep;  // a table built on a flushing thread would be cached wrong (fp_env.h)
   auto t = std::make_shared<Tables>();
   const int b = w.bits, k = 1 << b;
   t->add.resize((size_t)k * k);
@@ -442,6 +443,7 @@ std::shared_ptr<const std::vector<float>> decode_table16(const Wire& w) {
   std::lock_guard<std::mutex> g(g_decode_lock);
   auto it = g_decode.find(key);
   if (it != g_decode.end()) return it->second;
+  cpd_cpu::KeepSubnormals keep;  // as tables_of
   auto t = std::make_shared<std::vector<float>>(65536);
   for (u32 c = 0; c < 65536; ++c) (*t)[c] = cpd::float_of(value_of_code(c, w));
   g_decode[key] = t;

@@ -10,7 +10,8 @@
 // chunks - 1 tasks queued on ATen's inter-op pool. The caller claims chunks too, so it never
 // waits for a task that has not started (no deadlock when the pool is busy or the call is nested:
 // then the caller simply runs every chunk); it waits only for chunks other threads are running.
-// The first exception thrown by f is rethrown in the caller.
+// The first exception thrown by f is rethrown in the caller. Every chunk runs with subnormals kept
+// (fp_env.h KeepSubnormals), whatever flush mode its thread was left in.
 #ifndef CPD_CPU_PARALLEL_H
 #define CPD_CPU_PARALLEL_H
 
@@ -18,6 +19,8 @@
 
 #include <algorithm>
 #include <cstdint>
+
+#include "fp_env.h"
 
 #if !defined(_OPENMP)
 #include <atomic>
@@ -34,7 +37,10 @@ constexpr bool kOpenMP = true;
 
 template <class F>
 inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
-  at::parallel_for(begin, end, grain, f);
+  at::parallel_for(begin, end, grain, [&f](int64_t b, int64_t e) {
+    KeepSubnormals keep;  // per chunk, on the thread that runs it (fp_env.h)
+    f(b, e);
+  });
 }
 #else
 constexpr bool kOpenMP = false;
@@ -55,6 +61,7 @@ inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) 
   const int64_t n = end - begin, g = std::max<int64_t>(grain, 1);
   const int64_t chunks = std::min<int64_t>(std::max(at::get_num_threads(), 1), (n + g - 1) / g);
   if (chunks <= 1 || in_cpd_parallel) {
+    KeepSubnormals keep;  // fp_env.h
     f(begin, end);
     return;
   }
@@ -68,6 +75,7 @@ inline void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) 
     for (int64_t i; (i = st->next.fetch_add(1)) < chunks;) {
       std::exception_ptr err;
       try {
+        KeepSubnormals keep;  // fp_env.h
         f(begin + i * size, std::min(end, begin + (i + 1) * size));
       } catch (...) {
         err = std::current_exception();
