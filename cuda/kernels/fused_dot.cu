@@ -98,8 +98,10 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
     const long long m0 = (rest / tiles_n) * T, n0 = (rest % tiles_n) * T;
     const float* ab = a + bi * M * K;
     const float* bb = b + bi * K * N;
-    const long long rows_a = M - m0 - sa_m;  // A rows left from this thread's first
+    // staging: rows of A left from this thread's first (<= 0: none), whether its column of B is in
+    const int rows_a = (int)(M - m0 - sa_m < (long long)T ? M - m0 - sa_m : (long long)T);
     const bool col_b = n0 + sb_n < N;
+    const long long stride_a = (long long)(CPD_FD_THREADS / L) * K, stride_b = (long long)(CPD_FD_THREADS / T) * N;
     const float* pa = ab + (m0 + sa_m) * K + sa_k;
     const float* pb = bb + (long long)sb_k * N + n0 + sb_n;
     cpd::u32 c[R][R];
@@ -107,16 +109,16 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
     for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int j = 0; j < R; ++j) c[i][j] = 0u;
-    for (long long k0 = 0; k0 < K; k0 += L) {
+    for (long long k0 = 0; k0 < K; k0 += L, pa += L, pb += L * N) {
       // 1. stage the raw slices (A transposed: Ae[kk][m])
-      const bool k_a = k0 + sa_k < K;
+      const int k_left = (int)(K - k0 < (long long)L ? K - k0 : (long long)L);
+      const bool k_a = sa_k < k_left;
 #pragma unroll
       for (int r = 0; r < P; ++r) {
         const int m = sa_m + (CPD_FD_THREADS / L) * r, kb = sb_k + (CPD_FD_THREADS / T) * r;
-        if (k_a && (CPD_FD_THREADS / L) * r < rows_a)
-          cpd::copy_async4((float*)&Ae[sa_k][m], pa + k0 + (long long)((CPD_FD_THREADS / L) * r) * K);
+        if (k_a && (CPD_FD_THREADS / L) * r < rows_a) cpd::copy_async4((float*)&Ae[sa_k][m], pa + r * stride_a);
         else Ae[sa_k][m] = 0u;
-        if (col_b && k0 + kb < K) cpd::copy_async4((float*)&Be[kb][sb_n], pb + (k0 + (CPD_FD_THREADS / T) * r) * N);
+        if (col_b && kb < k_left) cpd::copy_async4((float*)&Be[kb][sb_n], pb + r * stride_b);
         else Be[kb][sb_n] = 0u;
       }
       cpd::copy_wait_all();
@@ -127,14 +129,15 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
 #pragma unroll
         for (int r = 0; r < P; ++r) {
           const int kk = dq * P + r;
-          const cpd::FdTiledOperand oa = cpd::fd_tiled_operand(Ae[kk][dm], a_man, s.a_emin, s.zero_exp, 0);
-          const cpd::FdTiledOperand ob = cpd::fd_tiled_operand(Be[kk][dm], b_man, s.b_emin, s.zero_exp, zb);
+          const cpd::u32 xa = Ae[kk][dm], xb = Be[kk][dm];
+          const cpd::FdTiledOperand oa = cpd::fd_tiled_operand(xa, a_man, s.a_emin, s.zero_exp, 0);
+          const cpd::FdTiledOperand ob = cpd::fd_tiled_operand(xb, b_man, s.b_emin, s.zero_exp, zb);
           Ae[kk][dm] = oa.e;
           Aw[kk][dm] = oa.w;
           Be[kk][dm] = ob.e;
           Bw[kk][dm] = ob.w;
-          sg_a |= (oa.w >> 31) << r;
-          sg_b |= (ob.w >> 31) << r;
+          sg_a |= (cpd::u32)((int)xa >> 31) & (1u << r);
+          sg_b |= (cpd::u32)((int)xb >> 31) & (1u << r);
           bad_a |= oa.bad;
           bad_b |= ob.bad;
         }

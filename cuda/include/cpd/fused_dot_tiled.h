@@ -99,11 +99,11 @@ CPD_FN int fd_mulhi(int a, int b) {
 #endif
 }
 
-CPD_FN int fd_clz(u32 x) {  // x != 0
+CPD_FN int fd_clz(u32 x) {  // 32 for 0
 #if defined(__CUDA_ARCH__)
   return __clz((int)x);
 #else
-  return __builtin_clz(x);
+  return x ? __builtin_clz(x) : 32;
 #endif
 }
 
@@ -120,21 +120,24 @@ CPD_FN int fd_popc(u32 x) {
 // From the float32 bits: x = sig 2^(eff - 23) (sig < 2^24 with the implicit bit, eff = max(field,
 // 1) - 127), e = max(eff, emin) for x != 0 and r = e - eff >= 0; then M = sig >> (23 - man + r),
 // exact iff those 23 - man + r low bits of sig are 0, i.e. sig << (9 + man - r) is 0 in 32 bits
-// (a count < 0: only sig = 0 is exact, and a count of 0 leaves sig), and
-// Ma 2^(30 - ma) = (sig << 7) >> r, Mb 2^(F + 2 - mb) = (sig << 7) >> (r + 28 - F).
+// (a count of 8 or less keeps every bit of sig: then only sig = 0 is exact), and
+// Ma 2^(30 - ma) = (sig << 7) >> r, Mb 2^(F + 2 - mb) = (sig << 7) >> (r + 28 - F), both even.
+// sig << 7 is (a << 7) - (max(field, 1) - 1) 2^30 in 32 bits (the field's low two bits become the
+// implicit bit), and w = m ? ~mag : mag | 1 (m = 0 or -1 by the sign bit) is one LOP3.
 struct FdTiledOperand {
   u32 e, w, bad;
 };
 
 CPD_FN FdTiledOperand fd_tiled_operand(u32 x, int man, int emin, int zero_exp, int z) {
-  const u32 a = x & ~SIGN, field = a >> 23;
-  const int f1 = imax((int)field, 1), ex = imax((int)field - 127, emin), r = ex + 127 - f1;
-  const u32 sig = a - ((u32)(f1 - 1) << 23);
-  const u32 mag = fd_shr(sig << 7, (u32)(r + z)) | 1u, m = (u32)((int)x >> 31);
+  const u32 a = x & ~SIGN, field = a >> 23, m = (u32)((int)x >> 31);
+  const int f1 = imax((int)field, 1), ex = imax((int)field - 127, emin) + FD_TILED_EOFF;
+  const int r = ex - FD_TILED_EOFF + 127 - f1;
+  const u32 sig7 = (a << 7) - ((u32)(f1 - 1) << 30);
+  const u32 mag = fd_shr(sig7, (u32)(r + z));
   FdTiledOperand o;
-  o.e = (u32)((a == 0u ? zero_exp : ex) + FD_TILED_EOFF);
-  o.w = (mag ^ m) - m;
-  o.bad = (u32)(a >= INF_BITS) | (u32)(fd_shl(sig, (u32)imax(9 + man - r, 0)) != 0u);
+  o.e = a == 0u ? (u32)(zero_exp + FD_TILED_EOFF) : (u32)ex;
+  o.w = (m & ~mag) | (~m & (mag | 1u));
+  o.bad = (u32)(a >= INF_BITS) | (u32)(fd_shl(sig7, (u32)imax(2 + man - r, 0)) != 0u);
   return o;
 }
 
@@ -157,24 +160,23 @@ CPD_FN u32 fd_tiled_finish(const FusedDotSpec& s, long long S, int neg, u32 emax
   return fd_round_out(S + neg + (wc.sign ? -T : T), emax - s.frac, s);
 }
 
-// Step 5 on a 32-bit sum: fd_round_out(v, k, s) for v != 0 with |v| < 2^31 (RZ to float32 or
-// E8M13, RNE to binary16), as round_wide does it: t the top bit of |v|, E = t + k, the quantum
-// 2^(max(E, emin) - man), dr = the bits of |v| below it; r = |v| >> dr, plus one on the
-// round-to-nearest-even decision (dr is capped at 31: |v| <= 2^30 then rounds to 0 either way); the value r 2^(k + dr) (r <= 2^24) is built as a float32 from
-// (float)r and an exponent add. An overflow (2^128 before RZ, 2^16 after RNE) is infinite; a
-// result below 2^-126 (float32 and E8M13 outputs only: a binary16 result is >= 2^-24 or 0) sets
-// *slow (fd_round_out's subnormal float32, left to fd_step).
+// Step 5 on a 32-bit sum: fd_round_out(v, k, s) for |v| <= 2^30 (RZ to float32 or E8M13, RNE
+// to binary16), as round_wide does it: t the top bit of |v|, E = t + k, the quantum
+// 2^(max(E, emin) - man), dr = the bits of |v| below it (capped at 31: |v| <= 2^30 then rounds
+// to 0 either way); q = (|v| + bias) >> dr, the bias 0 (RZ) or 2^(dr - 1) - 1 plus the last kept
+// bit (RNE: ties to even); the value q 2^(k + dr) (q <= 2^24) is built as a float32 from
+// (float)q and an exponent add. An overflow (2^128 before RZ, 2^16 after RNE) is infinite, 0 and
+// what rounds to 0 are +0; a nonzero result below 2^-126 (float32 and E8M13 outputs only: a
+// binary16 result is >= 2^-24 or 0) sets *slow (fd_round_out's subnormal float32, left to fd_step).
 CPD_FN u32 fd_tiled_round(int v, int k, const FusedDotSpec& s, u32* slow) {
-  const u32 f16 = (u32)(s.out == FD_OUT_F16), mag = (u32)(v < 0 ? -v : v);
-  const int t = 31 - fd_clz(mag), ee = imax(t + k, s.of.emin), dr = imin(imax(ee - s.of.man - k, 0), 31);
-  const u32 r = mag >> dr, rem2 = (mag - (r << dr)) << 1, unit = 1u << dr;  // rem2 vs unit: rem vs half
-  const u32 up = f16 & ((u32)(rem2 > unit) | ((u32)(rem2 == unit) & r));
-  const u32 q = r + up;
+  const u32 f16 = 0u - (u32)(s.out == FD_OUT_F16), mag = (u32)(v < 0 ? -v : v);  // f16: a mask
+  const int t = 31 - fd_clz(mag), dr = imin(imax(imax(t + k, s.of.emin) - s.of.man - k, 0), 31);
+  const u32 bias = (fd_shl(1u, (u32)dr) >> 1) - (u32)(dr != 0) + ((mag >> dr) & (u32)(dr != 0));
+  const u32 q = (mag + (bias & f16)) >> dr;
   const int fe = (int)(bits_of((float)(int)q) >> 23) + k + dr;  // the result's float32 exponent field
-  const u32 bits = bits_of((float)(int)q) + ((u32)(k + dr) << 23);
-  const u32 res = fe >= (f16 ? 127 + 16 : 127 + 128) ? INF_BITS : (q == 0u ? 0u : bits);
+  const u32 bits = (bits_of((float)(int)q) + ((u32)(k + dr) << 23)) | ((u32)v & SIGN);
   *slow |= (u32)(fe <= 0) & (u32)(q != 0u);
-  return res == 0u ? 0u : res | ((u32)v & SIGN);
+  return (fe <= 0) | (q == 0u) ? 0u : fe >= 255 - (int)(f16 & 112u) ? INF_BITS | ((u32)v & SIGN) : bits;
 }
 
 // fd_tiled_finish for 32-bit sums and F <= 23 (c's term, Sc 2^(ec - 23) >> (emax - F), is then a
@@ -187,7 +189,7 @@ CPD_FN u32 fd_tiled_finish32(const FusedDotSpec& s, int S, int neg, u32 emax2, u
   const int Tc = (int)fd_shr(ca - ((u32)(f1 - 1) << 23), (u32)(emax - s.frac - f1 + 150));
   const int v = S + neg + ((c & SIGN) ? -Tc : Tc);
   *slow |= (u32)(ca >= INF_BITS);
-  return v == 0 ? 0u : fd_tiled_round(v, emax - s.frac, s, slow);
+  return fd_tiled_round(v, emax - s.frac, s, slow);
 }
 
 }  // namespace cpd
