@@ -130,9 +130,9 @@ struct FdTiledOperand {
 
 CPD_FN FdTiledOperand fd_tiled_operand(u32 x, int man, int emin, int zero_exp, int z) {
   const u32 a = x & ~SIGN, field = a >> 23, m = (u32)((int)x >> 31);
-  const int f1 = imax((int)field, 1), ex = imax((int)field - 127, emin) + FD_TILED_EOFF;
+  const int f1 = imax((int)field, 1), ex = imax((int)field + (FD_TILED_EOFF - 127), emin + FD_TILED_EOFF);
   const int r = ex - FD_TILED_EOFF + 127 - f1;
-  const u32 sig7 = (a << 7) - ((u32)(f1 - 1) << 30);
+  const u32 sig7 = (a * 128u + 0x40000000u) - (u32)f1 * 0x40000000u;
   const u32 mag = fd_shr(sig7, (u32)(r + z));
   FdTiledOperand o;
   o.e = a == 0u ? (u32)(zero_exp + FD_TILED_EOFF) : (u32)ex;
@@ -163,16 +163,18 @@ CPD_FN u32 fd_tiled_finish(const FusedDotSpec& s, long long S, int neg, u32 emax
 // Step 5 on a 32-bit sum: fd_round_out(v, k, s) for |v| <= 2^30 (RZ to float32 or E8M13, RNE
 // to binary16), as round_wide does it: t the top bit of |v|, E = t + k, the quantum
 // 2^(max(E, emin) - man), dr = the bits of |v| below it (capped at 31: |v| <= 2^30 then rounds
-// to 0 either way); q = (|v| + bias) >> dr, the bias 0 (RZ) or 2^(dr - 1) - 1 plus the last kept
-// bit (RNE: ties to even); the value q 2^(k + dr) (q <= 2^24) is built as a float32 from
-// (float)q and an exponent add. An overflow (2^128 before RZ, 2^16 after RNE) is infinite, 0 and
-// what rounds to 0 are +0; a nonzero result below 2^-126 (float32 and E8M13 outputs only: a
-// binary16 result is >= 2^-24 or 0) sets *slow (fd_round_out's subnormal float32, left to fd_step).
+// to 0 either way); q = (2 |v| + bias) >> (dr + 1), the bias 0 (RZ) or 2^dr - 1 plus the last
+// kept bit (RNE: the rest rounds up above half, and at half when the kept bit is odd; dr = 0
+// keeps |v|; |v| <= 2^30 keeps 2 |v| + bias below 2^32); the value q 2^(k + dr) (q <= 2^24) is
+// built as a float32 from (float)q and an exponent add. An overflow (2^128 before RZ, 2^16
+// after RNE) is infinite, 0 and what rounds to 0 are +0; a nonzero result below 2^-126 (float32
+// and E8M13 outputs only: a binary16 result is >= 2^-24 or 0) sets *slow (fd_round_out's
+// subnormal float32, left to fd_step).
 CPD_FN u32 fd_tiled_round(int v, int k, const FusedDotSpec& s, u32* slow) {
   const u32 f16 = 0u - (u32)(s.out == FD_OUT_F16), mag = (u32)(v < 0 ? -v : v);  // f16: a mask
   const int t = 31 - fd_clz(mag), dr = imin(imax(imax(t + k, s.of.emin) - s.of.man - k, 0), 31);
-  const u32 bias = (fd_shl(1u, (u32)dr) >> 1) - (u32)(dr != 0) + ((mag >> dr) & (u32)(dr != 0));
-  const u32 q = (mag + (bias & f16)) >> dr;
+  const u32 bias = (fd_shl(1u, (u32)dr) - 1u + ((mag >> dr) & 1u)) & f16;
+  const u32 q = fd_shr(2u * mag + bias, (u32)dr + 1u);  // (2 |v| + 2^dr - 1 + lsb) >> (dr + 1): RNE
   const int fe = (int)(bits_of((float)(int)q) >> 23) + k + dr;  // the result's float32 exponent field
   const u32 bits = (bits_of((float)(int)q) + ((u32)(k + dr) << 23)) | ((u32)v & SIGN);
   *slow |= (u32)(fe <= 0) & (u32)(q != 0u);
