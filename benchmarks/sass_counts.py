@@ -132,7 +132,9 @@ def fused_dot_counts(arch: str = "sm_90") -> dict[str, dict]:
     the fast path: the slice loop's straight-line code, plus each loop nested in it times its trip
     count: the staging and decomposition loops (shared stores: T L / 256 = L / 4 trips), the two
     passes over k (shared loads only: unrolled by 8, L / 8 trips); loops that read global memory
-    (fd_step for flagged outputs, not run when no operand is flagged) are left out."""
+    (fd_step for flagged outputs and for the rare roundings the 32-bit form leaves: not run on
+    the fast path) are left out. The straight-line code counts every instruction, branches not
+    taken on the fast path included."""
     from cpd import _cuda
 
     functions = sass(_cuda.compile_source("fused_dot.cu", arch))

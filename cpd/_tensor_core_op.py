@@ -134,7 +134,7 @@ def tiled_kernel(p: _fused_dot_ref.Params, fields, scaled: bool) -> str | None:
     (mirrored here; tests/test_fused_dot_tiled.py checks both choices on the host shim)."""
     a_man, b_man = fields[0], fields[2]
     if not (p.algo == 0 and not scaled and p.group in (16, 32) and p.frac >= a_man + b_man
-            and p.frac + 1 - b_man <= 22 and p.frac <= 29 and p.zero_exp >= -255 and a_man <= 23 and b_man <= 23):
+            and p.frac + 1 - b_man <= 22 and p.frac <= 26 and p.zero_exp >= -255 and a_man <= 23 and b_man <= 23):
         return None
     wide = p.frac + 2 + (p.group + 1 - 1).bit_length() > 30
     return f"cpd_fused_dot_tiled_l{p.group}{'w' if wide else ''}"

@@ -23,12 +23,12 @@ pytestmark = [pytest.mark.skipif(not _shim.available(), reason="no host C++ comp
               pytest.mark.skipif(_cpu.extension() is None, reason="no CPU extension")]
 
 MODELS = [("hopper", "e4m3"), ("hopper", "e5m2"), ("hopper", "fp16"), ("hopper", "bf16"), ("ada", "e4m3"),
-          ("blackwell", "bf16"), ("custom", "fp16 L=32")]
+          ("blackwell", "bf16"), ("custom", "fp16 L=32"), ("custom", "fp16 L=32 F=26")]
 
 
 def model(arch, ka):
-    if arch == "custom":  # L = 32 with 64-bit group sums (no preset has both)
-        return FusedDot(group=32, frac_bits=25, out="f32", a="e5m10", b="e5m10")
+    if arch == "custom":  # L = 32 with 64-bit group sums (no preset has both); F = 26: the largest taken
+        return FusedDot(group=32, frac_bits=26 if ka.endswith("F=26") else 25, out="f32", a="e5m10", b="e5m10")
     return tensor_core(arch, a=ka)
 CODES = {"e4m3fn": (torch.uint8, torch.float8_e4m3fn), "e5m2": (torch.uint8, torch.float8_e5m2),
          "e5m10": (torch.int16, torch.float16), "e8m7": (torch.int16, torch.bfloat16)}
@@ -122,6 +122,9 @@ def test_routing():
         assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) is None, (arch, ka)
     acc = tensor_core("hopper", a="e4m3")
     assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), True) is None  # block scales
+    assert routed[("custom", "fp16 L=32 F=26")] == "cpd_fused_dot_tiled_l32w"
+    acc = FusedDot(group=16, frac_bits=27, out="f32", a="e5m10", b="e5m10")  # F > 26: 8 terms overflow 32 bits
+    assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) is None
 
 
 @pytest.mark.parametrize("kernel", ["cpd_fused_dot_tiled_l32", "cpd_fused_dot_tiled_l16w"])

@@ -52,11 +52,15 @@ extern "C" __global__ void cpd_fused_dot_matmul(const float* __restrict__ a, con
 // sum in registers. K is walked one group (L = 16 or 32 elements) at a time: the block copies the
 // 64 x L slice of A and the L x 64 slice of B into shared memory (cp.async on sm_80+; zeros
 // outside the matrices: a zero product never raises emax nor adds to the sum), decomposes every
-// element once (fd_tiled_operand: exponent and integer significand), then each thread takes its
-// outputs' group maximum exponent (pass 1) and exact integer sums (pass 2), and one rounding per
-// output (fd_tiled_finish). Outputs reached by a flagged operand (NaN/inf, or not a value of the
-// format) take fd_step from global memory for that group instead. Every output's groups run in
-// k order from c = +0: the bits of cpd_fused_dot_matmul and of the CPU.
+// element once (fd_tiled_operand: exponent and signed word; each thread also packs the sign bits
+// and the flags of its L / 4 elements of a row of A and a column of B into one byte of that
+// row's / column's sign and flag words), then each thread takes its outputs' group maximum
+// exponent (pass 1) and exact integer sums (pass 2: a multiply-high and a shift per product),
+// and one rounding per output (fd_tiled_finish32 / fd_tiled_finish). Outputs reached by a flagged
+// operand (NaN/inf, or not a value of the format), and those whose rounding the 32-bit form
+// leaves (a float32-subnormal result, a non-finite c), take fd_step from global memory for that
+// group instead. Every output's groups run in k order from c = +0: the bits of
+// cpd_fused_dot_matmul and of the CPU.
 #include "cpd/launch.h"
 #include "cpd/fused_dot_tiled.h"
 
@@ -66,114 +70,155 @@ extern "C" __global__ void cpd_fused_dot_matmul(const float* __restrict__ a, con
 
 namespace {
 
-template <bool W>
-struct FdSum {
-  typedef int type;  // a group's sum in 32 bits (fd_tiled_wide false)
-};
-template <>
-struct FdSum<true> {
-  typedef long long type;
-};
-
 // Four consecutive words of a shared row (16-byte aligned: one 128-bit load on the GPU).
 struct alignas(16) Fd4 {
   cpd::u32 v[4];
 };
 
-// One staged operand decomposed in place: e (the raw float32 bits in, exponent + FD_TILED_EOFF out)
-// and w (fd_tiled_operand's word); an operand the integer step cannot take (NaN/inf, or not a value
-// of its format) is zero here and flags its row or column (bad) and the slice (any_bad).
-__device__ __forceinline__ void fd_decompose(cpd::u32& e, cpd::u32& w, cpd::u32& bad, int& any_bad, int man,
-                                             int emin, int zero_exp, int pre) {
-  cpd::u32 ee, ww;
-  if (cpd::fd_tiled_operand(e, man, emin, zero_exp, pre, &ee, &ww)) {
-    e = ee;
-    w = ww;
-  } else {
-    e = (cpd::u32)(zero_exp + cpd::FD_TILED_EOFF);
-    w = 0u;
-    bad = 1u;
-    any_bad = 1;
-  }
-}
-
 template <int L, bool WIDE>
 __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
                                          long long B, long long M, long long K, long long N, const cpd::FusedDotSpec& s,
                                          int a_man, int b_man) {
-  constexpr int T = CPD_FD_T, R = CPD_FD_R;
+  constexpr int T = CPD_FD_T, R = CPD_FD_R, P = T * L / CPD_FD_THREADS;  // P: elements of A (and of B) per thread
   alignas(16) __shared__ cpd::u32 Ae[L][T];
   alignas(16) __shared__ cpd::u32 Aw[L][T];
   alignas(16) __shared__ cpd::u32 Be[L][T];
   alignas(16) __shared__ cpd::u32 Bw[L][T];
-  __shared__ cpd::u32 badA[T], badB[T], sgnA[T], sgnB[T];
-  __shared__ int any_bad;
+  // per row of A / column of B: bit 8 q + r of the sign word is operand k = q P + r's sign; byte
+  // q of the flag word is nonzero when one of those operands is flagged
+  alignas(16) __shared__ cpd::u32 sgnA[T], sgnB[T], badA[T], badB[T];
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
-  const int pre = s.frac - a_man - b_man;
+  const int zb = 28 - s.frac;  // b's words: Mb 2^(F + 2 - mb) = (sig << 7) >> (r + 28 - F)
+  // staging: A's element r is (row sa_m + (256 / L) r, k sa_k), B's (k sb_k + 4 r, column sb_n);
+  // decomposing: row / column dm, k dq P + r
+  const int sa_k = tid % L, sa_m = tid / L, sb_n = tid % T, sb_k = tid / T, dm = tid % T, dq = tid / T;
   const long long tiles_m = (M + T - 1) / T, tiles_n = (N + T - 1) / T, tiles = B * tiles_m * tiles_n;
   for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
     const long long bi = t / (tiles_m * tiles_n), rest = t - bi * tiles_m * tiles_n;
     const long long m0 = (rest / tiles_n) * T, n0 = (rest % tiles_n) * T;
     const float* ab = a + bi * M * K;
     const float* bb = b + bi * K * N;
+    // staging: rows of A left from this thread's first (<= 0: none), whether its column of B is in
+    const int rows_a = (int)(M - m0 - sa_m < (long long)T ? M - m0 - sa_m : (long long)T);
+    const bool col_b = n0 + sb_n < N;
+    const long long stride_a = (long long)(CPD_FD_THREADS / L) * K, stride_b = (long long)(CPD_FD_THREADS / T) * N;
+    const float* pa = ab + (m0 + sa_m) * K + sa_k;
+    const float* pb = bb + (long long)sb_k * N + n0 + sb_n;
     cpd::u32 c[R][R];
 #pragma unroll
     for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int j = 0; j < R; ++j) c[i][j] = 0u;
-    for (long long k0 = 0; k0 < K; k0 += L) {
-      // 1. stage the raw slices (A transposed: Ae[kk][m]); reset the flags
-      {  // element tid + 256 r: A's (row tid / L + (256 / L) r, k tid % L), B's (k tid / T + 4 r, column tid % T)
-        const int kk = tid % L, n = tid % T;
-        const long long gk = k0 + kk, gn = n0 + n;
+    for (long long k0 = 0; k0 < K; k0 += L, pa += L, pb += L * N) {
+      // 1. stage the raw slices (A transposed: Ae[kk][m])
+      const int k_left = (int)(K - k0 < (long long)L ? K - k0 : (long long)L);
+      const bool k_a = sa_k < k_left;
 #pragma unroll
-        for (int r = 0; r < T * L / CPD_FD_THREADS; ++r) {
-          const int m = tid / L + (CPD_FD_THREADS / L) * r, kb = tid / T + (CPD_FD_THREADS / T) * r;
-          const long long gm = m0 + m, gkb = k0 + kb;
-          if (gm < M && gk < K) cpd::copy_async4((float*)&Ae[kk][m], ab + gm * K + gk);
-          else Ae[kk][m] = 0u;
-          if (gkb < K && gn < N) cpd::copy_async4((float*)&Be[kb][n], bb + gkb * N + gn);
-          else Be[kb][n] = 0u;
-        }
+      for (int r = 0; r < P; ++r) {
+        const int m = sa_m + (CPD_FD_THREADS / L) * r, kb = sb_k + (CPD_FD_THREADS / T) * r;
+        if (k_a && (CPD_FD_THREADS / L) * r < rows_a) cpd::copy_async4((float*)&Ae[sa_k][m], pa + r * stride_a);
+        else Ae[sa_k][m] = 0u;
+        if (col_b && kb < k_left) cpd::copy_async4((float*)&Be[kb][sb_n], pb + r * stride_b);
+        else Be[kb][sb_n] = 0u;
       }
-      if (tid < T) {
-        badA[tid] = badB[tid] = 0u;
-        sgnA[tid] = sgnB[tid] = 0u;
-      }
-      if (tid == 0) any_bad = 0;
       cpd::copy_wait_all();
       __syncthreads();
-      // 2. decompose every element in place
+      // 2. decompose every element in place; this thread's sign bits and flags, one byte each
+      {
+        cpd::u32 sg_a = 0u, sg_b = 0u, bad_a = 0u, bad_b = 0u;
 #pragma unroll
-      for (int r = 0; r < T * L / CPD_FD_THREADS; ++r) {  // element tid + 256 r: k tid / T + 4 r, row/column tid % T
-        const int kk = tid / T + (CPD_FD_THREADS / T) * r, m = tid % T;
-        fd_decompose(Ae[kk][m], Aw[kk][m], badA[m], any_bad, a_man, s.a_emin, s.zero_exp, pre);
-        fd_decompose(Be[kk][m], Bw[kk][m], badB[m], any_bad, b_man, s.b_emin, s.zero_exp, 0);
+        for (int r = 0; r < P; ++r) {
+          const int kk = dq * P + r;
+          const cpd::u32 xa = Ae[kk][dm], xb = Be[kk][dm];
+          const cpd::FdTiledOperand oa = cpd::fd_tiled_operand(xa, a_man, s.a_emin, s.zero_exp, 0);
+          const cpd::FdTiledOperand ob = cpd::fd_tiled_operand(xb, b_man, s.b_emin, s.zero_exp, zb);
+          Ae[kk][dm] = oa.e;
+          Aw[kk][dm] = oa.w;
+          Be[kk][dm] = ob.e;
+          Bw[kk][dm] = ob.w;
+          sg_a |= (cpd::u32)((int)xa >> 31) & (1u << r);
+          sg_b |= (cpd::u32)((int)xb >> 31) & (1u << r);
+          bad_a |= oa.bad;
+          bad_b |= ob.bad;
+        }
+        ((unsigned char*)sgnA)[dm * 4 + dq] = (unsigned char)sg_a;
+        ((unsigned char*)sgnB)[dm * 4 + dq] = (unsigned char)sg_b;
+        ((unsigned char*)badA)[dm * 4 + dq] = (unsigned char)bad_a;
+        ((unsigned char*)badB)[dm * 4 + dq] = (unsigned char)bad_b;
       }
       __syncthreads();
-      // 3. the sign words of each row of A and column of B (bit kk: operand kk is negative)
-      if (tid < 2 * T) {
-        const int m = tid % T;
-        cpd::u32 word = 0u;
-#pragma unroll
-        for (int kk = 0; kk < L; ++kk) word |= ((tid < T ? Aw[kk][m] : Bw[kk][m]) >> 31) << kk;
-        if (tid < T) sgnA[m] = word;
-        else sgnB[m] = word;
-      }
-      __syncthreads();
-      const int len = K - k0 < (long long)L ? (int)(K - k0) : L;
-      // 4. flagged outputs: fd_step on global memory, one output at a time (one inlined copy)
-      cpd::u32 cold[R][R];
+      // 3. pass 1: each output's emax over c and its L products
+      cpd::u32 emax[R][R];
 #pragma unroll
       for (int i = 0; i < R; ++i)
 #pragma unroll
-        for (int j = 0; j < R; ++j) cold[i][j] = c[i][j];
-      if (any_bad) {
+        for (int j = 0; j < R; ++j) emax[i][j] = cpd::fd_tiled_cexp(s, c[i][j]);
+#pragma unroll 1
+      for (int k8 = 0; k8 < L; k8 += 8) {
+#pragma unroll
+        for (int kk = k8; kk < k8 + 8; ++kk) {
+          const Fd4 ea = *(const Fd4*)&Ae[kk][ty * R], eb = *(const Fd4*)&Be[kk][tx * R];
+          const cpd::u32* av = ea.v;
+          const cpd::u32* bv = eb.v;
+#pragma unroll
+          for (int i = 0; i < R; ++i)
+#pragma unroll
+            for (int j = 0; j < R; ++j) emax[i][j] = emax[i][j] > av[i] + bv[j] ? emax[i][j] : av[i] + bv[j];
+        }
+      }
+      // 4. pass 2: the exact sums, eight terms at a time in 32 bits (the barrier to the compiler:
+      //    reload the exponents rather than keep pass 1's 8 L of them live in registers)
+      asm volatile("" ::: "memory");
+      typedef typename cpd::FdTiledSum<WIDE>::type Sum;
+      Sum S[R][R];
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < R; ++j) S[i][j] = 0;
+#pragma unroll 1
+      for (int k8 = 0; k8 < L; k8 += 8) {
+        int S8[R][R];
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int j = 0; j < R; ++j) S8[i][j] = 0;
+#pragma unroll
+        for (int kk = k8; kk < k8 + 8; ++kk) {
+          const Fd4 ea = *(const Fd4*)&Ae[kk][ty * R], eb = *(const Fd4*)&Be[kk][tx * R];
+          const Fd4 wa = *(const Fd4*)&Aw[kk][ty * R], wb = *(const Fd4*)&Bw[kk][tx * R];
+          const cpd::u32 *ae = ea.v, *be = eb.v, *aw = wa.v, *bw = wb.v;
+#pragma unroll
+          for (int i = 0; i < R; ++i)
+#pragma unroll
+            for (int j = 0; j < R; ++j) S8[i][j] += cpd::fd_tiled_term(aw[i], bw[j], emax[i][j] - ae[i] - be[j]);
+        }
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int j = 0; j < R; ++j) S[i][j] += (Sum)S8[i][j];
+      }
+      // 5. one rounding per output; flagged outputs and those the 32-bit rounding leaves are marked
+      const Fd4 sga = *(const Fd4*)&sgnA[ty * R], sgb = *(const Fd4*)&sgnB[tx * R];
+      const Fd4 bda = *(const Fd4*)&badA[ty * R], bdb = *(const Fd4*)&badB[tx * R];
+      cpd::u32 cn[R][R], slow = 0u;
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          const int neg = cpd::fd_popc(sga.v[i] ^ sgb.v[j]);
+          cpd::u32 sl = (cpd::u32)((bda.v[i] | bdb.v[j]) != 0u);
+          if (WIDE) cn[i][j] = cpd::fd_tiled_finish(s, (long long)S[i][j], neg, emax[i][j], c[i][j]);
+          else cn[i][j] = cpd::fd_tiled_finish32(s, (int)S[i][j], neg, emax[i][j], c[i][j], &sl);
+          slow |= sl << (i * R + j);
+        }
+      // 6. the marked outputs: fd_step on global memory, one output at a time (one inlined copy)
+      if (slow) {
+        const int len = K - k0 < (long long)L ? (int)(K - k0) : L;
 #pragma unroll 1
         for (int q = 0; q < R * R; ++q) {
           const int i = q / R, j = q % R;
           const long long gm = m0 + ty * R + i, gn = n0 + tx * R + j;
-          if (!(badA[ty * R + i] | badB[tx * R + j]) || gm >= M || gn >= N) continue;
+          if (!((slow >> q) & 1u) || gm >= M || gn >= N) continue;
           cpd::u32 cq = 0u;
 #pragma unroll
           for (int ii = 0; ii < R; ++ii)
@@ -183,53 +228,13 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
 #pragma unroll
           for (int ii = 0; ii < R; ++ii)
 #pragma unroll
-            for (int jj = 0; jj < R; ++jj) cold[ii][jj] = ii * R + jj == q ? cq : cold[ii][jj];
+            for (int jj = 0; jj < R; ++jj) cn[ii][jj] = ii * R + jj == q ? cq : cn[ii][jj];
         }
       }
-      // 5. pass 1: each output's emax over c and its L products
-      cpd::u32 emax[R][R];
 #pragma unroll
       for (int i = 0; i < R; ++i)
 #pragma unroll
-        for (int j = 0; j < R; ++j) emax[i][j] = cpd::fd_tiled_cexp(s, c[i][j]);
-#pragma unroll 8  // (a full unroll of L = 32 runs out of registers)
-      for (int kk = 0; kk < L; ++kk) {
-        const Fd4 ea = *(const Fd4*)&Ae[kk][ty * R], eb = *(const Fd4*)&Be[kk][tx * R];
-        const cpd::u32* av = ea.v;
-        const cpd::u32* bv = eb.v;
-#pragma unroll
-        for (int i = 0; i < R; ++i)
-#pragma unroll
-          for (int j = 0; j < R; ++j) emax[i][j] = emax[i][j] > av[i] + bv[j] ? emax[i][j] : av[i] + bv[j];
-      }
-      // 6. pass 2: the exact sums (the barrier to the compiler: reload the exponents rather than
-      //    keep pass 1's 8 L of them live in registers)
-      asm volatile("" ::: "memory");
-      typedef typename FdSum<WIDE>::type Sum;
-      Sum S[R][R];
-#pragma unroll
-      for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int j = 0; j < R; ++j) S[i][j] = 0;
-#pragma unroll 8  // (a full unroll of L = 32 runs out of registers)
-      for (int kk = 0; kk < L; ++kk) {
-        const Fd4 ea = *(const Fd4*)&Ae[kk][ty * R], eb = *(const Fd4*)&Be[kk][tx * R];
-        const Fd4 wa = *(const Fd4*)&Aw[kk][ty * R], wb = *(const Fd4*)&Bw[kk][tx * R];
-        const cpd::u32 *ae = ea.v, *be = eb.v, *aw = wa.v, *bw = wb.v;
-#pragma unroll
-        for (int i = 0; i < R; ++i)
-#pragma unroll
-          for (int j = 0; j < R; ++j) S[i][j] += (Sum)(int)cpd::fd_tiled_term(aw[i], bw[j], ae[i], be[j], emax[i][j]);
-      }
-      // 7. one rounding per output; flagged outputs keep step 4's result
-#pragma unroll
-      for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int j = 0; j < R; ++j) {
-          const int neg = cpd::fd_popc(sgnA[ty * R + i] ^ sgnB[tx * R + j]);
-          const cpd::u32 r = cpd::fd_tiled_finish(s, (long long)S[i][j], neg, emax[i][j], c[i][j]);
-          c[i][j] = (badA[ty * R + i] | badB[tx * R + j]) ? cold[i][j] : r;
-        }
+        for (int j = 0; j < R; ++j) c[i][j] = cn[i][j];
       __syncthreads();
     }
 #pragma unroll

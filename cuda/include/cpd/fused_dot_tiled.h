@@ -3,17 +3,27 @@
 // Part of the numerics core; see cpd/numerics.h for the rules every part follows.
 //
 // An operand x of a format with `man` fraction bits (a float32 holding one of its values) is
-//     x = (-1)^s M 2^(e - man),   e = fd_exp(x) (fused_dot.h step 1),   M < 2^(man + 1) an integer
-// (a zero: M = 0, e = zero_exp; a subnormal of the format: e = emin, M < 2^man). A product is then
-// Ma Mb 2^(ea + eb - ma - mb), and step 3's term is, with pre = F - ma - mb >= 0,
-//     T = trunc(|p| 2^(F - emax)) = (Ma 2^pre Mb) >> (emax - ea - eb)         (exact, < 2^(F + 2))
-// a 32-bit multiply and one shift (shift counts >= 32 give 0). The signed sum of a group is taken
-// as the sum of T ^ m (m = 0 or -1 by the product's sign: -T - 1 when negative) plus the number of
-// negative products, which the kernel counts once per group with a popcount of the sign words.
-// c's term, the sum and step 5 are fused_dot.h's (fd_cut, fd_round_out), once per group.
-// The kernel stores e + FD_TILED_EOFF (>= 1) and M ^ m (a negative operand's word has bit 31 set).
-// Operands that are not such values (non-finite, more than `man` fraction bits) are flagged, and
-// the outputs they reach take fd_step for that group instead (same bits by construction).
+//     x = sigma M 2^(e - man),   e = fd_exp(x) (fused_dot.h step 1),   M < 2^(man + 1) an integer,
+// sigma = -1 when its sign bit is set (zeros too), else +1 (a zero: M = 0, e = zero_exp; a
+// subnormal of the format: e = emin, M < 2^man). With F the spec's fraction bits, pre = F - ma - mb
+// >= 0 and d = emax - ea - eb >= 0, step 3's term of a product is T = trunc(Ma Mb 2^(pre - d)).
+// The kernel stores each operand as one signed word,
+//     wa = sigma_a (Ma 2^(30 - ma) + 1),   wb = sigma_b (Mb 2^(F + 2 - mb) + 1)     (|w| < 2^31),
+// so that wa wb = s (2^(32 + pre) Ma Mb + E) with s = sigma_a sigma_b and 0 < E < 2^32
+// (E = Ma 2^(30 - ma) + Mb 2^(F + 2 - mb) + 1; Ma 2^(30 - ma) < 2^31, Mb 2^(F + 2 - mb) < 2^(F + 3)
+// <= 2^31 for F <= 28). Then the high word of the 64-bit product shifted right arithmetically by d,
+//     floor(wa wb / 2^(32 + d)) = T (s = +1)  or  -T - 1 (s = -1),
+// one multiply-high and one shift per product: Ma Mb 2^(pre - d) = T + f with 0 <= f < 1 and f a
+// multiple of 2^(pre - d) (f = 0 when d <= pre), and the rest E 2^-(32 + d) lies in (0, 2^(pre - d))
+// and in (0, 1), so f plus it stays in (0, 1). A shift count d >= 32 gives 0 or -1, as it should
+// (|wa wb| < 2^62). The group's sum is the sum of these terms plus the number of negative
+// products, counted once per group by a popcount of the sign words.
+// c's term, the sum and step 5 are fused_dot.h's (fd_cut, fd_round_out), once per group; for
+// 32-bit sums the kernel rounds with fd_tiled_round (the same rounding on a 32-bit integer) and
+// leaves to fd_step the rare cases it does not take (a float32-subnormal result, a non-finite c).
+// The kernel stores e + FD_TILED_EOFF (>= 1) next to each word. Operands that are not such values
+// (non-finite, more than `man` fraction bits) are flagged, and the outputs they reach take fd_step
+// for that group instead (same bits by construction).
 #ifndef CPD_FUSED_DOT_TILED_H
 #define CPD_FUSED_DOT_TILED_H
 
@@ -24,10 +34,11 @@ namespace cpd {
 const int FD_TILED_EOFF = 256;  // operand exponent offset: zero_exp >= -255 keeps e + 256 >= 1
 
 // Which specs the tiled kernel takes: the NVIDIA step without block scales, groups of 16 or 32
-// (one K slice each), F >= ma + mb (pre >= 0), M 2^pre < 2^22 and products < 2^32 (F <= 29: T fits an int).
+// (one K slice each), F >= ma + mb (pre >= 0), M 2^pre < 2^22, and F <= 26 (the words above need
+// F <= 28; the 64-bit kernels add eight terms in 32 bits first: 8 2^(F + 2) <= 2^31).
 CPD_FN int fd_tiled_applies(const FusedDotSpec& s, int a_man, int b_man, int scaled) {
   return (int)(s.algo == FD_NV && !scaled && (s.group == 16 || s.group == 32) && s.frac >= a_man + b_man &&
-               s.frac + 1 - b_man <= 22 && s.frac <= 29 && s.zero_exp >= -255 && a_man <= 23 && b_man <= 23);
+               s.frac + 1 - b_man <= 22 && s.frac <= 26 && s.zero_exp >= -255 && a_man <= 23 && b_man <= 23);
 }
 
 // Whether a group's sum needs 64 bits: L terms below 2^(F + 2), and the count of negatives.
@@ -37,30 +48,18 @@ CPD_FN int fd_tiled_wide(const FusedDotSpec& s) {
   return (int)(s.frac + 2 + bits > 30);
 }
 
-// Operand decomposition: returns 1 and sets *e (e + FD_TILED_EOFF) and *w (M << pre, ^ m) when x is
-// finite and exactly M 2^(e - man); 0 otherwise (the caller flags it).
-CPD_FN int fd_tiled_operand(u32 x, int man, int emin, int zero_exp, int pre, u32* e, u32* w) {
-  const u32 a = x & ~SIGN, field = a >> 23;
-  if (a >= INF_BITS) return 0;
-  if (a == 0u) {
-    *e = (u32)(zero_exp + FD_TILED_EOFF);
-    *w = 0u;
-    return 1;
-  }
-  const int ex = imax((int)field - 127, emin), eff = imax((int)field, 1) - 127;
-  const u32 sig = field ? ((a & 0x7fffffu) | 0x800000u) : (a & 0x7fffffu);
-  const int r = 23 - man + ex - eff;  // >= 0: ex >= eff
-  if (r >= 24) return 0;
-  const u32 M = sig >> r;
-  if ((M << r) != sig) return 0;  // more fraction bits than the format's
-  const u32 Mp = M << pre;
-  if (Mp >= (1u << 22)) return 0;
-  *e = (u32)(ex + FD_TILED_EOFF);
-  *w = (x & SIGN) ? ~Mp : Mp;
-  return 1;
-}
+// A group's sum: 32 bits (fd_tiled_wide false) or 64.
+template <bool W>
+struct FdTiledSum {
+  typedef int type;
+};
+template <>
+struct FdTiledSum<true> {
+  typedef long long type;
+};
 
-// x >> d for d >= 0, 0 when d >= 32 (PTX shr clamps the count; C++ does not).
+// x >> d and x << d for d >= 0, 0 when d >= 32; (int)x >> d, the sign when d >= 32 (PTX shr and
+// shl clamp the count; C++ does not).
 CPD_FN u32 fd_shr(u32 x, u32 d) {
 #if defined(__CUDA_ARCH__)
   u32 r;
@@ -68,6 +67,43 @@ CPD_FN u32 fd_shr(u32 x, u32 d) {
   return r;
 #else
   return d >= 32u ? 0u : x >> d;
+#endif
+}
+
+CPD_FN u32 fd_shl(u32 x, u32 d) {
+#if defined(__CUDA_ARCH__)
+  u32 r;
+  asm("shl.b32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(d));
+  return r;
+#else
+  return d >= 32u ? 0u : x << d;
+#endif
+}
+
+CPD_FN int fd_sar(int x, u32 d) {
+#if defined(__CUDA_ARCH__)
+  int r;
+  asm("shr.s32 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(d));
+  return r;
+#else
+  return x >> (d >= 31u ? 31u : d);
+#endif
+}
+
+// The high word of the 64-bit product of two ints (one IMAD.HI).
+CPD_FN int fd_mulhi(int a, int b) {
+#if defined(__CUDA_ARCH__)
+  return __mulhi(a, b);
+#else
+  return (int)(((long long)a * (long long)b) >> 32);
+#endif
+}
+
+CPD_FN int fd_clz(u32 x) {  // 32 for 0
+#if defined(__CUDA_ARCH__)
+  return __clz((int)x);
+#else
+  return x ? __builtin_clz(x) : 32;
 #endif
 }
 
@@ -79,31 +115,41 @@ CPD_FN int fd_popc(u32 x) {
 #endif
 }
 
-// a ^ b ^ c as one instruction on the GPU (LOP3; written out, ptxas forms b ^ c per product pair
-// first and spends two).
-CPD_FN u32 fd_xor3(u32 a, u32 b, u32 c) {
-#if defined(__CUDA_ARCH__)
-  u32 r;
-  asm("lop3.b32 %0, %1, %2, %3, 0x96;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-  return r;
-#else
-  return a ^ b ^ c;
-#endif
+// Operand decomposition (the words above): e (e + FD_TILED_EOFF), w, and bad = 1 when x is not
+// finite or not exactly M 2^(e - man) (the caller flags it). z = 0 for a's words, 28 - F for b's.
+// From the float32 bits: x = sig 2^(eff - 23) (sig < 2^24 with the implicit bit, eff = max(field,
+// 1) - 127), e = max(eff, emin) for x != 0 and r = e - eff >= 0; then M = sig >> (23 - man + r),
+// exact iff those 23 - man + r low bits of sig are 0, i.e. sig << (9 + man - r) is 0 in 32 bits
+// (a count of 8 or less keeps every bit of sig: then only sig = 0 is exact), and
+// Ma 2^(30 - ma) = (sig << 7) >> r, Mb 2^(F + 2 - mb) = (sig << 7) >> (r + 28 - F), both even.
+// sig << 7 is (a << 7) - (max(field, 1) - 1) 2^30 in 32 bits (the field's low two bits become the
+// implicit bit), and w = m ? ~mag : mag | 1 (m = 0 or -1 by the sign bit) is one LOP3.
+struct FdTiledOperand {
+  u32 e, w, bad;
+};
+
+CPD_FN FdTiledOperand fd_tiled_operand(u32 x, int man, int emin, int zero_exp, int z) {
+  const u32 a = x & ~SIGN, field = a >> 23, m = (u32)((int)x >> 31);
+  const int f1 = imax((int)field, 1), ex = imax((int)field + (FD_TILED_EOFF - 127), emin + FD_TILED_EOFF);
+  const int r = ex - FD_TILED_EOFF + 127 - f1;
+  const u32 sig7 = (a * 128u + 0x40000000u) - (u32)f1 * 0x40000000u;
+  const u32 mag = fd_shr(sig7, (u32)(r + z));
+  FdTiledOperand o;
+  o.e = a == 0u ? (u32)(zero_exp + FD_TILED_EOFF) : (u32)ex;
+  o.w = (m & ~mag) | (~m & (mag | 1u));
+  o.bad = (u32)(a >= INF_BITS) | (u32)(fd_shl(sig7, (u32)imax(2 + man - r, 0)) != 0u);
+  return o;
 }
 
-// One product's contribution to the group sum: T ^ m, with emax2 = emax + 2 FD_TILED_EOFF.
-// wa, wb: the operands' words (M 2^pre ^ m); their signs' xor is m.
-CPD_FN u32 fd_tiled_term(u32 wa, u32 wb, u32 ea, u32 eb, u32 emax2) {
-  const u32 ma = (u32)((int)wa >> 31), mb = (u32)((int)wb >> 31);
-  return fd_xor3(fd_shr((wa ^ ma) * (wb ^ mb), emax2 - ea - eb), ma, mb);
-}
+// One product's term: floor(wa wb / 2^(32 + d)), d = emax2 - ea - eb (the offset exponents).
+CPD_FN int fd_tiled_term(u32 wa, u32 wb, u32 d) { return fd_sar(fd_mulhi((int)wa, (int)wb), d); }
 
 // emax of step 2 for c, offset as the products' (2 FD_TILED_EOFF).
 CPD_FN u32 fd_tiled_cexp(const FusedDotSpec& s, u32 c) {
   return (u32)(fd_exp(c, s.c_emin, s.zero_exp) + 2 * FD_TILED_EOFF);
 }
 
-// Steps 3 (c's term) to 5: S = sum of the group's T ^ m, neg = the number of negative products.
+// Steps 3 (c's term) to 5: S = sum of the group's terms, neg = the number of negative products.
 // A non-finite c (an earlier group overflowed, or was NaN) with finite products: c + the sum in
 // float64 is c itself (+-inf, or NaN: c is then the output's canonical NaN already), as fd_special.
 CPD_FN u32 fd_tiled_finish(const FusedDotSpec& s, long long S, int neg, u32 emax2, u32 c) {
@@ -112,6 +158,40 @@ CPD_FN u32 fd_tiled_finish(const FusedDotSpec& s, long long S, int neg, u32 emax
   Wide wc = wide_of(c);
   long long T = (long long)fd_cut(wc.S, wc.e, s.frac, emax);
   return fd_round_out(S + neg + (wc.sign ? -T : T), emax - s.frac, s);
+}
+
+// Step 5 on a 32-bit sum: fd_round_out(v, k, s) for |v| <= 2^30 (RZ to float32 or E8M13, RNE
+// to binary16), as round_wide does it: t the top bit of |v|, E = t + k, the quantum
+// 2^(max(E, emin) - man), dr = the bits of |v| below it (capped at 31: |v| <= 2^30 then rounds
+// to 0 either way); q = (2 |v| + bias) >> (dr + 1), the bias 0 (RZ) or 2^dr - 1 plus the last
+// kept bit (RNE: the rest rounds up above half, and at half when the kept bit is odd; dr = 0
+// keeps |v|; |v| <= 2^30 keeps 2 |v| + bias below 2^32); the value q 2^(k + dr) (q <= 2^24) is
+// built as a float32 from (float)q and an exponent add. An overflow (2^128 before RZ, 2^16
+// after RNE) is infinite, 0 and what rounds to 0 are +0; a nonzero result below 2^-126 (float32
+// and E8M13 outputs only: a binary16 result is >= 2^-24 or 0) sets *slow (fd_round_out's
+// subnormal float32, left to fd_step).
+CPD_FN u32 fd_tiled_round(int v, int k, const FusedDotSpec& s, u32* slow) {
+  const u32 f16 = 0u - (u32)(s.out == FD_OUT_F16), mag = (u32)(v < 0 ? -v : v);  // f16: a mask
+  const int t = 31 - fd_clz(mag), dr = imin(imax(imax(t + k, s.of.emin) - s.of.man - k, 0), 31);
+  const u32 bias = (fd_shl(1u, (u32)dr) - 1u + ((mag >> dr) & 1u)) & f16;
+  const u32 q = fd_shr(2u * mag + bias, (u32)dr + 1u);  // (2 |v| + 2^dr - 1 + lsb) >> (dr + 1): RNE
+  const int fe = (int)(bits_of((float)(int)q) >> 23) + k + dr;  // the result's float32 exponent field
+  const u32 bits = (bits_of((float)(int)q) + ((u32)(k + dr) << 23)) | ((u32)v & SIGN);
+  *slow |= (u32)(fe <= 0) & (u32)(q != 0u);
+  return (fe <= 0) | (q == 0u) ? 0u : fe >= 255 - (int)(f16 & 112u) ? INF_BITS | ((u32)v & SIGN) : bits;
+}
+
+// fd_tiled_finish for 32-bit sums and F <= 23 (c's term, Sc 2^(ec - 23) >> (emax - F), is then a
+// right shift by emax - F - ec + 23 >= 23 - F >= 0): a non-finite c or a result fd_tiled_round
+// leaves sets *slow (the caller takes fd_step).
+CPD_FN u32 fd_tiled_finish32(const FusedDotSpec& s, int S, int neg, u32 emax2, u32 c, u32* slow) {
+  const int emax = (int)emax2 - 2 * FD_TILED_EOFF;
+  const u32 ca = c & ~SIGN, field = ca >> 23;
+  const int f1 = imax((int)field, 1);
+  const int Tc = (int)fd_shr(ca - ((u32)(f1 - 1) << 23), (u32)(emax - s.frac - f1 + 150));
+  const int v = S + neg + ((c & SIGN) ? -Tc : Tc);
+  *slow |= (u32)(ca >= INF_BITS);
+  return fd_tiled_round(v, emax - s.frac, s, slow);
 }
 
 }  // namespace cpd

@@ -35,8 +35,7 @@ CPD_FN long long items_of(long long n, int per) { return (n + per - 1) / per; }
 // way the caller's __syncthreads() after copy_wait_all() publishes the tile to the block.
 CPD_FN void copy_async4(float* smem, const float* gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  u32 s;
-  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(smem));
+  const u32 s = (u32)__cvta_generic_to_shared(smem);  // folds to the shared address (no generic round trip)
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
 #else
   *smem = *gmem;
