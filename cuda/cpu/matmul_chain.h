@@ -53,6 +53,22 @@ inline float* pack_panel(const float* b, int64_t K, int64_t N, int64_t j0, int64
   return bp;
 }
 
+// The R x NV vector sums of a register chain's tile stored as R rows of y (row stride ldy), nc <= NR
+// columns (a partial panel through a buffer): the chains' (this file's, matmul_h16.h's,
+// matmul_fchain.h's) common end.
+template <class C, int R>
+inline void store_tile(const typename C::V (&s)[R][C::NV], float* y, int64_t ldy, int64_t nc) {
+  CPD_UNROLL for (int r = 0; r < R; ++r) {
+    if (nc == C::NR) {
+      for (int v = 0; v < C::NV; ++v) C::store(y + r * ldy + v * C::W, s[r][v]);
+    } else {
+      alignas(64) float t[C::NR];
+      for (int v = 0; v < C::NV; ++v) C::store(t + v * C::W, s[r][v]);
+      std::memcpy(y + r * ldy, t, sizeof(float) * (size_t)nc);
+    }
+  }
+}
+
 #if CPD_CPU_CHAIN
 struct ChainVec {
 #if defined(__AVX512F__)
@@ -102,15 +118,7 @@ inline void chain_tile(const float* __restrict a, int64_t lda, const float* __re
       CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::fma(av, bv[v], s[r][v]);
     }
   }
-  CPD_UNROLL for (int r = 0; r < R; ++r) {
-    if (nc == C::NR) {
-      for (int v = 0; v < C::NV; ++v) C::store(y + r * ldy + v * C::W, s[r][v]);
-    } else {
-      alignas(64) float t[C::NR];
-      for (int v = 0; v < C::NV; ++v) C::store(t + v * C::W, s[r][v]);
-      std::memcpy(y + r * ldy, t, sizeof(float) * (size_t)nc);
-    }
-  }
+  store_tile<C, R>(s, y, ldy, nc);
 }
 
 // Rows m0 .. m1 of one batch element's output, columns j0 .. j0 + nc (nc <= NR): a: (M, K) of that

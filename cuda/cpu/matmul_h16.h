@@ -211,15 +211,7 @@ inline void h16_chain_tile(const float* __restrict a, int64_t lda, const float* 
       }
     }
   }
-  CPD_UNROLL for (int r = 0; r < R; ++r) {
-    if (nc == C::NR) {
-      for (int v = 0; v < C::NV; ++v) C::store(y + r * ldy + v * C::W, s[r][v]);
-    } else {
-      alignas(64) float t[C::NR];
-      for (int v = 0; v < C::NV; ++v) C::store(t + v * C::W, s[r][v]);
-      std::memcpy(y + r * ldy, t, sizeof(float) * (size_t)nc);
-    }
-  }
+  store_tile<C, R>(s, y, ldy, nc);
 }
 
 // The last rows (n < MR of them): the tile of n rows.
