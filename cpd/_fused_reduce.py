@@ -19,7 +19,7 @@ import torch
 
 from . import _impl
 from .formats import FloatFormat
-from .ops import draw_seed
+from .ops import _fmt_args, draw_seed
 from .rounding import Rounding
 
 __all__ = ["plan", "seed_pairs", "reduce_rows"]
@@ -66,6 +66,6 @@ def reduce_rows(x: torch.Tensor, fmt: FloatFormat, mode: Rounding, saturate: boo
         seeds = torch.zeros(2, dtype=torch.int64)
     seeds = seeds.to(x.device)
     out = torch.empty(n, dtype=torch.float32, device=x.device)
-    f = (fmt.exp, fmt.man, fmt.bias, fmt.core_specials, fmt.subnormals)
-    engine.reduce_rows(x.contiguous(), out, w, k, kahan, leader_comp, cast_inputs, f, mode.code, saturate, 32, seeds)
+    engine.reduce_rows(x.contiguous(), out, w, k, kahan, leader_comp, cast_inputs, _fmt_args(fmt), mode.code, saturate,
+                       32, seeds)
     return out

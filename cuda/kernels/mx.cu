@@ -259,6 +259,30 @@ __device__ __forceinline__ void mx_code_first(cpd::u32& sc, cpd::u32& c, const u
   c = r < rows && g.lane < mx_real(n, j0, block) ? mx_code(codes + r * row_bytes, j0 + g.lane, pack) : 0u;
 }
 
+// The walk of the quantizing kernels (cpd_mx_cast, cpd_mx_encode): the group's batches of
+// CPD_MX_BATCH consecutive blocks, their first elements loaded together and, where the words are
+// shared, the batch's Philox words drawn once; body(r, blk, xb, q, u0, word) for each block, with
+// q its scale (mx_block), u0 the lane's first element and word its shared word (0 when not shared).
+template <class Body>
+__device__ __forceinline__ void mx_quantize_blocks(const float* __restrict__ x, MxGroup& g, long long rows,
+                                                   long long n, long long block, long long nb,
+                                                   const cpd::BlockSpec& b, bool shared, unsigned long long seed,
+                                                   unsigned long long offset, const Body& body) {
+  for (; g.r < rows; mx_next(g)) {
+    cpd::u32 p0, p1, p2, p3;
+    mx_prefetch(p0, p1, p2, p3, x, g, rows, n, block);
+    const cpd::U32x4 words = shared ? mx_batch_words(g, block, seed, offset) : cpd::U32x4{{0u, 0u, 0u, 0u}};
+    long long r = g.r, blk = g.blk;
+#pragma unroll 1
+    for (int j = 0; j < CPD_MX_BATCH && r < rows; ++j, mx_step(r, blk, nb)) {
+      const float* xb = x + r * n + blk * block;
+      const cpd::u32 u0 = mx_pick(j, p0, p1, p2, p3);
+      const cpd::u32 word = shared ? mx_shared_word(words, j, g) : 0u;
+      body(r, blk, xb, mx_block(xb, g, r, blk, n, block, b, u0), u0, word);
+    }
+  }
+}
+
 }  // namespace
 
 #define CPD_MX_SPEC                                                                                                  \
@@ -277,26 +301,16 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 2)
                 CPD_MX_FORMAT_PARAMS, int mode, unsigned long long seed, unsigned long long offset) {
   CPD_MX_SPEC;
   const bool shared = mx_shares_words(mode, block, g);
-  for (; g.r < rows; mx_next(g)) {
-    cpd::u32 p0, p1, p2, p3;
-    mx_prefetch(p0, p1, p2, p3, x, g, rows, n, block);
-    const cpd::U32x4 words = shared ? mx_batch_words(g, block, seed, offset) : cpd::U32x4{{0u, 0u, 0u, 0u}};
-    long long r = g.r, blk = g.blk;
-#pragma unroll 1
-    for (int j = 0; j < CPD_MX_BATCH && r < rows; ++j, mx_step(r, blk, nb)) {
-      const long long off = r * n + blk * block;
-      const float* xb = x + off;
-      float* yb = y + off;
-      const cpd::u32 u0 = mx_pick(j, p0, p1, p2, p3);
-      const cpd::u32 word = shared ? mx_shared_word(words, j, g) : 0u;
-      const MxBlock q = mx_block(xb, g, r, blk, n, block, b, u0);
-      for (long long i = g.lane; i < q.m; i += g.G)
-        yb[i] = q.s > cpd::INF_BITS ? cpd::float_of(cpd::QNAN_BITS)
-                                    : cpd::fmul(cpd::float_of(mx_elem(mx_load(xb, i, g, u0), i, q, b, mode, seed,
-                                                                      offset, shared, word)),
-                                                q.d);
-    }
-  }
+  const auto one_block = [&](long long r, long long blk, const float* xb, const MxBlock& q, cpd::u32 u0,
+                             cpd::u32 word) {
+    float* yb = y + r * n + blk * block;
+    for (long long i = g.lane; i < q.m; i += g.G)
+      yb[i] = q.s > cpd::INF_BITS ? cpd::float_of(cpd::QNAN_BITS)
+                                  : cpd::fmul(cpd::float_of(mx_elem(mx_load(xb, i, g, u0), i, q, b, mode, seed,
+                                                                    offset, shared, word)),
+                                              q.d);
+  };
+  mx_quantize_blocks(x, g, rows, n, block, nb, b, shared, seed, offset, one_block);
 }
 
 // codes: rows of row_bytes bytes; pack 4 (block even), 6 (block a multiple of 4) or 0 (one
@@ -307,40 +321,31 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 2)
                   unsigned long long seed, unsigned long long offset, int pack, long long row_bytes) {
   CPD_MX_SPEC;
   const bool shared = mx_shares_words(mode, block, g);
-  for (; g.r < rows; mx_next(g)) {
-    cpd::u32 p0, p1, p2, p3;
-    mx_prefetch(p0, p1, p2, p3, x, g, rows, n, block);
-    const cpd::U32x4 words = shared ? mx_batch_words(g, block, seed, offset) : cpd::U32x4{{0u, 0u, 0u, 0u}};
-    long long r = g.r, blk = g.blk;
-#pragma unroll 1
-    for (int j = 0; j < CPD_MX_BATCH && r < rows; ++j, mx_step(r, blk, nb)) {
-      const long long j0 = blk * block;
-      const float* xb = x + r * n + j0;
-      unsigned char* row = codes + r * row_bytes;
-      const cpd::u32 u0 = mx_pick(j, p0, p1, p2, p3);
-      const cpd::u32 word = shared ? mx_shared_word(words, j, g) : 0u;
-      const MxBlock q = mx_block(xb, g, r, blk, n, block, b, u0);
-      if (g.lane == 0) scodes[r * nb + blk] = (unsigned char)cpd::encode_value_bits(q.s, b.sc);
-      // The whole group walks the padded block together (the shuffles need every lane of the mask).
-      for (long long i0 = 0; i0 < block; i0 += g.G) {
-        const long long i = i0 + g.lane;
-        const bool mine = i < block;
-        const cpd::u32 u = i < q.m ? mx_load(xb, i, g, u0) : 0u;
-        const cpd::u32 e = mx_elem(u, i, q, b, mode, seed, offset, shared, word);  // +0 past the block
-        const cpd::u32 c = mine ? cpd::block_elem_code<false>(e, b) : 0u;
-        if (pack == 4) {  // G >= 2: a pair's lanes are l, l ^ 1, elements i, i ^ 1
-          const cpd::u32 w = mx_group_or(c << (4 * (int)(i & 1)), g, 2);
-          if (mine && (i & 1) == 0) row[(j0 + i) >> 1] = (unsigned char)w;
-        } else if (pack == 6) {  // G >= 4: a quad's lanes hold elements 4q .. 4q + 3
-          const int p = (int)(i & 3);
-          const cpd::u32 w = mx_group_or(c << (6 * p), g, 4);
-          if (mine && p < 3) row[(j0 + i - p) / 4 * 3 + p] = (unsigned char)(w >> (8 * p));
-        } else if (mine) {
-          row[j0 + i] = (unsigned char)c;
-        }
+  const auto one_block = [&](long long r, long long blk, const float* xb, const MxBlock& q, cpd::u32 u0,
+                             cpd::u32 word) {
+    const long long j0 = blk * block;
+    unsigned char* row = codes + r * row_bytes;
+    if (g.lane == 0) scodes[r * nb + blk] = (unsigned char)cpd::encode_value_bits(q.s, b.sc);
+    // The whole group walks the padded block together (the shuffles need every lane of the mask).
+    for (long long i0 = 0; i0 < block; i0 += g.G) {
+      const long long i = i0 + g.lane;
+      const bool mine = i < block;
+      const cpd::u32 u = i < q.m ? mx_load(xb, i, g, u0) : 0u;
+      const cpd::u32 e = mx_elem(u, i, q, b, mode, seed, offset, shared, word);  // +0 past the block
+      const cpd::u32 c = mine ? cpd::block_elem_code<false>(e, b) : 0u;
+      if (pack == 4) {  // G >= 2: a pair's lanes are l, l ^ 1, elements i, i ^ 1
+        const cpd::u32 w = mx_group_or(c << (4 * (int)(i & 1)), g, 2);
+        if (mine && (i & 1) == 0) row[(j0 + i) >> 1] = (unsigned char)w;
+      } else if (pack == 6) {  // G >= 4: a quad's lanes hold elements 4q .. 4q + 3
+        const int p = (int)(i & 3);
+        const cpd::u32 w = mx_group_or(c << (6 * p), g, 4);
+        if (mine && p < 3) row[(j0 + i - p) / 4 * 3 + p] = (unsigned char)(w >> (8 * p));
+      } else if (mine) {
+        row[j0 + i] = (unsigned char)c;
       }
     }
-  }
+  };
+  mx_quantize_blocks(x, g, rows, n, block, nb, b, shared, seed, offset, one_block);
 }
 
 extern "C" __global__ void __launch_bounds__(CPD_THREADS, 2)
