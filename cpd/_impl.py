@@ -31,7 +31,7 @@ from .rounding import Rounding
 
 __all__ = ["fmt_tuple", "fmt_of", "code_dtype_of", "Extension", "Fallback", "Kernels", "cast", "cast_out", "encode",
            "decode", "arith", "matmul", "batch_shape", "register", "PyKernels",
-           "cuda_engine", "host_engine", "kernels_engine", "route_cpu_to_kernels"]
+           "cuda_engine", "host_engine", "shim_engine", "kernels_engine", "route_cpu_to_kernels"]
 
 _warned: set = set()
 
@@ -158,6 +158,11 @@ def host_engine():
     return Fallback()
 
 
+def shim_engine() -> Kernels:
+    """The CUDA kernels run on the host by the shim, with :func:`cpd._shim.on_host`'s geometry."""
+    return Kernels(_shim.launcher, _shim.geometry())
+
+
 def kernels_engine(device: torch.device):
     """The CUDA kernels' engine for tensors on ``device``, or None: a CUDA device whose kernels
     are usable, or CPU tensors while :func:`cpd._shim.on_host` runs them on the host. For the
@@ -166,7 +171,7 @@ def kernels_engine(device: torch.device):
         engine = cuda_engine(device)
         return engine if isinstance(engine, Kernels) else None
     if device.type == "cpu" and _core._shim is not None:
-        return Kernels(_shim.launcher, _shim.geometry())
+        return shim_engine()
     return None
 
 
@@ -278,7 +283,7 @@ class PyKernels:
     def route_cpu(self, on: bool) -> None:
         """CPU tensors: the CUDA kernels run by the host shim (on), or the extension / fallback."""
         self._cpu._destroy()
-        self._cpu = self._lib("CPU", (lambda i: lambda args: Kernels(_shim.launcher, _shim.geometry())) if on
+        self._cpu = self._lib("CPU", (lambda i: lambda args: shim_engine()) if on
                               else (lambda i: lambda args: host_engine()))
 
 
@@ -387,7 +392,7 @@ class CoreOps:
                         self._shim = "native"
                     else:
                         ext.set_cpu_kernels(0)
-                        self._shim = self._cpu_lib(lambda args: Kernels(_shim.launcher, _shim.geometry()))
+                        self._shim = self._cpu_lib(lambda args: shim_engine())
                 self.native = ext
             if self._cuda_usable and os.environ.get("CPD_CUDA_LAUNCH", "cpp") != "python":
                 # the first CUDA call found the kernels usable on its device (CPD_CUDA_LAUNCH=python
@@ -414,7 +419,7 @@ class CoreOps:
                 elif self._py_cpu is not None:
                     self._py_cpu._destroy()
                     self._py_cpu = None
-                self._shim = self._cpu_lib(lambda args: Kernels(_shim.launcher, _shim.geometry()))
+                self._shim = self._cpu_lib(lambda args: shim_engine())
             elif not on and self._shim is not None:
                 if self._shim != "native":
                     self._shim._destroy()
