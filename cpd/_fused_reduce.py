@@ -22,26 +22,36 @@ from .formats import FloatFormat
 from .ops import _fmt_args, draw_seed
 from .rounding import Rounding
 
-__all__ = ["plan", "seed_pairs", "reduce_rows"]
+__all__ = ["plan", "seed_pairs", "reduce_rows", "TREE_MAX_WORKERS"]
+
+#: The most workers cpd_reduce_tree takes: its per-thread stack has CPD_TREE_LEVELS = 15 levels
+#: (cuda/kernels/cast.cu); more workers keep the hop-by-hop path.
+TREE_MAX_WORKERS = 2**15
 
 
 def plan(algorithm: str, w: int, group_size: int | None, kahan: bool) -> tuple[int, bool] | None:
-    """(rows per group k, whether the ring merges carry the incoming group's compensation) of an
-    order, or None for an order the kernel does not run (the tree). The ring is k = 1, the
-    sequential sum k = w; the hierarchical order's Kahan merges add the leaders' compensations."""
+    """(rows per group k, whether the merges carry the incoming partial's compensation) of an
+    order, or None for an order no kernel runs. The ring is k = 1, the sequential sum k = w; the
+    hierarchical order's Kahan merges add the leaders' compensations; the tree (``cpd_reduce_tree``)
+    is k = 0, and with Kahan each of its merges carries the sender's compensation."""
     if algorithm == "ring":
         return 1, False
     if algorithm == "sequential":
         return w, False
     if algorithm == "hierarchical":
         return group_size, kahan
+    if algorithm == "tree" and w <= TREE_MAX_WORKERS:
+        return 0, kahan
     return None
 
 
 def seed_pairs(w: int, k: int, kahan: bool, leader_comp: bool, cast_inputs: bool) -> int:
     """How many (seed, offset) pairs the hop-by-hop path draws in stochastic mode: the initial
     cast, k - 1 merges of stage 1 and w / k - 1 ring hops, each merge one add (plain) or four
-    (Kahan; five with the leader's compensation)."""
+    (Kahan; five with the leader's compensation); for the tree (k = 0) the cast and one merge per
+    level, ceil(log2 w) levels."""
+    if k == 0:
+        return int(cast_inputs) + (w - 1).bit_length() * (5 if kahan else 1)
     adds1 = 4 if kahan else 1
     adds2 = (5 if leader_comp else 4) if kahan else 1
     return int(cast_inputs) + (k - 1) * adds1 + (w // k - 1) * adds2

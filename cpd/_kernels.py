@@ -163,11 +163,17 @@ def arith(op: int, a, b, c, out, fmt, mode: int, saturate: bool, sr_bits: int, s
 def reduce_rows(x, out, w: int, k: int, kahan: bool, leader_comp: bool, cast_inputs: bool, fmt, mode: int,
                 saturate: bool, sr_bits: int, seeds, launcher, geometry: Geometry = Geometry()) -> None:
     """out (n,) = the emulated allreduce of the rows of x (w, n) in one launch (cast.cu
-    cpd_reduce_rows: k rows per group summed in order, the w / k group sums round the ring);
+    cpd_reduce_rows: k rows per group summed in order, the w / k group sums round the ring; k = 0:
+    cpd_reduce_tree, the tree order);
     seeds: a contiguous int64 tensor on x's device holding the (seed, offset) pair of every add
     in draw order (read in stochastic mode only)."""
     n = out.numel()
     if n == 0:
+        return
+    if k == 0:  # the tree order (cpd_reduce_tree): every Kahan merge carries the sender's compensation
+        launcher(Launch("cast.cu", "cpd_reduce_tree", **_grid(geometry.blocks(n), geometry.threads),
+                        args=(_ptr(x), _ptr(out), (_LL, n), (_I, w), (_I, int(kahan)), (_I, int(cast_inputs)),
+                              *_fmt(fmt), (_I, mode), (_I, int(saturate)), (_I, sr_bits), _ptr(seeds))), x.device)
         return
     launcher(Launch("cast.cu", "cpd_reduce_rows", **_grid(geometry.blocks(n), geometry.threads),
                     args=(_ptr(x), _ptr(out), (_LL, n), (_I, w), (_I, k), (_I, int(kahan)), (_I, int(leader_comp)),

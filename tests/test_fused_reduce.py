@@ -8,8 +8,9 @@ Invariants defended, through the host shim (the CUDA kernel run bit for bit on t
   overflow with and without ``saturate``, ``inputs_in_fmt``, block formats;
 * stochastic rounding: the same bits for the same generator state, and the generator left where
   the hop-by-hop path leaves it (the pairs are drawn up front in that path's order);
-* the kernel really runs (one launch; the hop-by-hop path is not taken), and the tree keeps the
-  hop-by-hop path.
+* the kernel really runs (one launch; the hop-by-hop path is not taken); the tree order
+  (``cpd_reduce_tree``) too, at every worker count up to 33 (powers of two and between), and more
+  than TREE_MAX_WORKERS workers keep the hop-by-hop path.
 """
 
 import itertools
@@ -78,7 +79,7 @@ def _both(x, fmt, kw, stochastic):
 
 ORDERS = [dict(algorithm="ring"), dict(algorithm="sequential"), dict(algorithm="hierarchical", group_size=1),
           dict(algorithm="hierarchical", group_size=2), dict(algorithm="hierarchical", group_size=3),
-          dict(algorithm="hierarchical", group_size=6)]
+          dict(algorithm="hierarchical", group_size=6), dict(algorithm="tree")]
 
 
 @pytest.mark.parametrize("order", ORDERS, ids=lambda o: "-".join(str(v) for v in o.values()))
@@ -101,7 +102,7 @@ def test_every_order_and_mode_matches_the_hop_by_hop_path(order, kahan, rounding
 def test_deterministic_modes_equal_the_exact_oracle(fmt, rounding):
     w, n = 5, 23
     x = _rows(w, n, seed=3) * 0.05
-    for kw in ORDERS[:2] + [dict(algorithm="hierarchical", group_size=5)]:
+    for kw in ORDERS[:2] + [dict(algorithm="hierarchical", group_size=5), dict(algorithm="tree")]:
         for kahan, saturate in itertools.product([False, True], [False, True]):
             args = dict(kw, kahan=kahan, rounding=rounding, saturate=saturate)
             with _shim.on_host(threads=16, max_blocks=2):
@@ -133,17 +134,31 @@ def test_block_formats_run_the_fused_reduction():
     assert seen == [4] and same(got, want)
 
 
-def test_the_tree_keeps_the_hop_by_hop_path():
-    x = _rows(6, 10)
-    want, got, _, _, seen = _both(x, cpd.E5M2, dict(algorithm="tree", kahan=True), False)
-    assert seen == [] and same(got, want)
+@pytest.mark.parametrize("w", [1, 2, 3, 5, 7, 8, 9, 12, 16, 17, 31, 33])
+@pytest.mark.parametrize("kahan", [False, True], ids=["plain", "kahan"])
+def test_the_tree_at_every_worker_count(w, kahan):
+    """The tree's stack walk against the level-by-level path: powers of two, one more and one less
+    (the partial nodes of the last rows), stochastic words and the generator's state included."""
+    x = _rows(w, 37, seed=w, specials=True)
+    for rounding in ("nearest", "stochastic"):
+        want, got, after_want, after_got, seen = _both(x, cpd.E5M2, dict(algorithm="tree", kahan=kahan,
+                                                                          rounding=rounding), rounding == "stochastic")
+        assert seen == [w] and same(got, want), (w, rounding)
+        if rounding == "stochastic":
+            assert torch.equal(after_got, after_want)
+
+
+def test_more_workers_than_the_tree_stack_keep_the_hop_by_hop_path():
+    assert _fused_reduce.plan("tree", _fused_reduce.TREE_MAX_WORKERS, None, False) == (0, False)
+    assert _fused_reduce.plan("tree", _fused_reduce.TREE_MAX_WORKERS + 1, None, False) is None
 
 
 def test_the_seed_count_is_what_the_hop_by_hop_path_draws():
     """seed_pairs against counting torch.randint calls on the generator of the hop-by-hop path."""
     for w, kw in [(6, dict(algorithm="ring")), (6, dict(algorithm="sequential")),
                   (6, dict(algorithm="hierarchical", group_size=2)), (6, dict(algorithm="hierarchical", group_size=1)),
-                  (8, dict(algorithm="hierarchical", group_size=4))]:
+                  (8, dict(algorithm="hierarchical", group_size=4)), (6, dict(algorithm="tree")),
+                  (8, dict(algorithm="tree")), (9, dict(algorithm="tree")), (1, dict(algorithm="tree"))]:
         for kahan, inputs_in_fmt in itertools.product([False, True], [False, True]):
             g = torch.Generator().manual_seed(0)
             cpd.allreduce(torch.zeros(w, 3), cpd.E5M2, rounding="stochastic", generator=g, kahan=kahan,
@@ -160,13 +175,14 @@ def test_the_plan_of_each_order():
     assert _fused_reduce.plan("sequential", 8, None, True) == (8, False)
     assert _fused_reduce.plan("hierarchical", 8, 2, True) == (2, True)
     assert _fused_reduce.plan("hierarchical", 8, 2, False) == (2, False)
-    assert _fused_reduce.plan("tree", 8, None, False) is None
+    assert _fused_reduce.plan("tree", 8, None, True) == (0, True)
+    assert _fused_reduce.plan("recursive_doubling", 8, None, False) is None
     assert _fused_reduce.seed_pairs(8, 2, True, True, True) == 1 + 1 * 4 + 3 * 5
     assert _fused_reduce.seed_pairs(8, 1, False, False, False) == 7
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("order", ORDERS[:4], ids=lambda o: "-".join(str(v) for v in o.values()))
+@pytest.mark.parametrize("order", ORDERS[:4] + ORDERS[-1:], ids=lambda o: "-".join(str(v) for v in o.values()))
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic", "down"])
 def test_on_a_gpu_the_launch_gives_the_cpu_bits(order, rounding):
     """On a GPU, cpd_reduce_rows against the CPU's hop-by-hop path (12 workers, ragged chunks, non-finite inputs)."""

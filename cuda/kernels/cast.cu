@@ -219,3 +219,70 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS)
     y[e] = cpd::float_of(sum);
   }
 }
+
+// The tree order of the same allreduce (reduce_matrix's recursive halving to row 0: at level l,
+// step = 2^l, row i = 0, 2 step, 4 step, ... < w - step merges row i + step into itself), one
+// element per thread as cpd_reduce_rows. The thread walks the rows in order and keeps the nodes
+// still waiting for their right neighbour on a stack, one per level (a binary counter: after row
+// j, the stack holds the complete nodes at the levels of j + 1's set bits); a node of 2^l rows
+// meets its neighbour of 2^l rows as level l's merge, and at the end the partial nodes of the
+// last rows merge into their left neighbours, smallest first, as the tree's last levels do. The
+// merge of receiver i at level l uses seed pair base + l * adds and word (i >> (l + 1)) n + e, its
+// index in level l's (receivers, n) add: the same adds, operands and words as the level-by-level
+// path, so the same bits. Every merge carries the sender's compensation (kahan: five adds). The
+// stack lives in shared memory, a column per thread (no local memory, no bank conflicts), so w
+// is at most 2^CPD_TREE_LEVELS (cpd/_fused_reduce.py plan).
+#define CPD_TREE_LEVELS 15
+extern "C" __global__ void __launch_bounds__(CPD_THREADS)
+    cpd_reduce_tree(const float* __restrict__ x, float* __restrict__ y, long long n, int w, int kahan, int cast_inputs,
+                    int exp, int man, int bias, int specials, int subnormals, int mode, int saturate, int sr_bits,
+                    const unsigned long long* __restrict__ seeds) {
+  __shared__ cpd::u32 stack_s[CPD_TREE_LEVELS][CPD_THREADS], stack_c[CPD_TREE_LEVELS][CPD_THREADS];
+  const Reducer red = {cpd::make_format(exp, man, bias, specials, subnormals, saturate), mode, sr_bits, kahan, seeds};
+  const int adds = kahan ? 5 : 1, base = cast_inputs ? 1 : 0;
+  const int t = threadIdx.x;
+  const long long stride = cpd::grid_stride(blockDim.x, gridDim.x);
+  for (long long e = cpd::first_item(blockIdx.x, blockDim.x, threadIdx.x); e < n; e += stride) {
+    cpd::u32 s = 0u, c = 0u;  // the node being carried up
+    for (int j = 0; j < w; ++j) {
+      const long long i = (long long)j * n + e;
+      s = cpd::bits_of(x[i]);
+      c = 0u;
+      if (cast_inputs) {
+        const cpd::u32 rw = mode == cpd::STOCHASTIC ? cpd::random_word((unsigned long long)i, seeds[0], seeds[1]) : 0u;
+        s = cpd::cast_bits(s, red.f, mode, rw, sr_bits);
+      }
+      int l = 0;
+      for (; (j >> l) & 1; ++l) {  // the left neighbour of 2^l rows waits at level l: level l's merge
+        cpd::u32 ls = stack_s[l][t], lc = stack_c[l][t];
+        const long long recv = (long long)(j + 1) - (2ll << l);
+        red.merge(ls, lc, s, c, true, base + l * adds, (unsigned long long)(recv >> (l + 1)) * n + e);
+        s = ls;
+        c = lc;
+      }
+      if (j + 1 < w) {
+        stack_s[l][t] = s;
+        stack_c[l][t] = c;
+      }
+    }
+    // j + 1 = w: the last node is carried; the waiting nodes at w's other set bits take it in
+    // from the smallest (the tree's last levels, receiver (w >> (l + 1)) << (l + 1)).
+    if (w & (w - 1)) {
+      int l = 0;
+      while (!((w >> l) & 1)) ++l;  // the carried node is the one at w's lowest set bit
+      bool first = true;
+      for (; l < CPD_TREE_LEVELS; ++l) {
+        if (!((w >> l) & 1)) continue;
+        if (first) {  // it was carried up from row w - 1, not stored
+          first = false;
+          continue;
+        }
+        cpd::u32 ls = stack_s[l][t], lc = stack_c[l][t];
+        red.merge(ls, lc, s, c, true, base + l * adds, (unsigned long long)(w >> (l + 1)) * n + e);
+        s = ls;
+        c = lc;
+      }
+    }
+    y[e] = cpd::float_of(s);
+  }
+}
