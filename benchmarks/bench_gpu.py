@@ -19,7 +19,7 @@ operation timed side by side with its baseline in the same process, interleaved)
 * one training step of a 4-layer TransformerEncoder (d=512, seq 256, batch 16) converted with
   ``cpd.nn.convert(mul=E4M3, acc=FP16)`` and with the Hopper e4m3 model, against float32
   (goals <= 10x and <= 12x);
-* the emulated allreduce of 64 workers x 2^22 float32 (cpd.allreduce, E5M2 ring, and BF16 ring)
+* the emulated allreduce of 64 workers x 2^22 float32 (cpd.allreduce, E5M2 ring, BF16 ring, E5M2 tree)
   against ``torch.stack(ws).sum(0)``;
 * the host time per call (benchmarks/bench_dispatch.py's cases on the device: cast, cast with
   ``out=``, stochastic cast and mx.cast at 2^10..2^24, matmul 16^3 forward and forward +
@@ -207,9 +207,11 @@ def main(argv=None) -> int:
 
     workers, m = (16, 1 << 20) if args.quick else (64, 1 << 22)
     ws = [torch.randn(m, device=dev, generator=g) for _ in range(workers)]
-    for fmt in (cpd.E5M2, cpd.BF16):
-        t, b = side_by_side(lambda: cpd.allreduce(ws, fmt), lambda: torch.stack(ws).sum(0), max(3, args.reps // 4))
-        rows.append((f"allreduce ring {fmt.name}", f"{workers} x 2^{m.bit_length() - 1}", t, b, "stack().sum(0)"))
+    for algorithm, fmt in (("ring", cpd.E5M2), ("ring", cpd.BF16), ("tree", cpd.E5M2)):
+        t, b = side_by_side(lambda: cpd.allreduce(ws, fmt, algorithm=algorithm), lambda: torch.stack(ws).sum(0),
+                            max(3, args.reps // 4))
+        rows.append((f"allreduce {algorithm} {fmt.name}", f"{workers} x 2^{m.bit_length() - 1}", t, b,
+                     "stack().sum(0)"))
 
     sizes = [1 << 10, 1 << 14] if args.quick else [1 << 10, 1 << 14, 1 << 18, 1 << 24]
     for name, size, base_name, fn, base, scale in bench_dispatch.cases("cuda", sizes):
