@@ -2,7 +2,8 @@
 
 One op for every algorithm of ``cuda/include/cpd/fused_dot.h`` (NVIDIA tensor cores, AMD matrix
 cores, Blackwell's block-scaled kinds), registered per dispatch key as :mod:`cpd.ops` does: the
-CPU extension's loops (``torch.ops.cpd_fused_dot.matmul``), the CUDA kernel
+CPU extension's loops and the autograd node from C++ once the extension is loaded
+(``cuda/cpu/fused_dot.cpp``; Python bodies before that), the CUDA kernel
 (``cuda/kernels/fused_dot.cu``) through cpd._cuda's NVRTC loader, and the pure-torch fallback
 (:mod:`cpd._fused_dot_ref`) on other devices or without the extension.
 
@@ -88,8 +89,11 @@ def _cuda_kernel(a, b, sa, sb, block, s_emin, *args):
     return _run(a, b, sa, sb, block, s_emin, p, fields, _cuda_body)
 
 
-_LIB.impl("fused_dot_matmul", _cpu_kernel, "CPU")
 _LIB.impl("fused_dot_matmul", _cuda_kernel, "CUDA")
+# The CPU kernel and autograd in Python, on a library of their own: once the extension is loaded,
+# _install() destroys it and the extension registers both from C++ (cuda/cpu/fused_dot.cpp).
+_PY = torch.library.Library("cpd", "IMPL")
+_PY.impl("fused_dot_matmul", _cpu_kernel, "CPU")
 
 
 @torch.library.register_fake("cpd::fused_dot_matmul", lib=_LIB)
@@ -109,7 +113,24 @@ def _backward(ctx, grad):
     return (ga, gb) + (None,) * 16
 
 
-torch.library.register_autograd("cpd::fused_dot_matmul", _backward, setup_context=_setup, lib=_LIB)
+torch.library.register_autograd("cpd::fused_dot_matmul", _backward, setup_context=_setup, lib=_PY)
+_installed = False
+
+
+def _install() -> None:
+    """The C++ CPU and autograd kernels, once the extension is loaded (never builds it): a call
+    then has no Python below :func:`fused_dot_matmul` (the Python ones cost ~60 us a call)."""
+    global _PY, _installed
+    state = _cpu.loaded()
+    if state is None:
+        return
+    ext = state[0]
+    install = getattr(torch.ops.cpd_fused_dot, "install", None) if ext is not None else None
+    if install is not None:
+        _PY._destroy()
+        _PY = None
+        install()
+    _installed = True
 
 
 def launch_of(a3, b3, y, sa, sb, block, s_emin, p: _fused_dot_ref.Params, blocks: int):
@@ -174,8 +195,10 @@ def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params, fields
 def fused_dot_matmul(a, b, p: _fused_dot_ref.Params, fields, sa=None, sb=None, block: int = 1,
                      s_emin: int = -127) -> torch.Tensor:
     """Call the op (loading the CPU extension first where ``a`` is on the CPU)."""
-    if a.device.type == "cpu":
-        _cpu.extension()  # loading the library registers torch.ops.cpd_fused_dot
+    if not _installed:
+        if a.device.type == "cpu":
+            _cpu.extension()  # loading the library registers torch.ops.cpd_fused_dot
+        _install()
     empty = a.new_empty((0,))
     sa = empty if sa is None else sa
     sb = empty if sb is None else sb

@@ -13,10 +13,14 @@
 //   * generic: one output at a time, fd_step on float32 bits (the specification); the only loop
 //     for CDNA1/2's pairwise sums and Blackwell's mxf4nvf4 chunks.
 // Registered as torch.ops.cpd_fused_dot.matmul (a TORCH_LIBRARY of its own: the extension's
-// pybind module lives in cast.cpp) and called by cpd/tensor_core.py.
+// pybind module lives in cast.cpp); torch.ops.cpd_fused_dot.install() gives the op
+// cpd::fused_dot_matmul (schema, fake and CUDA kernels in cpd/_tensor_core_op.py) its CPU and
+// autograd kernels from C++, so a call from Python has no Python below cpd.tensor_core_matmul.
 // Light torch headers (torch/extension.h takes about 30 s of CPU to parse per source file).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -27,6 +31,7 @@
 #include <vector>
 
 #include "cpd/numerics.h"
+#include "matmul_backward.h"
 #include "parallel.h"  // cpd_cpu::parallel_for: threaded with or without OpenMP
 
 namespace {
@@ -316,9 +321,74 @@ int64_t fused_dot_lanes(int64_t group, int64_t frac, int64_t out, int64_t a_emin
                       FD_AUTO, scaled, block);
 }
 
+// ------------------------------------------------------------------ cpd::fused_dot_matmul
+// The CPU kernel of cpd::fused_dot_matmul(a, b, sa, sb, block, s_emin, group, frac, out, a_emin,
+// b_emin, zero_exp, algo, ftz, a_man, a_emax, b_man, b_emax): a (..., M, K) @ b (..., K, N) with the
+// batch dims broadcast, block scales sa (..., M, nb) and sb (..., nb, N) broadcast the same way
+// (empty: none); the loops above on contiguous (B, M, K) / (B, K, N) copies.
+at::Tensor fused_dot_op_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
+                            int64_t block, int64_t s_emin, int64_t group, int64_t frac, int64_t out, int64_t a_emin,
+                            int64_t b_emin, int64_t zero_exp, int64_t algo, int64_t ftz, int64_t a_man, int64_t a_emax,
+                            int64_t b_man, int64_t b_emax) {
+  TORCH_CHECK(a.dim() >= 2 && b.dim() >= 2 && a.size(-1) == b.size(-2), "cpd: fused_dot_matmul shapes ", a.sizes(),
+              " and ", b.sizes(), " do not match");
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  std::vector<int64_t> batch = at::infer_size(a.sizes().slice(0, a.dim() - 2), b.sizes().slice(0, b.dim() - 2));
+  int64_t B = 1;
+  for (int64_t n : batch) B *= n;
+  auto as3 = [&](const at::Tensor& t, int64_t r, int64_t c) {
+    std::vector<int64_t> shape(batch);
+    shape.insert(shape.end(), {r, c});
+    return t.expand(shape).reshape({B, r, c}).contiguous();
+  };
+  at::Tensor sa3 = sa, sb3 = sb;
+  if (sa.numel()) {
+    TORCH_CHECK(sa.dim() >= 2 && sb.dim() >= 2, "cpd: fused_dot_matmul block scales want sa (..., M, nb), sb (..., nb, N)");
+    const int64_t nb = sa.size(-1);
+    sa3 = as3(sa, M, nb);
+    sb3 = as3(sb, nb, N);
+  }
+  at::Tensor y = fused_dot_matmul(as3(a, M, K), as3(b, K, N), sa3, sb3, block, s_emin, group, frac, out, a_emin,
+                                  b_emin, zero_exp, algo, ftz, a_man, a_emax, b_man, b_emax, 0);
+  batch.insert(batch.end(), {M, N});
+  return y.view(batch);
+}
+
+// The autograd kernel (every device): the op below autograd, then the straight-through node of
+// cpd::matmul (the gradients of the exact float32 product a @ b; the scales get none).
+at::Tensor fused_dot_op_autograd(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
+                                 int64_t block, int64_t s_emin, int64_t group, int64_t frac, int64_t out,
+                                 int64_t a_emin, int64_t b_emin, int64_t zero_exp, int64_t algo, int64_t ftz,
+                                 int64_t a_man, int64_t a_emax, int64_t b_man, int64_t b_emax) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cpd::fused_dot_matmul", "")
+                             .typed<decltype(fused_dot_op_cpu)>();
+  at::Tensor y;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    y = op.call(a, b, sa, sb, block, s_emin, group, frac, out, a_emin, b_emin, zero_exp, algo, ftz, a_man, a_emax,
+                b_man, b_emax);
+  }
+  if (cpd_cpu::wants_grad(a, b)) cpd_cpu::record_matmul_backward(y, a, b, "cpd::FusedDotMatmulBackward");
+  return y;
+}
+
+// Once; cpd/_tensor_core_op.py first destroys its Python CPU and autograd registrations. Never
+// destroyed (the dispatcher may be gone at exit).
+void install_fused_dot() {
+  static torch::Library* cpu = nullptr;
+  static torch::Library* autograd = nullptr;
+  if (cpu) return;
+  cpu = new torch::Library(torch::Library::IMPL, "cpd", c10::DispatchKey::CPU, __FILE__, __LINE__);
+  cpu->impl("fused_dot_matmul", TORCH_FN(fused_dot_op_cpu));
+  autograd = new torch::Library(torch::Library::IMPL, "cpd", c10::DispatchKey::Autograd, __FILE__, __LINE__);
+  autograd->impl("fused_dot_matmul", TORCH_FN(fused_dot_op_autograd));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(cpd_fused_dot, m) {
   m.def("matmul", &fused_dot_matmul);
   m.def("lanes", &fused_dot_lanes);
+  m.def("install", &install_fused_dot);
 }

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "launch.h"
+#include "matmul_backward.h"
 
 // cuda/cpu/cast.cpp, arith.cpp, matmul.cpp
 void cast_out(const at::Tensor& x, at::Tensor& out, int64_t exp, int64_t man, int64_t bias, int64_t specials,
@@ -320,33 +321,7 @@ struct ArithFn : public torch::autograd::Function<ArithFn> {
   }
 };
 
-// matmul's graph node, written as torch's own backward nodes are (a Node subclass, not a
-// torch::autograd::Function: no per-call packing of the arguments, about 10 us less a call).
-// Straight-through: the gradients of the exact float32 product a @ b, reduced over the broadcast
-// batch dims (at::sum_to: the leading dims, then the dims of size 1).
-struct MatmulBackward : public torch::autograd::Node {
-  torch::autograd::SavedVariable a_, b_;  // each saved only when the other's gradient is wanted
-  std::vector<c10::SymInt> a_sizes, b_sizes;
-  variable_list apply(variable_list&& grads) override {
-    variable_list out(2);
-    const at::Tensor& g = grads[0];
-    if (!g.defined()) return out;
-    if (task_should_compute_output(0)) out[0] = at::sum_to(at::matmul(g, b_.unpack().transpose(-1, -2)), a_sizes);
-    if (task_should_compute_output(1)) out[1] = at::sum_to(at::matmul(a_.unpack().transpose(-1, -2), g), b_sizes);
-    return out;
-  }
-  void release_variables() override {
-    a_.reset_data();
-    b_.reset_data();
-  }
-  std::string name() const override { return "cpd::MatmulBackward"; }
-};
-
-// No gradient wanted: the op below autograd, without building a graph node (a few us a call).
-bool wants_grad(const at::Tensor& a, const at::Tensor& b = at::Tensor(), const at::Tensor& c = at::Tensor()) {
-  return at::GradMode::is_enabled() && ((a.defined() && a.requires_grad()) || (b.defined() && b.requires_grad()) ||
-                                        (c.defined() && c.requires_grad()));
-}
+using cpd_cpu::wants_grad;
 
 at::Tensor cast_autograd(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding,
                          bool saturate, int64_t sr_bits) {
@@ -365,15 +340,7 @@ at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b, const at::T
                            c10::IntArrayRef acc, bool kahan, int64_t block, int64_t rounding, bool saturate,
                            int64_t sr_bits) {
   at::Tensor out = matmul_below(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
-  if (wants_grad(a, b)) {
-    auto node = c10::make_intrusive<MatmulBackward>();
-    node->set_next_edges(torch::autograd::collect_next_edges(a, b));
-    if (b.requires_grad()) node->a_ = torch::autograd::SavedVariable(a, false);
-    if (a.requires_grad()) node->b_ = torch::autograd::SavedVariable(b, false);
-    node->a_sizes = a.sym_sizes().vec();
-    node->b_sizes = b.sym_sizes().vec();
-    torch::autograd::set_history(out, node);
-  }
+  if (wants_grad(a, b)) cpd_cpu::record_matmul_backward(out, a, b, "cpd::MatmulBackward");
   return out;
 }
 
