@@ -78,7 +78,7 @@ def test_cpu_kernel_matches_torch_path(fmt, mode):
     seed = torch.tensor(987654321)
     stochastic = mode == "stochastic"
     pair = _mx_engine.cast_seed(seed, x.device) if stochastic else ZERO
-    got = torch.ops.cpd_mx.cast(x, seed, fmt._op_key, mode)
+    got = torch.ops.cpd_mx.cast(x, seed, fmt._op_spec, Rounding.parse(mode).code)
     assert torch.equal(bits(got), bits(torch_cast(x, fmt, mode, pair))), (fmt.name, mode)
     for packed in (True, False):
         g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
@@ -233,10 +233,10 @@ def test_mx_kernels_compile_without_local_memory(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------ ops, errors
 def test_encode_decode_ops_trace():
     x = data((4, 40), seed=2)
-    key = mx.MXFP4._op_key
-    torch.library.opcheck(torch.ops.cpd_mx.encode.default, (x, ZERO, key, "nearest", True),
+    key = mx.MXFP4._op_spec
+    torch.library.opcheck(torch.ops.cpd_mx.encode.default, (x, ZERO, key, 0, True),
                           test_utils=("test_schema", "test_faketensor"))
-    codes, scales, t = torch.ops.cpd_mx.encode(x, ZERO, key, "nearest", True)
+    codes, scales, t = torch.ops.cpd_mx.encode(x, ZERO, key, 0, True)
     torch.library.opcheck(torch.ops.cpd_mx.decode.default, (codes, scales, t, key, 40, True),
                           test_utils=("test_schema", "test_faketensor"))
     f = torch.compile(lambda v: mx.decode(mx.encode(v, mx.NVFP4)), fullgraph=False)

@@ -17,6 +17,7 @@
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -351,6 +352,77 @@ void matmul(const at::Tensor& x, const at::Tensor& y, const at::Tensor& out, boo
   a.add<int>(has_mul).fmt(m).fmt(acc).add<int>(kahan).add<int>(block).add<int>(mode).add<int>(saturate);
   a.add<int>(sr_bits).seed(seed, offset);
   run(x, "matmul.cu", fam.name ? fam.name : "cpd_matmul_tiled", g.blocks(tiles, 1), kMatmulThreads, a);
+}
+
+// ---------------------------------------------------------------------------- cpd.mx (mx.cu)
+namespace {
+constexpr int64_t kMxBatch = 4;  // cuda/kernels/mx.cu CPD_MX_BATCH: consecutive blocks per group and step
+
+// The lanes of the group that works one block (mx.cu's mx_lanes): the block size rounded up to
+// a power of two, at most 32.
+int mx_lanes(int64_t block) {
+  int g = 1;
+  while (g < block && g < 32) g <<= 1;
+  return g;
+}
+
+// rows * nblocks blocks in batches of kMxBatch per group: the geometry's threads per block, but at
+// least one whole group.
+struct MxShape {
+  unsigned grid, threads;
+};
+MxShape mx_shape(const Geometry& g, int64_t blocks, int64_t block) {
+  const int lanes = mx_lanes(block);
+  const int threads = std::max(g.threads, lanes);
+  return {g.blocks((blocks + kMxBatch - 1) / kMxBatch, threads / lanes), unsigned(threads)};
+}
+
+void mx_format_args(Args& a, const MxFormat& f) {
+  a.fmt(f.el).fmt(f.sc).add<int>(f.rule).add<int>(f.is_int).add<float>(f.t);
+}
+}  // namespace
+
+std::vector<int64_t> mx_launch_shape(int64_t blocks, int64_t block_size, int64_t threads, int64_t max_blocks) {
+  TORCH_CHECK(block_size >= 1 && threads >= 1 && threads <= kMaxThreads, "cpd: bad mx launch shape arguments");
+  Geometry g;
+  g.threads = int(threads);
+  g.max_blocks = max_blocks;
+  const MxShape s = mx_shape(g, blocks, block_size);
+  return {int64_t(s.grid), int64_t(s.threads), mx_lanes(block_size)};
+}
+
+void mx_cast(const at::Tensor& x, const at::Tensor& y, const MxFormat& f, int mode, uint64_t seed, uint64_t offset) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  if (rows * n == 0) return;
+  const MxShape s = mx_shape(geometry_of(x), rows * ((n + f.block - 1) / f.block), f.block);
+  Args a;
+  a.tensor(x).tensor(y).add<long long>(rows).add<long long>(n).add<long long>(f.block);
+  mx_format_args(a, f);
+  a.add<int>(mode).seed(seed, offset);
+  run(x, "mx.cu", "cpd_mx_cast", s.grid, s.threads, a);
+}
+
+void mx_encode(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scodes, const MxFormat& f, int mode,
+               uint64_t seed, uint64_t offset, int pack) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  if (rows * n == 0) return;
+  const MxShape s = mx_shape(geometry_of(x), rows * ((n + f.block - 1) / f.block), f.block);
+  Args a;
+  a.tensor(x).tensor(codes).tensor(scodes).add<long long>(rows).add<long long>(n).add<long long>(f.block);
+  mx_format_args(a, f);
+  a.add<int>(mode).seed(seed, offset).add<int>(pack).add<long long>(codes.size(1));
+  run(x, "mx.cu", "cpd_mx_encode", s.grid, s.threads, a);
+}
+
+void mx_decode(const at::Tensor& codes, const at::Tensor& scodes, const at::Tensor& y, const MxFormat& f, int pack) {
+  const int64_t rows = y.size(0), n = y.size(1);
+  if (rows * n == 0) return;
+  const MxShape s = mx_shape(geometry_of(codes), rows * scodes.size(1), f.block);
+  Args a;
+  a.tensor(codes).tensor(scodes).tensor(y).add<long long>(rows).add<long long>(n).add<long long>(f.block);
+  mx_format_args(a, f);
+  a.add<int>(pack).add<long long>(codes.size(1));
+  run(codes, "mx.cu", "cpd_mx_decode", s.grid, s.threads, a);
 }
 
 void set_sources(pybind11::object image, pybind11::object shim) {
