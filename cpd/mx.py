@@ -73,7 +73,7 @@ def _check_x(x) -> torch.Tensor:
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"x has dtype {x.dtype}; allowed: torch.float32, torch.float16, torch.bfloat16")
-    return x.to(torch.float32)
+    return x if x.dtype == torch.float32 else x.to(torch.float32)
 
 
 def _axis(fmt: BlockFormat, x: torch.Tensor) -> int:
