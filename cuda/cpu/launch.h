@@ -53,6 +53,18 @@ void mx_decode(const at::Tensor& codes, const at::Tensor& scodes, const at::Tens
 // `threads` per block and at most `max_blocks` blocks (<= 0: no limit). For the tests.
 std::vector<int64_t> mx_launch_shape(int64_t blocks, int64_t block_size, int64_t threads, int64_t max_blocks);
 
+// The wire passes of hop.cu (cpd/distributed: encode + scale, the per-hop merge, decode + unscale;
+// their CPU loops are cuda/cpu/hop.cpp's); segs: the (k, 3) int64 segments (offset, length, scale
+// exponent) on the CPU; data: contiguous; one thread per group of 8 elements.
+void wire_encode(const at::Tensor& x, const at::Tensor& segs, const at::Tensor& out, const F5& f, int mode,
+                 bool saturate, int bits, bool raw32);
+// recv_c / acc_c: undefined or empty when absent.
+void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, const at::Tensor& acc, const at::Tensor& acc_c,
+              int64_t n, const F5& f, int mode, bool saturate, int bits, bool raw32, bool kahan, bool carry,
+              bool sequential);
+void wire_decode(const at::Tensor& data, const at::Tensor& segs, const at::Tensor& out, const F5& f, int bits,
+                 bool raw32, float inv);
+
 // The kernel of matmul.cu that matmul() launches for a spec (for the tests: the same choice as
 // cpd/_kernels.py matmul_family).
 std::string matmul_kernel(bool has_mul, const F5& mul, const F5& acc, bool kahan, int block, int mode, bool saturate);

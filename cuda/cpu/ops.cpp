@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "launch.h"
@@ -454,6 +455,11 @@ void install_cuda_ops() {
   if (!g_mx_cuda) g_mx_cuda = cpd_mx_ops::kernels(c10::DispatchKey::CUDA);
 }
 
+cpd_launch::F5 f5_of(const std::vector<int>& f) {
+  TORCH_CHECK(f.size() == 5, "cpd: a format is [exp, man, bias, specials, subnormals], got ", f.size(), " values");
+  return {f[0], f[1], f[2], f[3], f[4]};
+}
+
 void bind(pybind11::module_& m) {
   m.def("install_ops", &install_ops);
   m.def("install_cuda_ops", &install_cuda_ops);
@@ -462,6 +468,22 @@ void bind(pybind11::module_& m) {
   m.def("set_launch_sources", &cpd_launch::set_sources);
   m.def("set_mx_torch_path", &cpd_mx_ops::set_torch_path);
   m.def("mx_launch_shape", &cpd_launch::mx_launch_shape);
+  // the wire passes' launches (cpd/distributed/cuda_kernels.py): CUDA tensors, or CPU tensors
+  // through the host shim; a format is [exp, man, bias, specials, subnormals]
+  m.def("wire_launch_encode", [](const at::Tensor& x, const at::Tensor& segs, const at::Tensor& out,
+                                 std::vector<int> f, int mode, bool saturate, int bits, bool raw32) {
+    cpd_launch::wire_encode(x, segs, out, f5_of(f), mode, saturate, bits, raw32);
+  });
+  m.def("wire_launch_hop", [](const at::Tensor& recv, const std::optional<at::Tensor>& recv_c, const at::Tensor& acc,
+                              const std::optional<at::Tensor>& acc_c, int64_t n, std::vector<int> f, int mode,
+                              bool saturate, int bits, bool raw32, bool kahan, bool carry, bool sequential) {
+    cpd_launch::wire_hop(recv, recv_c.value_or(at::Tensor()), acc, acc_c.value_or(at::Tensor()), n, f5_of(f), mode,
+                         saturate, bits, raw32, kahan, carry, sequential);
+  });
+  m.def("wire_launch_decode", [](const at::Tensor& data, const at::Tensor& segs, const at::Tensor& out,
+                                 std::vector<int> f, int bits, bool raw32, double inv) {
+    cpd_launch::wire_decode(data, segs, out, f5_of(f), bits, raw32, static_cast<float>(inv));
+  });
   m.def("set_host_geometry", &cpd_launch::set_host_geometry);
   m.def("matmul_kernel", [](bool has_mul, std::vector<int> mul, std::vector<int> acc, bool kahan, int block, int mode,
                             bool saturate) {
