@@ -11,7 +11,7 @@ import dataclasses
 
 from .formats import E8M0, FloatFormat
 
-__all__ = ["BlockFormat", "SCALE_RULES", "MXINT8_ELEMENT", "FORMATS", "RULES", "op_spec", "fused"]
+__all__ = ["BlockFormat", "SCALE_RULES", "MXINT8_ELEMENT", "FORMATS", "RULES", "op_spec", "from_spec", "fused"]
 
 #: The shared-scale rules (see :mod:`cpd.mx`'s docstring).
 SCALE_RULES = ("floor", "ceil", "even", "amax")
@@ -107,3 +107,15 @@ def op_spec(fmt: BlockFormat) -> tuple:
 
     return (*five(fmt.element), *five(fmt.scale), RULES[fmt.scale_rule], int(fmt.is_int), fmt.block_size, fmt.axis,
             int(fmt.tensor_scale), int(fused(fmt)))
+
+
+def from_spec(spec) -> BlockFormat:
+    """The BlockFormat of an op spec (:func:`op_spec`): the one made with it, or a new one."""
+    key = tuple(int(v) for v in spec)
+    fmt = FORMATS.get(key)
+    if fmt is None:
+        if len(key) != 16:
+            raise ValueError(f"a block format's op spec is 16 ints (BlockFormat._op_spec), got {len(key)}")
+        fmt = BlockFormat(FloatFormat.from_core(*key[0:5]), key[12], FloatFormat.from_core(*key[5:10]), key[13],
+                          SCALE_RULES[key[10]], bool(key[14]))
+    return fmt

@@ -24,7 +24,7 @@ import math
 import torch
 
 from . import _impl, _mx_torch
-from ._block_format import FORMATS, RULES, fused
+from ._block_format import RULES, from_spec, fused
 from .ops import draw_seed
 from .rounding import Rounding
 
@@ -139,9 +139,9 @@ def torch_body(op: str, *args):
     do not take; ``args`` are the op's (the format as its op spec, the rounding as its code)."""
     if op == "decode":
         codes, scales, t, spec, n, packed = args
-        return _mx_torch.decode(codes, scales, t, FORMATS[tuple(spec)], n, packed)
+        return _mx_torch.decode(codes, scales, t, from_spec(spec), n, packed)
     x, seed, spec, rounding, *rest = args
-    fmt, mode = FORMATS[tuple(spec)], Rounding.from_code(rounding)
+    fmt, mode = from_spec(spec), Rounding.from_code(rounding)
     if op == "encode":
         return _mx_torch.encode(x, fmt, mode, seed, *rest)
     return _mx_torch.cast(x, fmt, mode, cast_seed(seed, x.device) if mode is Rounding.STOCHASTIC else _NO_SEED)

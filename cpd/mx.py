@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 
 from . import _cuda, _impl, _mx_engine as _engine, _mx_torch
-from ._block_format import FORMATS as _FORMATS, MXINT8_ELEMENT, SCALE_RULES, BlockFormat
+from ._block_format import MXINT8_ELEMENT, SCALE_RULES, BlockFormat, from_spec as _from_spec
 from ._mx_torch import pack, unpack
 from .formats import E2M1, E2M3, E3M2, E4M3FN, E5M2
 from .ops import draw_seed
@@ -124,22 +124,22 @@ for _schema in _SCHEMAS:
 def _cast_body(engine, x, seed, fmt, rounding):
     mode = Rounding.from_code(rounding)
     pair = _engine.cast_seed(seed, x.device) if mode is Rounding.STOCHASTIC else _NO_SEED
-    return _engine.cast(engine, x, pair, _FORMATS[tuple(fmt)], mode)
+    return _engine.cast(engine, x, pair, _from_spec(fmt), mode)
 
 
 def _cast_out_body(engine, x, seed, fmt, rounding, out):
     mode = Rounding.from_code(rounding)
     pair = _engine.cast_seed(seed, x.device) if mode is Rounding.STOCHASTIC else _NO_SEED
-    _engine.cast(engine, x, pair, _FORMATS[tuple(fmt)], mode, out)
+    _engine.cast(engine, x, pair, _from_spec(fmt), mode, out)
     torch.autograd.graph.increment_version(out)  # the write is counted, as for torch's in-place ops
 
 
 def _encode_body(engine, x, seed, fmt, rounding, packed):
-    return _engine.encode(engine, x, seed, _FORMATS[tuple(fmt)], Rounding.from_code(rounding), packed)
+    return _engine.encode(engine, x, seed, _from_spec(fmt), Rounding.from_code(rounding), packed)
 
 
 def _decode_body(engine, codes, scales, t, fmt, n, packed):
-    return _engine.decode(engine, codes, scales, t, _FORMATS[tuple(fmt)], n, packed)
+    return _engine.decode(engine, codes, scales, t, _from_spec(fmt), n, packed)
 
 
 _BODIES = {"cast": (_cast_body, 0), "cast_out": (_cast_out_body, 0), "encode": (_encode_body, 0),
