@@ -85,6 +85,8 @@ def cases(device: str, sizes: list[int]):
         if n >= 1 << 10:
             xm = x.reshape(-1, 32)
             ym = torch.empty_like(xm)
+            out.append((f"cpd.mx.cast MXFP8_E4M3", n, "x.to(bfloat16)", lambda xm=xm: mx.cast(xm, mx.MXFP8_E4M3),
+                        lambda xm=xm: xm.to(torch.bfloat16), calls_scale))
             out.append((f"cpd.mx.cast MXFP8_E4M3, out=", n, "out.copy_(x)",
                         lambda xm=xm, ym=ym: mx.cast(xm, mx.MXFP8_E4M3, out=ym), lambda xm=xm, ym=ym: ym.copy_(xm),
                         calls_scale))

@@ -11,12 +11,14 @@ import dataclasses
 
 from .formats import E8M0, FloatFormat
 
-__all__ = ["BlockFormat", "SCALE_RULES", "MXINT8_ELEMENT", "FORMATS"]
+__all__ = ["BlockFormat", "SCALE_RULES", "MXINT8_ELEMENT", "FORMATS", "RULES", "op_spec", "from_spec", "fused"]
 
 #: The shared-scale rules (see :mod:`cpd.mx`'s docstring).
 SCALE_RULES = ("floor", "ceil", "even", "amax")
-#: Every BlockFormat made, by its op key (the custom op takes the format as one string).
+#: Every BlockFormat made, by its op spec (:func:`op_spec`: the custom ops take the format as one int[]).
 FORMATS: dict = {}
+#: cpd/mx.py SCALE_RULES -> the core's RULE_* (cuda/include/cpd/block.h).
+RULES = {"floor": 0, "ceil": 1, "even": 2, "amax": 3}
 #: MXINT8's element values k / 64, |k| <= 127, as a float format (codes are two's complement).
 MXINT8_ELEMENT = FloatFormat(1, 6, bias=1, specials="finite")
 
@@ -70,9 +72,8 @@ class BlockFormat:
                              f"({self.element.bits}) and {self.scale.name} ({self.scale.bits})")
         if not self.name:
             object.__setattr__(self, "name", f"{self.element.name}x{self.block_size}/{self.scale.name}")
-        key = repr((self.element, self.block_size, self.scale, self.axis, self.scale_rule, self.tensor_scale))
-        object.__setattr__(self, "_op_key", key)
-        FORMATS.setdefault(key, self)
+        object.__setattr__(self, "_op_spec", op_spec(self))
+        FORMATS.setdefault(self._op_spec, self)
 
     @property
     def is_int(self) -> bool:
@@ -89,3 +90,32 @@ class BlockFormat:
         return (f"{self.name}: {self.element.name} elements ({self.element.bits} bits, max {self.element.max:g}), "
                 f"one {self.scale.name} scale per {self.block_size} along axis {self.axis} "
                 f"(rule {self.scale_rule!r}{two}); {self.bits_per_element:.4g} bits per element")
+
+
+def fused(fmt: BlockFormat) -> bool:
+    """Whether the compiled kernels take ``fmt``: its power-of-two scales 2^e have -127 <= e <= 127
+    (so 2^-e is a float32 too); the other (exotic) scale formats take the pure-torch path."""
+    return -127 <= fmt.scale.emin and fmt.scale.emax <= 127
+
+
+def op_spec(fmt: BlockFormat) -> tuple:
+    """The format as cpd.mx's custom ops take it (cuda/cpu/mx_ops.cpp reads it): 16 ints, the
+    element's and the scale's ``[exp, man, bias, specials, subnormals]``, the rule (:data:`RULES`),
+    MXINT8's integer elements, the block size, the axis, two-level scaling, :func:`fused`."""
+    def five(f):
+        return f.exp, f.man, f.bias, f.core_specials, int(f.subnormals)
+
+    return (*five(fmt.element), *five(fmt.scale), RULES[fmt.scale_rule], int(fmt.is_int), fmt.block_size, fmt.axis,
+            int(fmt.tensor_scale), int(fused(fmt)))
+
+
+def from_spec(spec) -> BlockFormat:
+    """The BlockFormat of an op spec (:func:`op_spec`): the one made with it, or a new one."""
+    key = tuple(int(v) for v in spec)
+    fmt = FORMATS.get(key)
+    if fmt is None:
+        if len(key) != 16:
+            raise ValueError(f"a block format's op spec is 16 ints (BlockFormat._op_spec), got {len(key)}")
+        fmt = BlockFormat(FloatFormat.from_core(*key[0:5]), key[12], FloatFormat.from_core(*key[5:10]), key[13],
+                          SCALE_RULES[key[10]], bool(key[14]))
+    return fmt

@@ -30,7 +30,7 @@ from .formats import FloatFormat
 from .rounding import Rounding
 
 __all__ = ["fmt_tuple", "fmt_of", "code_dtype_of", "Extension", "Fallback", "Kernels", "cast", "cast_out", "encode",
-           "decode", "arith", "matmul", "batch_shape", "register", "PyKernels",
+           "decode", "arith", "matmul", "batch_shape",
            "cuda_engine", "host_engine", "shim_engine", "kernels_engine", "route_cpu_to_kernels"]
 
 _warned: set = set()
@@ -262,53 +262,39 @@ def _bind(body, engine_of):
     return kernel
 
 
-class PyKernels:
-    """Python kernels, per dispatch key, of ops defined with ``torch.library`` (cpd.mx's): each
-    op's body bound to the engine of its device, registered on a library of this object's own
-    (no ``custom_op`` layers per call: a call is the dispatcher and the body, ~45 us less).
-    ``bodies``: ``{"ns::name": (body, index of the tensor whose device picks the engine)}``."""
-
-    def __init__(self, bodies: dict):
-        self.bodies = dict(bodies)
-        self._cuda = self._lib("CUDA", lambda i: lambda args: cuda_engine(args[i].device))
-        self._cpu = self._lib("CPU", lambda i: lambda args: host_engine())
-
-    def _lib(self, key: str, engine_for):
-        ns = next(iter(self.bodies)).split("::")[0]
-        lib = torch.library.Library(ns, "IMPL")
-        for qualname, (body, i) in self.bodies.items():
-            lib.impl(qualname.split("::")[1], _bind(body, engine_for(i)), key)
-        return lib
-
-    def route_cpu(self, on: bool) -> None:
-        """CPU tensors: the CUDA kernels run by the host shim (on), or the extension / fallback."""
-        self._cpu._destroy()
-        self._cpu = self._lib("CPU", (lambda i: lambda args: shim_engine()) if on
-                              else (lambda i: lambda args: host_engine()))
-
-
-_registered: list = []  # every register() call's PyKernels, for route_cpu_to_kernels
-
-
 def route_cpu_to_kernels(on: bool) -> None:
-    """Re-register the CPU implementations of every registered op (cpd.ops and cpd.mx): the CUDA
-    kernels through the host shim (on), or the extension / fallback (off)."""
-    for kernels in _registered:
-        kernels.route_cpu(on)
+    """CPU tensors of every registered op (cpd.ops and cpd.mx): the CUDA kernels through the host
+    shim (on), or the extension / fallback (off) (:meth:`CoreOps.route_cpu`)."""
     _core.route_cpu(on)
 
 
-def register(bodies: dict) -> PyKernels:
-    """Register each op's body for CPU and CUDA tensors (see :class:`PyKernels`)."""
-    kernels = PyKernels(bodies)
-    _registered.append(kernels)
-    return kernels
-
-
 # --------------------------------------------------------------------------------------- the core ops
+class _Libs:
+    """``torch.library`` IMPL libraries, one per op namespace (``cpd``, ``cpd_mx``), destroyed together."""
+
+    def __init__(self):
+        self.libs: dict = {}
+
+    def impl(self, qualname: str, fn, key: str) -> None:
+        self.lib(qualname).impl(qualname.split("::")[1], fn, key)
+
+    def lib(self, qualname: str):
+        ns = qualname.split("::")[0]
+        if ns not in self.libs:
+            self.libs[ns] = torch.library.Library(ns, "IMPL")
+        return self.libs[ns]
+
+    def _destroy(self) -> None:
+        for lib in self.libs.values():
+            lib._destroy()
+        self.libs = {}
+
+
 class CoreOps:
     """The registrations of the core ops (cpd/ops.py: cast, cast_out, encode, decode, arith,
-    matmul), whose schemas are defined in Python so that they exist without a compiler.
+    matmul) and cpd.mx's (cpd/mx.py: cpd_mx::cast, cast_out, encode, decode), whose schemas are
+    defined in Python so that they exist without a compiler; the extension's C++ kernels serve
+    both namespaces (cuda/cpu/ops.cpp, cuda/cpu/mx_ops.cpp).
 
     * CUDA, until the C++ launches take over: the bodies above over :func:`cuda_engine`;
     * CPU and autograd, until the extension is loaded: the bodies over :func:`host_engine` and
@@ -328,25 +314,34 @@ class CoreOps:
     """
 
     def __init__(self):
-        self.bodies: dict = {}     # op name -> (body, index of the tensor whose device picks the engine)
-        self.autograd: dict = {}   # op name -> (backward, setup_context)
+        self.bodies: dict = {}     # "ns::name" -> (body, index of the tensor whose device picks the engine)
+        self.autograd: dict = {}   # "ns::name" -> (backward, setup_context)
+        self.torch_path = None     # cpd.mx's pure-torch path, which its C++ kernels call for exotic formats
         self.native = None         # the extension whose C++ kernels are installed
         self.native_cuda = False   # its CUDA kernels too
         self.done = False          # nothing more to install
         self._cuda_usable = None   # whether the first CUDA call's device could run the kernels
         self.prefer_native = True  # on_host: launch through the extension when it is installed
-        self._py_cpu = self._py_autograd = self._shim = None
+        self._cuda, self._py_cpu, self._py_autograd = _Libs(), _Libs(), _Libs()
+        self._shim = None
         self._lock = threading.Lock()
 
-    def register(self, bodies: dict, autograd: dict) -> None:
-        self.bodies, self.autograd = dict(bodies), dict(autograd)
-        self._cuda = torch.library.Library("cpd", "IMPL")
-        for name, (body, i) in self.bodies.items():
-            self._cuda.impl(name, _bind(body, lambda args, i=i: self._cuda_engine(args[i].device)), "CUDA")
-        self._py_cpu = self._cpu_lib(lambda args: host_engine())
-        self._py_autograd = torch.library.Library("cpd", "IMPL")
-        for name, (backward, setup) in self.autograd.items():
-            torch.library.register_autograd(f"cpd::{name}", backward, setup_context=setup, lib=self._py_autograd)
+    def register(self, bodies: dict, autograd: dict, ns: str = "cpd", torch_path=None) -> None:
+        """The Python bodies ``{name: (body, tensor index)}`` and autograd ``{name: (backward,
+        setup_context)}`` of namespace ``ns``'s ops (before the first install: at import)."""
+        if self.native is not None or self._shim is not None:
+            raise RuntimeError(f"cpd: the {ns} ops are registered after the C++ kernels were installed")
+        bodies = {f"{ns}::{name}": entry for name, entry in bodies.items()}
+        self.bodies.update(bodies)
+        if torch_path is not None:
+            self.torch_path = torch_path
+        for qualname, (body, i) in bodies.items():
+            self._cuda.impl(qualname, _bind(body, lambda args, i=i: self._cuda_engine(args[i].device)), "CUDA")
+            self._py_cpu.impl(qualname, _bind(body, lambda args: host_engine()), "CPU")
+        for name, (backward, setup) in autograd.items():
+            self.autograd[f"{ns}::{name}"] = (backward, setup)
+            torch.library.register_autograd(f"{ns}::{name}", backward, setup_context=setup,
+                                            lib=self._py_autograd.lib(f"{ns}::{name}"))
 
     def _cuda_engine(self, device):
         engine = cuda_engine(device)
@@ -356,11 +351,11 @@ class CoreOps:
                 _cpu.extension()  # load (or build, once) the extension whose C++ launches serve the next calls
         return engine
 
-    def _cpu_lib(self, engine_of):
-        lib = torch.library.Library("cpd", "IMPL")
-        for name, (body, _) in self.bodies.items():
-            lib.impl(name, _bind(body, engine_of), "CPU")
-        return lib
+    def _cpu_lib(self, engine_of) -> _Libs:
+        libs = _Libs()
+        for qualname, (body, _) in self.bodies.items():
+            libs.impl(qualname, _bind(body, engine_of), "CPU")
+        return libs
 
     def install(self) -> None:
         """Install the C++ kernels if the extension is loaded (never builds it); called by the
@@ -383,6 +378,8 @@ class CoreOps:
                 self._py_autograd = None
                 ext.install_ops()
                 ext.set_launch_sources(_cuda.image_for, _shim.entry)
+                if self.torch_path is not None:
+                    ext.set_mx_torch_path(self.torch_path)
                 if self._shim is not None:  # within on_host: the shim keeps the CPU key
                     self._shim._destroy()
                     self._shim = None

@@ -41,7 +41,7 @@ from __future__ import annotations
 import torch
 
 from . import _cuda, _impl, _mx_engine as _engine, _mx_torch
-from ._block_format import FORMATS as _FORMATS, MXINT8_ELEMENT, SCALE_RULES, BlockFormat
+from ._block_format import MXINT8_ELEMENT, SCALE_RULES, BlockFormat, from_spec as _from_spec
 from ._mx_torch import pack, unpack
 from .formats import E2M1, E2M3, E3M2, E4M3FN, E5M2
 from .ops import draw_seed
@@ -73,7 +73,7 @@ def _check_x(x) -> torch.Tensor:
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"x has dtype {x.dtype}; allowed: torch.float32, torch.float16, torch.bfloat16")
-    return x.to(torch.float32)
+    return x if x.dtype == torch.float32 else x.to(torch.float32)
 
 
 def _axis(fmt: BlockFormat, x: torch.Tensor) -> int:
@@ -100,43 +100,46 @@ def _checked(x, fmt, rounding, generator) -> tuple[torch.Tensor, BlockFormat, Ro
 
 
 # --------------------------------------------------------------------------------------- ops
-# Schemas defined with torch.library (not custom_op: its Python layers cost ~70 us a call); the
-# default body (any device) is the pure-torch path; CPU and CUDA tensors get the bodies of
-# cpd/_mx_engine.py bound to their engine (the fused kernels, or that same pure-torch path).
+# Schemas defined with torch.library (not custom_op: its Python layers cost ~70 us a call), so that
+# they exist with no compiler. A format is its op spec (BlockFormat._op_spec: 16 ints), a rounding
+# its code. Once the CPU extension is loaded, its C++ kernels serve CPU, CUDA and autograd
+# (cuda/cpu/mx_ops.cpp, installed by cpd._impl.CoreOps with the core ops'); until then, and with
+# no compiler, the Python bodies of cpd/_mx_engine.py bound to the device's engine (the CPU loops,
+# or the pure-torch path), registered below; the default body (any other device) is pure torch.
 _LIB = torch.library.Library("cpd_mx", "FRAGMENT")
 _SCHEMAS = (
-    # one block-format fake quantization; fmt is the BlockFormat's op key (see _FORMATS), seed a
-    # scalar int64 (stochastic rounding: a generator seeded with it draws the pair)
-    "cast(Tensor x, Tensor seed, str fmt, str rounding) -> Tensor",
-    "cast_out(Tensor x, Tensor seed, str fmt, str rounding, Tensor(a!) out) -> ()",
+    # one block-format fake quantization; seed a scalar int64 (stochastic rounding: a CPU generator
+    # seeded with it draws the (seed, offset) pair)
+    "cast(Tensor x, Tensor seed, int[] fmt, int rounding) -> Tensor",
+    "cast_out(Tensor x, Tensor seed, int[] fmt, int rounding, Tensor(a!) out) -> ()",
     # (codes, scale codes, tensor scale T or 1) of x; seed the (seed, offset) pair
-    "encode(Tensor x, Tensor seed, str fmt, str rounding, bool packed) -> (Tensor, Tensor, Tensor)",
+    "encode(Tensor x, Tensor seed, int[] fmt, int rounding, bool packed) -> (Tensor, Tensor, Tensor)",
     # the float32 values (..., n), block axis last
-    "decode(Tensor codes, Tensor scales, Tensor t, str fmt, int n, bool packed) -> Tensor",
+    "decode(Tensor codes, Tensor scales, Tensor t, int[] fmt, int n, bool packed) -> Tensor",
 )
 for _schema in _SCHEMAS:
     _LIB.define(_schema, tags=(torch.Tag.pt2_compliant_tag,))
 
 
 def _cast_body(engine, x, seed, fmt, rounding):
-    mode = Rounding.parse(rounding)
+    mode = Rounding.from_code(rounding)
     pair = _engine.cast_seed(seed, x.device) if mode is Rounding.STOCHASTIC else _NO_SEED
-    return _engine.cast(engine, x, pair, _FORMATS[fmt], mode)
+    return _engine.cast(engine, x, pair, _from_spec(fmt), mode)
 
 
 def _cast_out_body(engine, x, seed, fmt, rounding, out):
-    mode = Rounding.parse(rounding)
+    mode = Rounding.from_code(rounding)
     pair = _engine.cast_seed(seed, x.device) if mode is Rounding.STOCHASTIC else _NO_SEED
-    _engine.cast(engine, x, pair, _FORMATS[fmt], mode, out)
+    _engine.cast(engine, x, pair, _from_spec(fmt), mode, out)
     torch.autograd.graph.increment_version(out)  # the write is counted, as for torch's in-place ops
 
 
 def _encode_body(engine, x, seed, fmt, rounding, packed):
-    return _engine.encode(engine, x, seed, _FORMATS[fmt], Rounding.parse(rounding), packed)
+    return _engine.encode(engine, x, seed, _from_spec(fmt), Rounding.from_code(rounding), packed)
 
 
 def _decode_body(engine, codes, scales, t, fmt, n, packed):
-    return _engine.decode(engine, codes, scales, t, _FORMATS[fmt], n, packed)
+    return _engine.decode(engine, codes, scales, t, _from_spec(fmt), n, packed)
 
 
 _BODIES = {"cast": (_cast_body, 0), "cast_out": (_cast_out_body, 0), "encode": (_encode_body, 0),
@@ -154,9 +157,6 @@ def _cast_backward(ctx, grad):  # straight-through: the quantizer's gradient is 
     return grad, None, None, None
 
 
-torch.library.register_autograd("cpd_mx::cast", _cast_backward, lib=_LIB)
-
-
 @torch.library.register_fake("cpd_mx::cast_out", lib=_LIB)
 def _(x, seed, fmt, rounding, out):
     return None
@@ -164,11 +164,10 @@ def _(x, seed, fmt, rounding, out):
 
 @torch.library.register_fake("cpd_mx::encode", lib=_LIB)
 def _(x, seed, fmt, rounding, packed):
-    f = _FORMATS[fmt]
-    lead = [s for i, s in enumerate(x.shape) if i != f.axis % x.dim()]
-    n = x.shape[f.axis % x.dim()]
-    nb = -(-n // f.block_size)
-    L, bits = nb * f.block_size, f.element.bits
+    bits, block, axis = 1 + fmt[0] + fmt[1], fmt[12], fmt[13] % x.dim()
+    lead = [s for i, s in enumerate(x.shape) if i != axis]
+    nb = -(-x.shape[axis] // block)
+    L = nb * block
     width = (L + 1) // 2 if packed and bits == 4 else (L + 3) // 4 * 3 if packed and bits == 6 else L
     codes = x.new_empty((*lead, width), dtype=torch.uint8)
     return codes, x.new_empty((*lead, nb), dtype=torch.uint8), x.new_empty(())
@@ -181,7 +180,9 @@ def _(codes, scales, t, fmt, n, packed):
 
 _NO_SEED = torch.zeros(2, dtype=torch.int64)
 _ZERO_SEED = torch.zeros((), dtype=torch.int64)  # cpd_mx::cast's seed argument for the deterministic modes
-_KERNELS = _impl.register({f"cpd_mx::{name}": entry for name, entry in _BODIES.items()})
+_core = _impl._core
+_core.register(_BODIES, {"cast": (_cast_backward, None)}, ns="cpd_mx", torch_path=_engine.torch_body)
+_OP_CAST, _OP_CAST_OUT = torch.ops.cpd_mx.cast.default, torch.ops.cpd_mx.cast_out.default
 
 
 # --------------------------------------------------------------------------------------- public API
@@ -205,6 +206,8 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator
         [0.0, 0.0, -96.0]
     """
     x, fmt, mode = _checked(x, fmt, rounding, generator)
+    if not _core.done:
+        _core.install()
     seed = _ZERO_SEED
     if mode is Rounding.STOCHASTIC:
         # a CUDA generator draws through its CPU twin (as cpd.ops.draw_seed does): torch.randint
@@ -212,7 +215,7 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator
         gen = _cuda.cpu_twin(generator) if generator is not None and generator.device.type == "cuda" else generator
         seed = torch.randint(0, 2**62, (), generator=gen, dtype=torch.int64)
     if out is None:
-        return torch.ops.cpd_mx.cast(x, seed, fmt._op_key, mode.value)
+        return _OP_CAST(x, seed, fmt._op_spec, mode.code)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
     if out.dtype != torch.float32 or out.shape != x.shape or out.device != x.device:
@@ -223,7 +226,7 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator
                          "(or under torch.no_grad())")
     if out.data_ptr() == x.data_ptr():
         raise ValueError("out must not be x's memory (cpd.mx.cast reads whole blocks before writing)")
-    torch.ops.cpd_mx.cast_out(x, seed, fmt._op_key, mode.value, out)
+    _OP_CAST_OUT(x, seed, fmt._op_spec, mode.code, out)
     return out
 
 
@@ -258,7 +261,9 @@ def encode(x: torch.Tensor, fmt, rounding="nearest", *, pack: bool = True,
     if not isinstance(pack, bool):
         raise TypeError(f"pack must be a bool, got {type(pack).__name__}")
     seed = draw_seed(generator, x.device) if mode is Rounding.STOCHASTIC else _NO_SEED
-    codes, sc, t = torch.ops.cpd_mx.encode(x, seed, fmt._op_key, mode.value, pack)
+    if not _core.done:
+        _core.install()
+    codes, sc, t = torch.ops.cpd_mx.encode(x, seed, fmt._op_spec, mode.code, pack)
     return Encoded(codes, sc, fmt, x.shape, pack, t if fmt.tensor_scale else None)
 
 
@@ -269,7 +274,9 @@ def decode(encoded: Encoded) -> torch.Tensor:
     fmt = encoded.fmt
     n = encoded.shape[fmt.axis % len(encoded.shape)]
     t = encoded.tensor_scale if encoded.tensor_scale is not None else torch.ones(())
-    y = torch.ops.cpd_mx.decode(encoded.codes, encoded.scales, t, fmt._op_key, n, encoded.packed)
+    if not _core.done:
+        _core.install()
+    y = torch.ops.cpd_mx.decode(encoded.codes, encoded.scales, t, fmt._op_spec, n, encoded.packed)
     return y.movedim(-1, fmt.axis % len(encoded.shape))
 
 

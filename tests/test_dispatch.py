@@ -264,7 +264,7 @@ def test_dispatch_benchmark_prints_its_table():
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| cpd.")]
-    assert len(rows) == 8 and all(ln.count("|") == 7 for ln in rows), r.stdout
+    assert len(rows) == 9 and all(ln.count("|") == 7 for ln in rows), r.stdout
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic", "toward_zero", "up", "down", "nearest_away", "odd"])

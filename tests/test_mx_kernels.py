@@ -78,7 +78,7 @@ def test_cpu_kernel_matches_torch_path(fmt, mode):
     seed = torch.tensor(987654321)
     stochastic = mode == "stochastic"
     pair = _mx_engine.cast_seed(seed, x.device) if stochastic else ZERO
-    got = torch.ops.cpd_mx.cast(x, seed, fmt._op_key, mode)
+    got = torch.ops.cpd_mx.cast(x, seed, fmt._op_spec, Rounding.parse(mode).code)
     assert torch.equal(bits(got), bits(torch_cast(x, fmt, mode, pair))), (fmt.name, mode)
     for packed in (True, False):
         g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
@@ -231,12 +231,52 @@ def test_mx_kernels_compile_without_local_memory(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------ ops, errors
+def test_op_spec_names_its_format():
+    """The ops take a format as 16 ints (BlockFormat._op_spec); from_spec gives the format back,
+    also one the registry has not seen."""
+    from cpd._block_format import FORMATS as REGISTRY, from_spec
+
+    for fmt in FORMATS:
+        spec = fmt._op_spec
+        assert len(spec) == 16 and from_spec(list(spec)) == fmt
+        saved = REGISTRY.pop(spec)
+        try:
+            assert from_spec(spec) == fmt and from_spec(spec)._op_spec == spec
+        finally:
+            REGISTRY[spec] = saved
+    with pytest.raises(ValueError, match="16 ints"):
+        from_spec([1, 2, 3])
+
+
+@compiled
+def test_scales_past_float32s_exponents_take_the_pure_torch_path():
+    """A scale format whose powers of two leave -127..127 is not the kernels' (fused = 0): the C++
+    kernels hand cast, cast_out, encode and decode to the pure-torch path, with the same seeds."""
+    fmt = mx.BlockFormat(cpd.E2M1, 8, scale=cpd.FloatFormat(7, 0, bias=140, specials="finite"))
+    assert fmt._op_spec[-1] == 0
+    g = torch.Generator().manual_seed(4)  # finite, no all-zero block (2^-139 has no float32 inverse)
+    x = torch.randn((5, 45), generator=g) * torch.exp2(torch.randint(-12, 12, (5, 45), generator=g).float())
+    for mode in ("nearest", "stochastic"):
+        gen = (lambda: torch.Generator().manual_seed(2)) if mode == "stochastic" else (lambda: None)  # noqa: E731
+        seed = torch.randint(0, 2**62, (), generator=torch.Generator().manual_seed(2), dtype=torch.int64)
+        want = torch_cast(x, fmt, mode, _mx_engine.cast_seed(seed, x.device) if mode == "stochastic" else ZERO)
+        assert torch.equal(bits(mx.cast(x, fmt, mode, generator=gen())), bits(want)), mode
+        out = torch.empty_like(x)
+        mx.cast(x, fmt, mode, generator=gen(), out=out)
+        assert torch.equal(bits(out), bits(want)), mode
+        enc = mx.encode(x, fmt, mode, generator=gen())
+        ref = torch_encode(x, fmt, mode, draw_seed(gen()) if mode == "stochastic" else ZERO)
+        assert torch.equal(enc.codes, ref[0]) and torch.equal(enc.scales, ref[1]), mode
+        if mode == "nearest":
+            assert torch.equal(bits(mx.decode(enc)), bits(want))
+
+
 def test_encode_decode_ops_trace():
     x = data((4, 40), seed=2)
-    key = mx.MXFP4._op_key
-    torch.library.opcheck(torch.ops.cpd_mx.encode.default, (x, ZERO, key, "nearest", True),
+    key = mx.MXFP4._op_spec
+    torch.library.opcheck(torch.ops.cpd_mx.encode.default, (x, ZERO, key, 0, True),
                           test_utils=("test_schema", "test_faketensor"))
-    codes, scales, t = torch.ops.cpd_mx.encode(x, ZERO, key, "nearest", True)
+    codes, scales, t = torch.ops.cpd_mx.encode(x, ZERO, key, 0, True)
     torch.library.opcheck(torch.ops.cpd_mx.decode.default, (codes, scales, t, key, 40, True),
                           test_utils=("test_schema", "test_faketensor"))
     f = torch.compile(lambda v: mx.decode(mx.encode(v, mx.NVFP4)), fullgraph=False)

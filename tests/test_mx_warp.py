@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import cpd
-from cpd import _cpu, _mx_engine, _shim, mx
+from cpd import _cpu, _shim, mx
 
 pytestmark = [pytest.mark.skipif(not _shim.available(), reason="no host C++ compiler for the shim"),
               pytest.mark.skipif(_cpu.extension() is None, reason="the CPU extension is not built")]
@@ -104,9 +104,15 @@ def test_short_and_many_rows(fmt, shape):
 
 
 def test_launch_geometry():
-    """The lanes per block (the kernel's mx_lanes) and a thread block of at least one whole group."""
-    assert [_mx_engine.mx_lanes(b) for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 1000)] == \
+    """The lanes per block (the kernel's mx_lanes) and a thread block of at least one whole group
+    (cuda/cpu/launch.cpp mx_launch_shape: {grid, threads, lanes})."""
+    shape = _cpu.extension().mx_launch_shape
+    assert [shape(1, b, 64, 0)[2] for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 1000)] == \
         [1, 2, 4, 4, 8, 8, 16, 16, 32, 32, 32, 32, 32]
+    assert shape(100, 32, 1, 0) == [25, 32, 32]    # 1 thread raised to one group; 4 blocks a group
+    assert shape(100, 16, 64, 0) == [7, 64, 16]    # 4 groups a thread block: 25 batches in 7
+    assert shape(100, 16, 64, 3) == [3, 64, 16]    # capped grid
+    assert shape(0, 5, 33, 0) == [1, 33, 8]
 
 
 @pytest.mark.cuda

@@ -707,11 +707,17 @@ def test_cuda_kernels_equal_cpu(fmt):
 @compiled
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2", cpd.FloatFormat(3, 0), cpd.FloatFormat(3, 2, specials="finite"),
                                  "bf16", "fp32"], ids=str)
-def test_cuda_kernels_through_the_host_shim_equal_cpu(fmt):
+@pytest.mark.parametrize("route", ["cpp", "python"])
+def test_cuda_kernels_through_the_host_shim_equal_cpu(fmt, route):
     """hop.cu, run on the host by cpd._shim with the parameter array cuLaunchKernel would get, gives
-    the CPU kernels' bytes: encode, hop (plain and Kahan) and decode, ragged segments included."""
+    the CPU kernels' bytes: encode, hop (plain and Kahan) and decode, ragged segments included.
+    route "cpp": the extension's C++ launches (cuda/cpu/launch.cpp, what a GPU gets), on CPU
+    tensors through the shim; "python": the Python launches (a GPU machine with no compiler)."""
     from cpd import _shim
     from cpd.distributed import cuda_kernels
+
+    launch = _shim.launch if route == "python" else None
+    assert route == "python" or cuda_kernels.native() is not None
 
     wf = WireFormat(cpd.FloatFormat.parse(fmt))
     g = torch.Generator().manual_seed(5)
@@ -722,7 +728,7 @@ def test_cuda_kernels_through_the_host_shim_equal_cpu(fmt):
     for mode in MODES:
         cpu = kernels.encode(x, segs, wf, mode, False)
         shim = torch.zeros_like(cpu)
-        cuda_kernels.encode(x, segs, shim, wf, mode, False, launcher=_shim.launch)
+        cuda_kernels.encode(x, segs, shim, wf, mode, False, launcher=launch)
         assert torch.equal(shim[:wf.nbytes(total)], cpu[:wf.nbytes(total)]), (wf.fmt.name, mode)
         n = 509
         a, b = cpu[:wf.nbytes(n)].clone(), torch.roll(cpu, 7)[:wf.nbytes(n)].clone()
@@ -731,17 +737,18 @@ def test_cuda_kernels_through_the_host_shim_equal_cpu(fmt):
             s1, s2 = b.clone(), b.clone()
             kernels.hop(a, s1, n, wf, mode, False, kahan=kahan, acc_c=c1 if kahan else None, recv_c=b if kahan else None)
             cuda_kernels.hop(a, s2, n, wf, mode, False, kahan, b if kahan else None, c2 if kahan else None, False,
-                             False, launcher=_shim.launch)
+                             False, launcher=launch)
             assert _same(s2, s1, n, wf), (wf.fmt.name, mode, kahan)
         o1, o2 = torch.zeros(1203), torch.zeros(1203)
         kernels.decode(cpu, segs, o1, wf, 0.5)
-        cuda_kernels.decode(cpu, segs, o2, wf, 0.5, launcher=_shim.launch)
+        cuda_kernels.decode(cpu, segs, o2, wf, 0.5, launcher=launch)
         assert torch.equal(o1.view(torch.int32), o2.view(torch.int32)), (wf.fmt.name, mode)
 
 
 @compiled
 @pytest.mark.parametrize("fmt", SMALL + ["bf16", "fp16", cpd.TF32, cpd.FP32], ids=lambda f: getattr(f, "name", f))
-def test_cuda_hop_lanes_through_the_host_shim(fmt):
+@pytest.mark.parametrize("route", ["cpp", "python"])
+def test_cuda_hop_lanes_through_the_host_shim(fmt, route):
     """hop.cu's hop (its float32 lanes, add_lanes, where arith.h's identities hold; add_bits
     otherwise), run on the host by the shim, against the public ops (hop_reference: cpd.add per
     merge): every pair of codes of the formats of <= 8 bits and random pairs of 16-bit, TF32 and
@@ -750,6 +757,7 @@ def test_cuda_hop_lanes_through_the_host_shim(fmt):
     from cpd import _shim
     from cpd.distributed import cuda_kernels
 
+    launch = _shim.launch if route == "python" else None  # None: the C++ launches, through the shim
     f = cpd.FloatFormat.parse(fmt) if isinstance(fmt, str) else fmt
     wf = WireFormat(f)
     g = torch.Generator().manual_seed(11)
@@ -766,7 +774,7 @@ def test_cuda_hop_lanes_through_the_host_shim(fmt):
         want = acc.clone()
         kernels.hop_reference(recv, want, n, wf, mode, sat)
         got = acc.clone()
-        cuda_kernels.hop(recv, got, n, wf, mode, sat, False, None, None, False, False, launcher=_shim.launch)
+        cuda_kernels.hop(recv, got, n, wf, mode, sat, False, None, None, False, False, launcher=launch)
         assert _same(got, want, n, wf), (f.name, mode, sat)
     n = 1000 + 5
     rows = [wire(torch.randint(0, 1 << wf.bits, (n,), generator=g)) for _ in range(4)]
@@ -779,7 +787,7 @@ def test_cuda_hop_lanes_through_the_host_shim(fmt):
                               acc_c=want_c, carry=carry, sequential=seq)
         got, got_c = acc.clone(), acc_c.clone()
         cuda_kernels.hop(recv, got, n, wf, mode, sat, True, recv_c if has_c else None, got_c, carry, seq,
-                         launcher=_shim.launch)
+                         launcher=launch)
         assert _same(got, want, n, wf) and _same(got_c, want_c, n, wf), (f.name, mode, sat, has_c, carry, seq)
 
 

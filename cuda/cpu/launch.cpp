@@ -13,10 +13,12 @@
 #include "launch.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -351,6 +353,146 @@ void matmul(const at::Tensor& x, const at::Tensor& y, const at::Tensor& out, boo
   a.add<int>(has_mul).fmt(m).fmt(acc).add<int>(kahan).add<int>(block).add<int>(mode).add<int>(saturate);
   a.add<int>(sr_bits).seed(seed, offset);
   run(x, "matmul.cu", fam.name ? fam.name : "cpd_matmul_tiled", g.blocks(tiles, 1), kMatmulThreads, a);
+}
+
+// ---------------------------------------------------------------------------- cpd.mx (mx.cu)
+namespace {
+constexpr int64_t kMxBatch = 4;  // cuda/kernels/mx.cu CPD_MX_BATCH: consecutive blocks per group and step
+
+// The lanes of the group that works one block (mx.cu's mx_lanes): the block size rounded up to
+// a power of two, at most 32.
+int mx_lanes(int64_t block) {
+  int g = 1;
+  while (g < block && g < 32) g <<= 1;
+  return g;
+}
+
+// rows * nblocks blocks in batches of kMxBatch per group: the geometry's threads per block, but at
+// least one whole group.
+struct MxShape {
+  unsigned grid, threads;
+};
+MxShape mx_shape(const Geometry& g, int64_t blocks, int64_t block) {
+  const int lanes = mx_lanes(block);
+  const int threads = std::max(g.threads, lanes);
+  return {g.blocks((blocks + kMxBatch - 1) / kMxBatch, threads / lanes), unsigned(threads)};
+}
+
+void mx_format_args(Args& a, const MxFormat& f) {
+  a.fmt(f.el).fmt(f.sc).add<int>(f.rule).add<int>(f.is_int).add<float>(f.t);
+}
+}  // namespace
+
+std::vector<int64_t> mx_launch_shape(int64_t blocks, int64_t block_size, int64_t threads, int64_t max_blocks) {
+  TORCH_CHECK(block_size >= 1 && threads >= 1 && threads <= kMaxThreads, "cpd: bad mx launch shape arguments");
+  Geometry g;
+  g.threads = int(threads);
+  g.max_blocks = max_blocks;
+  const MxShape s = mx_shape(g, blocks, block_size);
+  return {int64_t(s.grid), int64_t(s.threads), mx_lanes(block_size)};
+}
+
+void mx_cast(const at::Tensor& x, const at::Tensor& y, const MxFormat& f, int mode, uint64_t seed, uint64_t offset) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  if (rows * n == 0) return;
+  const MxShape s = mx_shape(geometry_of(x), rows * ((n + f.block - 1) / f.block), f.block);
+  Args a;
+  a.tensor(x).tensor(y).add<long long>(rows).add<long long>(n).add<long long>(f.block);
+  mx_format_args(a, f);
+  a.add<int>(mode).seed(seed, offset);
+  run(x, "mx.cu", "cpd_mx_cast", s.grid, s.threads, a);
+}
+
+void mx_encode(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scodes, const MxFormat& f, int mode,
+               uint64_t seed, uint64_t offset, int pack) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  if (rows * n == 0) return;
+  const MxShape s = mx_shape(geometry_of(x), rows * ((n + f.block - 1) / f.block), f.block);
+  Args a;
+  a.tensor(x).tensor(codes).tensor(scodes).add<long long>(rows).add<long long>(n).add<long long>(f.block);
+  mx_format_args(a, f);
+  a.add<int>(mode).seed(seed, offset).add<int>(pack).add<long long>(codes.size(1));
+  run(x, "mx.cu", "cpd_mx_encode", s.grid, s.threads, a);
+}
+
+void mx_decode(const at::Tensor& codes, const at::Tensor& scodes, const at::Tensor& y, const MxFormat& f, int pack) {
+  const int64_t rows = y.size(0), n = y.size(1);
+  if (rows * n == 0) return;
+  const MxShape s = mx_shape(geometry_of(codes), rows * scodes.size(1), f.block);
+  Args a;
+  a.tensor(codes).tensor(scodes).tensor(y).add<long long>(rows).add<long long>(n).add<long long>(f.block);
+  mx_format_args(a, f);
+  a.add<int>(pack).add<long long>(codes.size(1));
+  run(codes, "mx.cu", "cpd_mx_decode", s.grid, s.threads, a);
+}
+
+// ---------------------------------------------------------------------------- the wire (hop.cu)
+namespace {
+constexpr int kWireThreads = 256;  // one thread per group of 8 elements; the kernels' loops are grid-stride
+
+unsigned wire_blocks(int64_t elements) {
+  const int64_t groups = (elements + 7) / 8, need = std::max<int64_t>(1, (groups + kWireThreads - 1) / kWireThreads);
+  TORCH_CHECK(need <= 0x7fffffff, "cpd: a launch of ", need, " blocks");
+  return static_cast<unsigned>(need);
+}
+
+// segments (k, 3) int64 rows (offset, length, scale exponent) -> the rows and the prefix sums of
+// the lengths (k + 1) on `device` (a small copy up per call, no sync), k and the total length.
+struct WireSegs {
+  at::Tensor rows, starts;
+  int64_t k = 0, total = 0;
+};
+WireSegs wire_segs(const at::Tensor& segs, const c10::Device& device) {
+  const at::Tensor r = segs.to(at::kCPU).to(at::kLong).reshape({-1, 3}).contiguous();
+  WireSegs w;
+  w.k = r.size(0);
+  at::Tensor starts = at::empty({w.k + 1}, r.options());
+  int64_t* sp = starts.data_ptr<int64_t>();
+  const int64_t* rp = r.data_ptr<int64_t>();
+  sp[0] = 0;
+  for (int64_t i = 0; i < w.k; ++i) sp[i + 1] = sp[i] + rp[3 * i + 1];
+  w.total = sp[w.k];
+  w.rows = r.to(device);
+  w.starts = starts.to(device);
+  return w;
+}
+}  // namespace
+
+void wire_encode(const at::Tensor& x, const at::Tensor& segs, const at::Tensor& out, const F5& f, int mode,
+                 bool saturate, int bits, bool raw32) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && out.scalar_type() == at::kByte &&
+              out.is_contiguous() && out.device() == x.device(),
+              "cpd_wire: x must be contiguous float32 and out contiguous uint8 on x's device");
+  const WireSegs w = wire_segs(segs, x.device());
+  Args a;
+  a.tensor(x).tensor(w.rows).tensor(w.starts).add<int>(int(w.k)).add<long long>(w.total).tensor(out).fmt(f);
+  a.add<int>(mode).add<int>(saturate).add<int>(bits).add<int>(raw32);
+  run(x, "hop.cu", "cpd_wire_encode", wire_blocks(w.total), kWireThreads, a);
+}
+
+void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, const at::Tensor& acc, const at::Tensor& acc_c,
+              int64_t n, const F5& f, int mode, bool saturate, int bits, bool raw32, bool kahan, bool carry,
+              bool sequential) {
+  TORCH_CHECK(recv.scalar_type() == at::kByte && acc.scalar_type() == at::kByte && recv.device() == acc.device(),
+              "cpd_wire: recv and acc must be uint8 tensors on one device");
+  const bool has_recv_c = recv_c.defined() && recv_c.numel() > 0;
+  const bool has_acc_c = acc_c.defined() && acc_c.numel() > 0;
+  Args a;  // an absent operand: acc's pointer, which the kernel never reads when its flag is off
+  a.tensor(recv).tensor(has_recv_c ? recv_c : acc).tensor(acc).tensor(has_acc_c ? acc_c : acc);
+  a.add<long long>(n).fmt(f).add<int>(mode).add<int>(saturate).add<int>(bits).add<int>(raw32).add<int>(kahan);
+  a.add<int>(has_recv_c).add<int>(carry).add<int>(sequential ? 1 : 0);
+  run(acc, "hop.cu", "cpd_wire_hop", wire_blocks(n), kWireThreads, a);
+}
+
+void wire_decode(const at::Tensor& data, const at::Tensor& segs, const at::Tensor& out, const F5& f, int bits,
+                 bool raw32, float inv) {
+  TORCH_CHECK(data.scalar_type() == at::kByte && out.scalar_type() == at::kFloat && out.is_contiguous() &&
+              data.device() == out.device(), "cpd_wire: data must be uint8 and out contiguous float32 on one device");
+  const WireSegs w = wire_segs(segs, out.device());
+  Args a;
+  a.tensor(data).tensor(w.rows).tensor(w.starts).add<int>(int(w.k)).add<long long>(w.total).tensor(out).fmt(f);
+  a.add<int>(bits).add<int>(raw32).add<float>(inv);
+  run(out, "hop.cu", "cpd_wire_decode", wire_blocks(w.total), kWireThreads, a);
 }
 
 void set_sources(pybind11::object image, pybind11::object shim) {

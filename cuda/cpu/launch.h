@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace cpd_launch {
 
@@ -30,6 +31,39 @@ void arith(int op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c
 void matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, bool has_mul, const F5& mul,
             const F5& acc, bool kahan, int block, int mode, bool saturate, int sr_bits, uint64_t seed,
             uint64_t offset);
+
+// A block format as cuda/kernels/mx.cu takes it (CPD_MX_FORMAT_PARAMS): the element and scale
+// formats, the scale rule (cpd::RULE_*), MXINT8's integer elements, the block size, and NVFP4's
+// tensor scale T (1 without one).
+struct MxFormat {
+  F5 el, sc;
+  int rule = 0, is_int = 0;
+  int64_t block = 1;
+  float t = 1.0f;
+};
+// x (rows, n) float32 contiguous -> y (rows, n): decode(encode(x)) per block along the rows.
+void mx_cast(const at::Tensor& x, const at::Tensor& y, const MxFormat& f, int mode, uint64_t seed, uint64_t offset);
+// codes (rows, row_bytes) uint8 (pack 0: one code per byte; 4, 6: packed) and scale codes (rows, nblocks).
+void mx_encode(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scodes, const MxFormat& f, int mode,
+               uint64_t seed, uint64_t offset, int pack);
+// codes (rows, row bytes) + scale codes (rows, nblocks) -> y (rows, n).
+void mx_decode(const at::Tensor& codes, const at::Tensor& scodes, const at::Tensor& y, const MxFormat& f, int pack);
+// The launch of `blocks` blocks of `block_size` elements (mx.cu: batches of CPD_MX_BATCH blocks per
+// group of mx_lanes(block_size) lanes): {grid, threads per block, lanes}, for a geometry of
+// `threads` per block and at most `max_blocks` blocks (<= 0: no limit). For the tests.
+std::vector<int64_t> mx_launch_shape(int64_t blocks, int64_t block_size, int64_t threads, int64_t max_blocks);
+
+// The wire passes of hop.cu (cpd/distributed: encode + scale, the per-hop merge, decode + unscale;
+// their CPU loops are cuda/cpu/hop.cpp's); segs: the (k, 3) int64 segments (offset, length, scale
+// exponent) on the CPU; data: contiguous; one thread per group of 8 elements.
+void wire_encode(const at::Tensor& x, const at::Tensor& segs, const at::Tensor& out, const F5& f, int mode,
+                 bool saturate, int bits, bool raw32);
+// recv_c / acc_c: undefined or empty when absent.
+void wire_hop(const at::Tensor& recv, const at::Tensor& recv_c, const at::Tensor& acc, const at::Tensor& acc_c,
+              int64_t n, const F5& f, int mode, bool saturate, int bits, bool raw32, bool kahan, bool carry,
+              bool sequential);
+void wire_decode(const at::Tensor& data, const at::Tensor& segs, const at::Tensor& out, const F5& f, int bits,
+                 bool raw32, float inv);
 
 // The kernel of matmul.cu that matmul() launches for a spec (for the tests: the same choice as
 // cpd/_kernels.py matmul_family).

@@ -8,8 +8,9 @@
 //               block padded with the code of +0) and scale codes (rows, nblocks);
 //   mx_decode   codes + scale codes -> float32 (rows, n).
 //
-// The op wrapper (cpd/_mx_engine.py) moves the block axis last and makes x contiguous; the
-// tensor scale T of two-level formats (NVFP4) comes computed (a float, 1 without one). Every
+// The op bodies (cuda/cpu/mx_ops.cpp; cpd/_mx_engine.py before they are registered) move the
+// block axis last and make x contiguous; the tensor scale T of two-level formats (NVFP4) comes
+// computed (a float, 1 without one). Every
 // value is the numerics core's (cpd/block.h over cast.h, arith.h, codes.h), so the results are
 // those of cpd/mx.py's pure-torch path bit for bit (tests/test_mx_kernels.py).
 //

@@ -34,10 +34,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "launch.h"
 #include "matmul_backward.h"
+#include "mx_ops.h"
 
 // cuda/cpu/cast.cpp, arith.cpp, matmul.cpp
 void cast_out(const at::Tensor& x, at::Tensor& out, int64_t exp, int64_t man, int64_t bias, int64_t specials,
@@ -364,6 +366,9 @@ void cast_out_autograd(const at::Tensor& x, const at::Tensor& seed, c10::IntArra
 torch::Library* g_cpu = nullptr;
 torch::Library* g_cuda = nullptr;
 torch::Library* g_autograd = nullptr;
+torch::Library* g_mx_cpu = nullptr;  // cpd.mx's (mx_ops.cpp), beside each
+torch::Library* g_mx_cuda = nullptr;
+torch::Library* g_mx_autograd = nullptr;
 
 template <class E>
 torch::Library* kernels_for(c10::DispatchKey key) {
@@ -387,15 +392,20 @@ void set_cpu_kernels(int64_t kind) {
               "(the CUDA kernels through the host shim), got ", kind);
   if (kind == g_cpu_kind) return;
   delete g_cpu;
+  delete g_mx_cpu;
   g_cpu = kind == LOOPS ? kernels_for<Loops>(c10::DispatchKey::CPU)
         : kind == HOST_KERNELS ? kernels_for<Kernels>(c10::DispatchKey::CPU) : nullptr;
+  g_mx_cpu = kind == LOOPS ? cpd_mx_ops::loops(c10::DispatchKey::CPU)
+           : kind == HOST_KERNELS ? cpd_mx_ops::kernels(c10::DispatchKey::CPU) : nullptr;
   g_cpu_kind = kind;
 }
 
-// The CPU (loops) and autograd kernels (once; the schemas must be defined: cpd/ops.py).
+// The CPU (loops) and autograd kernels of the core ops and cpd.mx's (once; the schemas must be
+// defined: cpd/ops.py, cpd/mx.py).
 void install_ops() {
   set_cpu_kernels(LOOPS);
   if (g_autograd) return;
+  g_mx_autograd = cpd_mx_ops::autograd();
   g_autograd = new torch::Library(torch::Library::IMPL, "cpd", c10::DispatchKey::Autograd, __FILE__, __LINE__);
   g_autograd->impl("cast", TORCH_FN(cast_autograd));
   g_autograd->impl("arith", TORCH_FN(arith_autograd));
@@ -409,6 +419,12 @@ void install_ops() {
 // The CUDA kernels (once; cpd/_impl.py first destroys its Python CUDA registrations).
 void install_cuda_ops() {
   if (!g_cuda) g_cuda = kernels_for<Kernels>(c10::DispatchKey::CUDA);
+  if (!g_mx_cuda) g_mx_cuda = cpd_mx_ops::kernels(c10::DispatchKey::CUDA);
+}
+
+cpd_launch::F5 f5_of(const std::vector<int>& f) {
+  TORCH_CHECK(f.size() == 5, "cpd: a format is [exp, man, bias, specials, subnormals], got ", f.size(), " values");
+  return {f[0], f[1], f[2], f[3], f[4]};
 }
 
 void bind(pybind11::module_& m) {
@@ -417,6 +433,24 @@ void bind(pybind11::module_& m) {
   m.def("set_cpu_kernels", &set_cpu_kernels);
   m.def("cpu_kernels", [] { return g_cpu_kind; });
   m.def("set_launch_sources", &cpd_launch::set_sources);
+  m.def("set_mx_torch_path", &cpd_mx_ops::set_torch_path);
+  m.def("mx_launch_shape", &cpd_launch::mx_launch_shape);
+  // the wire passes' launches (cpd/distributed/cuda_kernels.py): CUDA tensors, or CPU tensors
+  // through the host shim; a format is [exp, man, bias, specials, subnormals]
+  m.def("wire_launch_encode", [](const at::Tensor& x, const at::Tensor& segs, const at::Tensor& out,
+                                 std::vector<int> f, int mode, bool saturate, int bits, bool raw32) {
+    cpd_launch::wire_encode(x, segs, out, f5_of(f), mode, saturate, bits, raw32);
+  });
+  m.def("wire_launch_hop", [](const at::Tensor& recv, const std::optional<at::Tensor>& recv_c, const at::Tensor& acc,
+                              const std::optional<at::Tensor>& acc_c, int64_t n, std::vector<int> f, int mode,
+                              bool saturate, int bits, bool raw32, bool kahan, bool carry, bool sequential) {
+    cpd_launch::wire_hop(recv, recv_c.value_or(at::Tensor()), acc, acc_c.value_or(at::Tensor()), n, f5_of(f), mode,
+                         saturate, bits, raw32, kahan, carry, sequential);
+  });
+  m.def("wire_launch_decode", [](const at::Tensor& data, const at::Tensor& segs, const at::Tensor& out,
+                                 std::vector<int> f, int bits, bool raw32, double inv) {
+    cpd_launch::wire_decode(data, segs, out, f5_of(f), bits, raw32, static_cast<float>(inv));
+  });
   m.def("set_host_geometry", &cpd_launch::set_host_geometry);
   m.def("matmul_kernel", [](bool has_mul, std::vector<int> mul, std::vector<int> acc, bool kahan, int block, int mode,
                             bool saturate) {

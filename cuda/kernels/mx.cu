@@ -4,7 +4,7 @@
 // step, shuffles included) in the tests, which check it against the CPU kernels (cuda/cpu/mx.cpp)
 // bit for bit.
 //
-// Launches (cpd/_mx_engine.py builds the cpd/_kernels.py Launch): x is (rows, n), the block axis
+// Launches (cuda/cpu/launch.cpp mx_cast / mx_encode / mx_decode): x is (rows, n), the block axis
 // last, contiguous. A *group* of G lanes of one warp works one block of `block` elements at a
 // time, G = `block` rounded up to a power of two, at most 32 (mx_lanes: 32 for MX's blocks of
 // 32, 16 for NVFP4's 16, any block size maps); lane l takes elements l, l + G, l + 2G, ... of the
@@ -37,7 +37,7 @@
 
 namespace {
 
-// The lanes of a group for blocks of `block` elements (cpd/_mx_engine.py mx_lanes says the same).
+// The lanes of a group for blocks of `block` elements (cuda/cpu/launch.cpp mx_lanes says the same).
 __device__ __forceinline__ int mx_lanes(long long block) {
   int g = 1;
   while (g < block && g < 32) g <<= 1;
@@ -47,7 +47,7 @@ __device__ __forceinline__ int mx_lanes(long long block) {
 // Consecutive blocks a group works per step of its grid-stride loop: the first element of each is
 // loaded before any is used, so that a warp has several coalesced loads in flight (one step
 // waits on a load, a shuffle reduction and the rounding, in that order).
-#define CPD_MX_BATCH 4  // cpd/_mx_engine.py MX_BATCH (the grid it launches)
+#define CPD_MX_BATCH 4  // cuda/cpu/launch.cpp kMxBatch (the grid it launches)
 static_assert(CPD_MX_BATCH == 4, "mx_prefetch, mx_pick and the decode's prefetch hold 4 blocks");
 
 // A thread's group: its lane in the group, the group's lanes as a shuffle mask, and the
