@@ -133,23 +133,38 @@ def counts(arch: str = "sm_90") -> dict[str, dict]:
     return out
 
 
-def _loop_count(insns, lo, hi, L, G, top=True) -> int:
+def _loop_count(insns, lo, hi, L, G) -> int:
     """Instructions one thread issues in loop (lo, hi) per trip, loops nested in it times their
-    trip counts: a loop that reads global memory (fd_step for flagged outputs and the rare roundings
-    the 32-bit form leaves: not run on the fast path) counts 0, a loop holding loops is the group
-    loop (G trips), a loop that stores shared memory (staging, decomposition: not unrolled) L / 4,
-    a loop of shared loads only (the passes over k, unrolled by 8) L / 8."""
-    nested = [(c, d) for c, d in loops(insns) if lo <= c and d <= hi and (c, d) != (lo, hi)]
+    trip counts: the passes over k (innermost, shared loads only, unrolled by 8) L / 8; a loop
+    holding passes is the group loop (G trips); a loop that stores shared memory (staging,
+    decomposition, where not unrolled) L / 4; any other loop that reads global memory (fd_step for
+    flagged outputs and the rare roundings the 32-bit form leaves: not run on the fast path) 0."""
+    def inside(c, d):
+        return [(e, f) for e, f in loops(insns) if c <= e and f <= d and (e, f) != (c, d)]
+
+    def ops(c, d):
+        return [op for _, op, _ in insns[c:d + 1] if op != "NOP"]
+
+    def is_pass(c, d):
+        o = ops(c, d)
+        return not inside(c, d) and not any(op.startswith(("LDG", "STS", "LDGSTS")) for op in o)
+
+    nested = inside(lo, hi)
     kids = [(c, d) for c, d in nested if not any(e <= c and d <= f and (e, f) != (c, d) for e, f in nested)]
-    live = lambda a, b: [op for _, op, _ in insns[a:b + 1] if op != "NOP"]  # noqa: E731
-    total = len(live(lo, hi)) - sum(len(live(c, d)) for c, d in kids)
+    total = len(ops(lo, hi)) - sum(len(ops(c, d)) for c, d in kids)
     for c, d in kids:
-        ops = live(c, d)
-        if any(op.startswith("LDG") for op in ops):
+        o = ops(c, d)
+        if any(is_pass(e, f) for e, f in inside(c, d)):
+            trips = G
+        elif is_pass(c, d):
+            trips = L // 8
+        elif any(op.startswith("LDG") and not op.startswith("LDGSTS") for op in o):
             continue
-        inner = [(e, f) for e, f in nested if c <= e and f <= d and (e, f) != (c, d)]
-        trips = G if inner else L // 4 if any(op.startswith(("STS", "LDGSTS")) for op in ops) else L // 8
-        total += trips * _loop_count(insns, c, d, L, G, top=False)
+        elif any(op.startswith(("STS", "LDGSTS")) for op in o):
+            trips = L // 4
+        else:
+            trips = L // 8
+        total += trips * _loop_count(insns, c, d, L, G)
     return total
 
 

@@ -22,7 +22,7 @@ Shapes are small: the shim runs GPU threads one after another on one core.
 import pytest
 import torch
 
-from cpd import _cpu, _shim, _tensor_core_op
+from cpd import _cpu, _kernels, _shim, _tensor_core_op
 from cpd.tensor_core import FusedDot, tensor_core
 
 pytestmark = [pytest.mark.skipif(not _shim.available(), reason="no host C++ compiler for the shim"),
@@ -185,6 +185,13 @@ def test_tile_shape_per_architecture():
     assert shape((8, 0), 163 * kib, 32) == "s2g2" and shape((9, 0), 227 * kib, 32) == "s2g2"
     assert shape((8, 9), 99 * kib, 32) == "s2" and shape((8, 6), 99 * kib, 16) == "s2g2"
     assert shape((8, 0), 48 * kib, 32) == "s1"  # nothing more than the default allowed
+    acc = model("hopper", "e4m3")
+    z = torch.zeros(1, 1, 1)
+    for s in SHAPES:
+        launch = _tensor_core_op.tiled_launch_of(z, z, z, acc.params, fields(acc), "cpd_fused_dot_tiled_l32", 1, s)
+        assert launch.name == f"cpd_fused_dot_tiled_l32_{s}" and launch.smem == smem(32, s)
+    with pytest.raises(ValueError, match="smem"):
+        _kernels.Launch("fused_dot.cu", "k", (1, 1, 1), (1, 1, 1), (), smem=_kernels.DYNAMIC_SMEM_MAX + 1)
     with pytest.raises(ValueError, match="shape"):
         _tensor_core_op.tiled_launch_of(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1), torch.zeros(1, 1, 1),
                                         model("hopper", "e4m3").params, fields(model("hopper", "e4m3")),
