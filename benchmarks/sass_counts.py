@@ -46,9 +46,17 @@ FUSED_DOT = {
 }
 #: suffix -> (stages, groups per K slice): fused_dot.cu CPD_FD_TILED_SHAPES (and cpd/_tensor_core_op.py).
 SHAPES = {"s1": (1, 1), "s2": (2, 1), "s2g2": (2, 2)}
-#: The shape cpd/_tensor_core_op.py tile_shape picks for each architecture's GPUs (by their shared
-#: memory per block: sm_80/sm_90 163/227 KiB, sm_86/sm_89/sm_120 99 KiB; sm_70/sm_75 no cp.async).
-ARCH_SHAPE = {"sm_75": "s1", "sm_80": "s2g2", "sm_86": "s2", "sm_89": "s2", "sm_90": "s2g2", "sm_100": "s2g2"}
+#: The architectures --all-archs prints (each with the shape cpd/_tensor_core_op.py tile_shape picks
+#: there by cp.async and the shared memory per block: sm_80/sm_90 163/227 KiB, sm_86/sm_89 99 KiB).
+ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100")
+
+
+def picked_shape(arch: str, L: int) -> str:
+    """The tile shape cpd/_tensor_core_op.py tile_shape picks for a GPU of ``arch`` and group L."""
+    from cpd import _tensor_core_op
+
+    cap = (int(arch[3:-1]), int(arch[-1]))
+    return _tensor_core_op.tile_shape(cap, _tensor_core_op._SMEM_OPTIN.get(cap, 48 << 10), L)
 
 _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 _BRA = re.compile(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
@@ -209,13 +217,13 @@ def main(argv=None) -> int:
         top = ", ".join(f"{k} {v}" for k, v in list(c["ops"].items())[:6])
         print(f"  {name:18s} {c['label']:42s} {c['insns']:5d} / {c['macs']:4d} = {c['per_mac']:6.2f}"
               f"  (goal {'<= ' + str(c['goal']) if c['goal'] else '-'})  [{top}]")
-    archs = [args.arch] + ([a for a in ARCH_SHAPE if a != args.arch and int(a[3:]) in _cuda.supported_archs()]
+    archs = [args.arch] + ([a for a in ARCHS if a != args.arch and int(a[3:]) in _cuda.supported_archs()]
                            if args.all_archs else [])
     for arch in archs:
         print(f"SASS per multiply-accumulate of one output, tiled fused-dot kernels (fused_dot.cu) at {arch} "
               f"(* the shape picked there):")
         for name, c in fused_dot_counts(arch).items():
-            mark = "*" if ARCH_SHAPE.get(arch) == c["shape"] else " "
+            mark = "*" if picked_shape(arch, FUSED_DOT[name.rsplit("_", 1)[0]][1]) == c["shape"] else " "
             print(f"  {name:31s}{mark} {c['label']:52s} {c['insns']:5d} / {c['macs']:4d} = {c['per_mac']:6.2f}"
                   f"  (goal {'<= ' + str(c['goal']) if c['goal'] else '-'})")
     return 0

@@ -158,8 +158,8 @@ def tile_smem(group: int, shape: str) -> int:
 def tile_shape(capability: tuple[int, int], smem_optin: int, group: int) -> str:
     """The tile shape for a GPU of compute ``capability`` whose blocks may take ``smem_optin``
     bytes of shared memory: two stages where cp.async exists (sm_80+), two groups per slice where
-    they fit (sm_80, sm_87, sm_90, sm_100: 163-227 KiB), else one (sm_86, sm_89, sm_120: 99 KiB);
-    one stage before sm_80 (no cp.async). Chosen by capacity; not yet timed on a GPU."""
+    they fit (sm_80, sm_87, sm_90, sm_100: 163-227 KiB; L 16 on sm_86, sm_89, sm_120: 99 KiB),
+    else one; one stage before sm_80 (no cp.async). Chosen by capacity; not yet timed on a GPU."""
     if capability[0] < 8:
         return "s1"
     for shape in ("s2g2", "s2"):

@@ -71,9 +71,10 @@ extern "C" __global__ void cpd_fused_dot_matmul(const float* __restrict__ a, con
 //         is decomposed, and lands while the block runs slice s's passes (about 85% of a slice's
 //         instructions, docs/gpu.md); decomposition reads the raw stage into separate word arrays,
 //         so no barrier is needed at the end of a slice (two per slice instead of three).
-//         32 L + 1 KiB (33 / 65 KiB): sm_86, sm_89, sm_120 (99 KiB per block).
+//         32 L + 1 KiB (33 / 65 KiB): L 32 on sm_86, sm_89, sm_120 (99 KiB per block).
 //   s2g2  two stages of two groups each (a K slice of 2 L): half the barriers and slice overheads
-//         per group. 64 L + 2 KiB (66 / 130 KiB): sm_80, sm_87, sm_90, sm_100 (163-227 KiB).
+//         per group. 64 L + 2 KiB (66 / 130 KiB): sm_80, sm_87, sm_90, sm_100 (163-227 KiB), and
+//         L 16 on the 99 KiB GPUs.
 // Why the register tile stays 4 x 4 of 256 threads on every architecture: the register file is
 // 64 K words per SM from sm_70 to sm_100, and the 4 x 4 tile already takes 194-215 registers
 // (c, emax, the sums, the operands of a pass: ptxas, tests/test_cuda.py), so one block of 256 per
