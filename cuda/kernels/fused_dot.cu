@@ -76,7 +76,7 @@ extern "C" __global__ void cpd_fused_dot_matmul(const float* __restrict__ a, con
 //         per group. 64 L + 2 KiB (66 / 130 KiB): sm_80, sm_87, sm_90, sm_100 (163-227 KiB), and
 //         L 16 on the 99 KiB GPUs.
 // Why the register tile stays 4 x 4 of 256 threads on every architecture: the register file is
-// 64 K words per SM from sm_70 to sm_100, and the 4 x 4 tile already takes 194-215 registers
+// 64 K words per SM from sm_70 to sm_100, and the 4 x 4 tile already takes 177-200 registers
 // (c, emax, the sums, the operands of a pass: ptxas, tests/test_cuda.py), so one block of 256 per
 // SM (__launch_bounds__(256, 1)); a larger register tile would spill, a smaller block tile would
 // decompose more elements per output. Shared memory is then the block's to use, and the
@@ -151,9 +151,8 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
     const long long m0 = (rest / tiles_n) * T, n0 = (rest % tiles_n) * T;
     const float* ab = a + bi * M * K;
     const float* bb = b + bi * K * N;
-    // 1. stage the raw slice at kst into rows dA (A transposed: dA[kk][m]) and dB; the bounds and
-    //    addresses are taken afresh per slice (a few integer operations per slice, no registers
-    //    held across the passes)
+    // 1. stage the raw slice at kst into rows dA (A transposed: dA[kk][m]) and dB (where the
+    //    registers are short, with bounds and addresses taken afresh per slice: fd_opaque)
     auto stage = [&](long long kst, FdRow* dA, FdRow* dB) {
       constexpr bool O = WIDE && S > 1;  // where the registers are short (fd_opaque)
       const long long Ko = O ? fd_opaque(K) : K, No = O ? fd_opaque(N) : N, Mo = O ? fd_opaque(M) : M;
