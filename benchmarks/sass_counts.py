@@ -35,13 +35,28 @@ FAMILIES = {
     "cpd_matmul_kahanbf": ("Kahan, E5M2/E4M3 -> BF16", 8 * 4 * 4, 30.0),
 }
 
-#: The tiled fused-dot kernels (cuda/kernels/fused_dot.cu): kernel -> (what it runs, L, goal per MAC).
-#: Their K-slice loop (one group of L) holds nested loops, counted by their trip counts (below).
+#: The tiled fused-dot kernels (cuda/kernels/fused_dot.cu): family -> (what it runs, L, goal per MAC).
+#: Each family is built in every tile shape (cpd/_tensor_core_op.py TILE_SHAPES: suffix -> (stages,
+#: groups per K slice)); their K-slice loop holds nested loops, counted by their trip counts (below).
 FUSED_DOT = {
     "cpd_fused_dot_tiled_l32": ("Hopper FP8 model (L 32, F 13, 32-bit sums)", 32, 10.0),
     "cpd_fused_dot_tiled_l16": ("Ada FP8 model (L 16, F 13, 32-bit sums)", 16, None),
     "cpd_fused_dot_tiled_l16w": ("Hopper/Blackwell FP16/BF16 (L 16, F 25, 64-bit sums)", 16, None),
+    "cpd_fused_dot_tiled_l32w": ("Blackwell FP8/FP4 (L 32, F 25, 64-bit sums)", 32, None),
 }
+#: suffix -> (stages, groups per K slice): fused_dot.cu CPD_FD_TILED_SHAPES (and cpd/_tensor_core_op.py).
+SHAPES = {"s1": (1, 1), "s2": (2, 1), "s2g2": (2, 2)}
+#: The architectures --all-archs prints (each with the shape cpd/_tensor_core_op.py tile_shape picks
+#: there by cp.async and the shared memory per block: sm_80/sm_90 163/227 KiB, sm_86/sm_89 99 KiB).
+ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100")
+
+
+def picked_shape(arch: str, L: int) -> str:
+    """The tile shape cpd/_tensor_core_op.py tile_shape picks for a GPU of ``arch`` and group L."""
+    from cpd import _tensor_core_op
+
+    cap = (int(arch[3:-1]), int(arch[-1]))
+    return _tensor_core_op.tile_shape(cap, _tensor_core_op._SMEM_OPTIN.get(cap, 48 << 10), L)
 
 _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 _BRA = re.compile(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
@@ -126,40 +141,68 @@ def counts(arch: str = "sm_90") -> dict[str, dict]:
     return out
 
 
-def fused_dot_counts(arch: str = "sm_90") -> dict[str, dict]:
-    """{kernel: {"insns", "macs", "per_mac", "goal", "label"}} for the tiled fused-dot kernels: the
-    instructions one thread issues per K slice (one group of L; 4 x 4 outputs, so 16 L MACs) on
-    the fast path: the slice loop's straight-line code, plus each loop nested in it times its trip
-    count: the staging and decomposition loops (shared stores: T L / 256 = L / 4 trips), the two
-    passes over k (shared loads only: unrolled by 8, L / 8 trips); loops that read global memory
-    (fd_step for flagged outputs and for the rare roundings the 32-bit form leaves: not run on
-    the fast path) are left out. The straight-line code counts every instruction, branches not
-    taken on the fast path included."""
+def _loop_count(insns, lo, hi, L, G) -> int:
+    """Instructions one thread issues in loop (lo, hi) per trip, loops nested in it times their
+    trip counts: the passes over k (innermost, shared loads only, unrolled by 8) L / 8; a loop
+    holding passes is the group loop (G trips); a loop that stores shared memory (staging,
+    decomposition, where not unrolled) L / 4; any other loop that reads global memory (fd_step for
+    flagged outputs and the rare roundings the 32-bit form leaves: not run on the fast path) 0."""
+    def inside(c, d):
+        return [(e, f) for e, f in loops(insns) if c <= e and f <= d and (e, f) != (c, d)]
+
+    def ops(c, d):
+        return [op for _, op, _ in insns[c:d + 1] if op != "NOP"]
+
+    def is_pass(c, d):
+        o = ops(c, d)
+        return not inside(c, d) and not any(op.startswith(("LDG", "STS", "LDGSTS")) for op in o)
+
+    nested = inside(lo, hi)
+    kids = [(c, d) for c, d in nested if not any(e <= c and d <= f and (e, f) != (c, d) for e, f in nested)]
+    total = len(ops(lo, hi)) - sum(len(ops(c, d)) for c, d in kids)
+    for c, d in kids:
+        o = ops(c, d)
+        if any(is_pass(e, f) for e, f in inside(c, d)):
+            trips = G
+        elif is_pass(c, d):
+            trips = L // 8
+        elif any(op.startswith("LDG") and not op.startswith("LDGSTS") for op in o):
+            continue
+        elif any(op.startswith(("STS", "LDGSTS")) for op in o):
+            trips = L // 4
+        else:
+            trips = L // 8
+        total += trips * _loop_count(insns, c, d, L, G)
+    return total
+
+
+def fused_dot_counts(arch: str = "sm_90", shapes=None) -> dict[str, dict]:
+    """{kernel: {"insns", "macs", "per_mac", "goal", "label", "shape"}} for the tiled fused-dot
+    kernels in each tile shape (default: all): the instructions one thread issues per K slice (G
+    groups of L; 4 x 4 outputs, so 16 L G MACs) on the fast path: the slice loop's straight-line
+    code plus each loop nested in it times its trip count (:func:`_loop_count`). The straight-line
+    code counts every instruction, branches not taken on the fast path included."""
     from cpd import _cuda
 
     functions = sass(_cuda.compile_source("fused_dot.cu", arch))
     out = {}
-    for name, (label, L, goal) in FUSED_DOT.items():
-        insns = functions[name]
-        a, b = inner_loop(insns)
-        nested = [(c, d) for c, d in loops(insns) if a <= c and d <= b and (c, d) != (a, b)]
-        top = [(c, d) for c, d in nested if not any(e <= c and d <= f and (e, f) != (c, d) for e, f in nested)]
-        live = lambda lo, hi: [op for _, op, _ in insns[lo:hi + 1] if op != "NOP"]  # noqa: E731
-        total = len(live(a, b)) - sum(len(live(c, d)) for c, d in top)
-        for c, d in top:
-            ops = live(c, d)
-            if any(op.startswith("STS") or op.startswith("LDGSTS") for op in ops):
-                total += len(ops) * (L // 4)
-            elif not any(op.startswith("LDG") for op in ops):
-                total += len(ops) * (L // 8)
-        macs = 16 * L
-        out[name] = {"label": label, "insns": total, "macs": macs, "per_mac": total / macs, "goal": goal}
+    for family, (label, L, goal) in FUSED_DOT.items():
+        for shape in shapes or SHAPES:
+            G = SHAPES[shape][1]
+            insns = functions[f"{family}_{shape}"]
+            a, b = inner_loop(insns)
+            total = _loop_count(insns, a, b, L, G)
+            macs = 16 * L * G
+            out[f"{family}_{shape}"] = {"label": label, "insns": total, "macs": macs, "per_mac": total / macs,
+                                        "goal": goal, "shape": shape}
     return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="sm_90")
+    p.add_argument("--all-archs", action="store_true",
+                   help="the tiled fused-dot kernels at every architecture of ARCH_SHAPE too (its shape marked *)")
     args = p.parse_args(argv)
     if not available():
         print("cuobjdump/nvdisasm not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
@@ -174,10 +217,15 @@ def main(argv=None) -> int:
         top = ", ".join(f"{k} {v}" for k, v in list(c["ops"].items())[:6])
         print(f"  {name:18s} {c['label']:42s} {c['insns']:5d} / {c['macs']:4d} = {c['per_mac']:6.2f}"
               f"  (goal {'<= ' + str(c['goal']) if c['goal'] else '-'})  [{top}]")
-    print(f"SASS per multiply-accumulate of one output, tiled fused-dot kernels (fused_dot.cu) at {args.arch}:")
-    for name, c in fused_dot_counts(args.arch).items():
-        print(f"  {name:26s} {c['label']:52s} {c['insns']:5d} / {c['macs']:4d} = {c['per_mac']:6.2f}"
-              f"  (goal {'<= ' + str(c['goal']) if c['goal'] else '-'})")
+    archs = [args.arch] + ([a for a in ARCHS if a != args.arch and int(a[3:]) in _cuda.supported_archs()]
+                           if args.all_archs else [])
+    for arch in archs:
+        print(f"SASS per multiply-accumulate of one output, tiled fused-dot kernels (fused_dot.cu) at {arch} "
+              f"(* the shape picked there):")
+        for name, c in fused_dot_counts(arch).items():
+            mark = "*" if picked_shape(arch, FUSED_DOT[name.rsplit("_", 1)[0]][1]) == c["shape"] else " "
+            print(f"  {name:31s}{mark} {c['label']:52s} {c['insns']:5d} / {c['macs']:4d} = {c['per_mac']:6.2f}"
+                  f"  (goal {'<= ' + str(c['goal']) if c['goal'] else '-'})")
     return 0
 
 

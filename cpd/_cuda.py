@@ -292,6 +292,25 @@ def _function(idx: int, kernel_file: str, name: str):
         return funcs[name]
 
 
+#: Dynamic shared memory a kernel may take without asking (48 KiB on every architecture).
+_SMEM_DEFAULT = 48 * 1024
+_smem_allowed: dict = {}  # (device, kernel file, kernel) -> the dynamic shared memory allowed so far
+
+
+def _allow_smem(idx: int, call: _kernels.Launch, fn) -> None:
+    """Raise a kernel's dynamic shared memory limit to call.smem (above 48 KiB a kernel must opt
+    in, cuFuncSetAttribute; once per device, kernel and size). Called with the context current."""
+    from cuda.bindings import driver
+
+    key = (idx, call.kernel_file, call.name)
+    with _lock:
+        if _smem_allowed.get(key, 0) >= call.smem:
+            return
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _drv(driver.cuFuncSetAttribute(fn, attr, call.smem), f"{call.name}: {call.smem} bytes of shared memory")
+        _smem_allowed[key] = call.smem
+
+
 def launch(call: _kernels.Launch, device: torch.device) -> None:
     """cuLaunchKernel of one launch on torch's current stream of ``device``."""
     from cuda.bindings import driver
@@ -301,8 +320,10 @@ def launch(call: _kernels.Launch, device: torch.device) -> None:
     holders, params, _ = _kernels.pack(call.args)
     stream = torch.cuda.current_stream(idx).cuda_stream
     with _current(idx):
-        _drv(driver.cuLaunchKernel(fn, *call.grid, *call.block, 0, stream, ctypes.addressof(params), 0),
-             f"launch of {call.name} (grid {call.grid}, block {call.block})")
+        if call.smem > _SMEM_DEFAULT:
+            _allow_smem(idx, call, fn)
+        _drv(driver.cuLaunchKernel(fn, *call.grid, *call.block, call.smem, stream, ctypes.addressof(params), 0),
+             f"launch of {call.name} (grid {call.grid}, block {call.block}, {call.smem} bytes of shared memory)")
     del holders  # the driver has copied the parameter values
 
 

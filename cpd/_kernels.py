@@ -70,22 +70,32 @@ class Geometry:
         return need if self.max_blocks is None else min(need, self.max_blocks)
 
 
+#: The most dynamic shared memory a launch may ask for (cuda/include/cpd/launch.h DYNAMIC_SMEM_MAX:
+#: 227 KiB, sm_90's per-block limit; the host shim's buffer has this size).
+DYNAMIC_SMEM_MAX = 227 * 1024
+
+
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch: kernel file and name, grid and block, and the parameters as
-    ``(ctypes type, value)`` pairs in the kernel's order."""
+    """One kernel launch: kernel file and name, grid and block, the parameters as
+    ``(ctypes type, value)`` pairs in the kernel's order, and the bytes of dynamic shared memory
+    (``extern __shared__``: cpd/launch.h ``dynamic_smem``; 0 for kernels with static tiles only)."""
 
     kernel_file: str
     name: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     args: tuple
+    smem: int = 0
 
     def __post_init__(self):
         if not self.name.isidentifier():
             raise ValueError(f"kernel name {self.name!r} is not an identifier")
         if any(g < 1 for g in self.grid) or any(b < 1 for b in self.block):
             raise ValueError(f"{self.name}: grid {self.grid} and block {self.block} must be positive")
+        if not 0 <= self.smem <= DYNAMIC_SMEM_MAX:
+            raise ValueError(f"{self.name}: smem={self.smem} bytes of dynamic shared memory; allowed 0 to "
+                             f"{DYNAMIC_SMEM_MAX} (cpd/launch.h DYNAMIC_SMEM_MAX)")
 
 
 def pack(args) -> tuple[list, ctypes.Array, ctypes.Array]:

@@ -150,27 +150,71 @@ def launch_of(a3, b3, y, sa, sb, block, s_emin, p: _fused_dot_ref.Params, blocks
 
 
 def tiled_kernel(p: _fused_dot_ref.Params, fields, scaled: bool) -> str | None:
-    """The tiled kernel of cuda/kernels/fused_dot.cu for a spec, or None (the per-output kernel):
-    ``cpd::fd_tiled_applies`` and ``cpd::fd_tiled_wide`` of cuda/include/cpd/fused_dot_tiled.h
-    (mirrored here; tests/test_fused_dot_tiled.py checks both choices on the host shim)."""
+    """The tiled kernel family of cuda/kernels/fused_dot.cu for a spec (its name without the tile
+    shape's suffix), or None (the per-output kernel): ``cpd::fd_tiled_applies`` and
+    ``cpd::fd_tiled_wide`` of cuda/include/cpd/fused_dot_tiled.h (mirrored here;
+    tests/test_fused_dot_tiled.py checks both choices on the host shim)."""
     a_man, b_man = fields[0], fields[2]
-    if not (p.algo == 0 and not scaled and p.group in (16, 32) and p.frac >= a_man + b_man
-            and p.frac + 1 - b_man <= 22 and p.frac <= 26 and p.zero_exp >= -255 and a_man <= 23 and b_man <= 23):
+    if not (p.algo == 0 and not scaled and p.group in (16, 32) and p.frac >= a_man + b_man and p.frac <= 26
+            and p.zero_exp >= -255 and a_man <= 23 and b_man <= 23):
         return None
     wide = p.frac + 2 + (p.group + 1 - 1).bit_length() > 30
     return f"cpd_fused_dot_tiled_l{p.group}{'w' if wide else ''}"
 
 
-def tiled_launch_of(a3, b3, y, p: _fused_dot_ref.Params, fields, kernel: str, blocks: int):
-    """The :class:`cpd._kernels.Launch` of a tiled kernel (:func:`tiled_kernel`): 256 threads per
-    block, a 64 x 64 output tile each, grid-stride over the tiles."""
+#: The tiled kernels' shapes (fused_dot.cu FdShape and CPD_FD_TILED_SHAPES; the comment there says
+#: why): suffix -> (stages, groups per K slice). Every family is built in every shape.
+TILE_SHAPES = {"s1": (1, 1), "s2": (2, 1), "s2g2": (2, 2)}
+
+
+def tile_smem(group: int, shape: str) -> int:
+    """Bytes of dynamic shared memory of a tiled kernel (fused_dot.cu FdShape<L, S, G>::BYTES): rows
+    of 64 words, 4 L G of exponents and words, 4 G of sign and flag words, and 2 S L G of raw stages
+    when S > 1 (one stage is decomposed in place)."""
+    stages, groups = TILE_SHAPES[shape]
+    ks = group * groups
+    return (4 * ks + 4 * groups + (2 * stages * ks if stages > 1 else 0)) * 64 * 4
+
+
+def tile_shape(capability: tuple[int, int], smem_optin: int, group: int) -> str:
+    """The tile shape for a GPU of compute ``capability`` whose blocks may take ``smem_optin``
+    bytes of shared memory: two stages where cp.async exists (sm_80+), two groups per slice where
+    they fit (sm_80, sm_87, sm_90, sm_100: 163-227 KiB; L 16 on sm_86, sm_89, sm_120: 99 KiB),
+    else one; one stage before sm_80 (no cp.async). Chosen by capacity; not yet timed on a GPU."""
+    if capability[0] < 8:
+        return "s1"
+    for shape in ("s2g2", "s2"):
+        if tile_smem(group, shape) <= smem_optin:
+            return shape
+    return "s1"
+
+
+def tiled_launch_of(a3, b3, y, p: _fused_dot_ref.Params, fields, kernel: str, blocks: int, shape: str = "s1"):
+    """The :class:`cpd._kernels.Launch` of a tiled kernel (:func:`tiled_kernel`) in a tile shape
+    (:data:`TILE_SHAPES`): 256 threads per block, a 64 x 64 output tile each, grid-stride over the
+    tiles, :func:`tile_smem` bytes of dynamic shared memory."""
+    if shape not in TILE_SHAPES:
+        raise ValueError(f"tiled_launch_of: shape={shape!r}; allowed {list(TILE_SHAPES)}")
     B, M, K = a3.shape
     N = b3.shape[2]
     i, ll, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
     args = [(ptr, a3.data_ptr()), (ptr, b3.data_ptr()), (ptr, y.data_ptr()), (ll, B), (ll, M), (ll, K), (ll, N),
             (i, p.group), (i, p.frac), (i, p.out), (i, p.a_emin), (i, p.b_emin), (i, p.zero_exp), (i, p.algo),
             (i, p.ftz), (i, fields[0]), (i, fields[2])]
-    return _kernels.Launch("fused_dot.cu", kernel, (blocks, 1, 1), (256, 1, 1), tuple(args))
+    return _kernels.Launch("fused_dot.cu", f"{kernel}_{shape}", (blocks, 1, 1), (256, 1, 1), tuple(args),
+                           smem=tile_smem(p.group, shape))
+
+
+#: Per-block shared memory (opt-in) by compute capability, where torch does not report it.
+_SMEM_OPTIN = {(7, 0): 96 << 10, (7, 2): 96 << 10, (7, 5): 64 << 10, (8, 0): 163 << 10, (8, 6): 99 << 10,
+               (8, 7): 163 << 10, (8, 9): 99 << 10, (9, 0): 227 << 10, (10, 0): 227 << 10, (12, 0): 99 << 10}
+
+
+def _device_shape(device: torch.device, group: int) -> str:
+    props = torch.cuda.get_device_properties(device)
+    cap = (props.major, props.minor)
+    optin = getattr(props, "shared_memory_per_block_optin", None) or _SMEM_OPTIN.get(cap, 48 << 10)
+    return tile_shape(cap, optin, group)
 
 
 def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params, fields=None) -> torch.Tensor:
@@ -185,7 +229,8 @@ def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params, fields
     kernel = None if fields is None else tiled_kernel(p, fields, sa.numel() > 0)
     if kernel is not None:
         tiles = B * ((M + 63) // 64) * ((N + 63) // 64)
-        _cuda.launch(tiled_launch_of(a3, b3, y, p, fields, kernel, max(1, min(tiles, sms * 8))), a3.device)
+        shape = _device_shape(a3.device, p.group)
+        _cuda.launch(tiled_launch_of(a3, b3, y, p, fields, kernel, max(1, min(tiles, sms * 8)), shape), a3.device)
         return y
     blocks = max(1, min((y.numel() + 255) // 256, sms * 32))
     _cuda.launch(launch_of(a3, b3, y, sa, sb, block, s_emin, p, blocks), a3.device)

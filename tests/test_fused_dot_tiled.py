@@ -8,30 +8,48 @@ Invariants defended (no GPU needed):
   subnormals, zeros of both signs), wide-range exponents, cancellation, dominant products,
   operands with more fraction bits than the format (the flagged fallback), ragged shapes
   (M, N, K not multiples of the 64 x 64 tile nor K of the group) and batches;
-* cpd/_tensor_core_op.py tiled_kernel routes the NVIDIA FP8/FP16/BF16 models of Ada, Hopper and
-  Blackwell (but Blackwell FP8, F = 25) to the tiled kernels and leaves the others (block scales, AMD, L = 4 or 8) alone.
+* every tile shape (one stage; cp.async double buffering with one or two groups per K slice:
+  cpd/_tensor_core_op.py TILE_SHAPES) gives those bits, K running over several slices, a partial
+  last slice and a slice whose second group lies past K; the shim runs a block's threads in turn
+  between barriers, so a stage written before the barrier that should guard it shows as wrong bits;
+* cpd/_tensor_core_op.py tiled_kernel routes the NVIDIA FP8/FP4/FP16/BF16 models of Ada, Hopper and
+  Blackwell (Blackwell FP8 and e2m1 too: L 32, F 25) to the tiled kernels and leaves the others
+  (block scales, AMD, L = 4 or 8) alone; tile_shape picks a shape per GPU from cp.async and its
+  shared memory.
 Shapes are small: the shim runs GPU threads one after another on one core.
 """
 
 import pytest
 import torch
 
-from cpd import _cpu, _shim, _tensor_core_op
+from cpd import _cpu, _kernels, _shim, _tensor_core_op
 from cpd.tensor_core import FusedDot, tensor_core
 
 pytestmark = [pytest.mark.skipif(not _shim.available(), reason="no host C++ compiler for the shim"),
               pytest.mark.skipif(_cpu.extension() is None, reason="no CPU extension")]
 
 MODELS = [("hopper", "e4m3"), ("hopper", "e5m2"), ("hopper", "fp16"), ("hopper", "bf16"), ("ada", "e4m3"),
-          ("blackwell", "bf16"), ("custom", "fp16 L=32"), ("custom", "fp16 L=32 F=26")]
+          ("blackwell", "bf16"), ("blackwell", "e4m3"), ("blackwell", "e5m2"), ("blackwell", "e2m1"),
+          ("blackwell", "e4m3 x e5m2"), ("blackwell", "e4m3 f16"), ("custom", "fp16 L=32"),
+          ("custom", "fp16 L=32 F=26")]
+SHAPES = list(_tensor_core_op.TILE_SHAPES)
 
 
 def model(arch, ka):
-    if arch == "custom":  # L = 32 with 64-bit group sums (no preset has both); F = 26: the largest taken
+    if arch == "custom":  # L = 32 with 64-bit group sums; F = 26: the largest taken
         return FusedDot(group=32, frac_bits=26 if ka.endswith("F=26") else 25, out="f32", a="e5m10", b="e5m10")
+    if ka == "e4m3 x e5m2":
+        return tensor_core(arch, a="e4m3", b="e5m2")
+    if ka == "e4m3 f16":  # Blackwell's FP8 with an FP16 accumulator (L 32, F 25, RNE binary16 out)
+        return tensor_core(arch, a="e4m3", out="f16")
     return tensor_core(arch, a=ka)
+
+
+# e2m1's 16 codes as float32 values (by the OCP MX spec's table: +-{0, 0.5, 1, 1.5, 2, 3, 4, 6})
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+_E2M1 = torch.cat([_E2M1, -_E2M1])
 CODES = {"e4m3fn": (torch.uint8, torch.float8_e4m3fn), "e5m2": (torch.uint8, torch.float8_e5m2),
-         "e5m10": (torch.int16, torch.float16), "e8m7": (torch.int16, torch.bfloat16)}
+         "e5m10": (torch.int16, torch.float16), "e8m7": (torch.int16, torch.bfloat16), "e2m1finite": None}
 
 
 def fields(acc):
@@ -43,16 +61,18 @@ def cpu(acc, a3, b3):
     return torch.ops.cpd_fused_dot.matmul(a3, b3, e, e, 1, -127, *acc.params, *fields(acc), 0)
 
 
-def shim(acc, a3, b3, blocks=3):
+def shim(acc, a3, b3, blocks=3, shape="s1"):
     kernel = _tensor_core_op.tiled_kernel(acc.params, fields(acc), False)
     assert kernel is not None
     y = torch.full((a3.shape[0], a3.shape[1], b3.shape[2]), 3.0)
-    _shim.launch(_tensor_core_op.tiled_launch_of(a3, b3, y, acc.params, fields(acc), kernel, blocks))
+    _shim.launch(_tensor_core_op.tiled_launch_of(a3, b3, y, acc.params, fields(acc), kernel, blocks, shape))
     return y
 
 
 def codes(fmt, shape, gen, finite=True):
     """Random bit patterns of fmt (one of CODES) as float32 values."""
+    if fmt.name.startswith("e2m1"):  # every code is finite
+        return _E2M1[torch.randint(0, 16, shape, generator=gen)]
     itype, ftype = CODES[fmt.name]
     bits = 8 * torch.empty((), dtype=itype).element_size()
     x = torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), shape, generator=gen).to(itype)
@@ -62,22 +82,39 @@ def codes(fmt, shape, gen, finite=True):
     return x
 
 
-def check(acc, a3, b3):
-    want, got = cpu(acc, a3, b3), shim(acc, a3, b3)
-    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (got - want).abs().max()
+def check(acc, a3, b3, shape="s1"):
+    want, got = cpu(acc, a3, b3), shim(acc, a3, b3, shape=shape)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (shape, (got - want).abs().max())
 
 
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("arch,ka", MODELS)
-def test_random_codes_ragged_batched(arch, ka):
+def test_random_codes_ragged_batched(arch, ka, shape):
+    """K = 45: one partial slice of two groups (s2g2), two slices of one (s1, s2) at L 32; three
+    at L 16 (two full slices and a partial one for s2g2: its second group past K)."""
     acc = model(arch, ka)
-    gen = torch.Generator().manual_seed(hash((arch, ka)) & 0xFFFF)
+    gen = torch.Generator().manual_seed(sum(map(ord, arch + ka)))
     a3 = codes(acc.a, (2, 70, 45), gen)
     b3 = codes(acc.b, (2, 45, 67), gen)
-    check(acc, a3, b3)
+    check(acc, a3, b3, shape)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("arch,ka", [("hopper", "e4m3"), ("blackwell", "e4m3"), ("hopper", "fp16"), ("ada", "e4m3")])
+def test_many_slices(arch, ka, shape):
+    """K = 200: several slices in every shape (double buffering alternates its stages more than
+    once), the last one partial; two tiles per block (grid-stride: each tile starts its stages anew)."""
+    acc = model(arch, ka)
+    gen = torch.Generator().manual_seed(7)
+    a3 = codes(acc.a, (1, 70, 200), gen)
+    b3 = codes(acc.b, (1, 200, 9), gen)
+    want, got = cpu(acc, a3, b3), shim(acc, a3, b3, blocks=1, shape=shape)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), shape
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("arch,ka", MODELS)
-def test_specials_and_extra_fraction_bits(arch, ka):
+def test_specials_and_extra_fraction_bits(arch, ka, shape):
     """NaN/inf codes anywhere, and float32 operands that are not values of the format: the outputs
     they reach take fd_step for that group (NaN payloads and all)."""
     acc = model(arch, ka)
@@ -88,7 +125,8 @@ def test_specials_and_extra_fraction_bits(arch, ka):
     b3[0, 40, 5] = -float("inf")
     a3[0, 7, 40] = 1.0 + 2.0 ** -20  # more fraction bits than any of the formats
     b3[0, 50, 9] = torch.randn(()).item()
-    check(acc, a3, b3)
+    a3[0, 9, 66] = float("nan")
+    check(acc, a3, b3, shape)
 
 
 @pytest.mark.parametrize("arch,ka", MODELS)
@@ -116,8 +154,10 @@ def test_routing():
     assert routed[("hopper", "fp16")] == "cpd_fused_dot_tiled_l16w"
     assert routed[("ada", "e4m3")] == "cpd_fused_dot_tiled_l16"
     assert routed[("custom", "fp16 L=32")] == "cpd_fused_dot_tiled_l32w"
-    # blackwell e4m3 (F = 25): M 2^(F - 6) needs 23 bits, beyond the kernel's 22
-    for arch, ka in [("blackwell", "e4m3"), ("hopper", "tf32"), ("ampere", "fp16"), ("cdna3", "fp8"), ("cdna2", "fp16")]:
+    for ka in ("e4m3", "e5m2", "e2m1", "e4m3 x e5m2", "e4m3 f16"):  # Blackwell FP8/FP4: L 32, F 25: 64-bit sums
+        assert routed[("blackwell", ka)] == "cpd_fused_dot_tiled_l32w", ka
+    assert routed[("blackwell", "bf16")] == "cpd_fused_dot_tiled_l16w"
+    for arch, ka in [("blackwell", "tf32"), ("hopper", "tf32"), ("ampere", "fp16"), ("cdna3", "fp8"), ("cdna2", "fp16")]:
         acc = tensor_core(arch, a=ka)
         assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) is None, (arch, ka)
     acc = tensor_core("hopper", a="e4m3")
@@ -127,8 +167,39 @@ def test_routing():
     assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) is None
 
 
+def test_block_scaled_blackwell_kinds_are_not_tiled():
+    """Blackwell's block-scaled kinds (MX/NVFP4 scales along K) keep the per-output kernel."""
+    for ka in ("mxfp8_e4m3", "mxfp6_e3m2", "mxfp4", "nvfp4"):
+        acc = tensor_core("blackwell", a=ka)
+        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), True) is None, ka
+
+
+def test_tile_shape_per_architecture():
+    """Two stages where cp.async exists (sm_80+), two groups per slice where the block's shared
+    memory holds them; the sizes are fused_dot.cu's FdShape (S = 1: today's 17 / 33 KiB)."""
+    smem, shape = _tensor_core_op.tile_smem, _tensor_core_op.tile_shape
+    assert [smem(32, s) for s in SHAPES] == [33 * 1024, 65 * 1024, 130 * 1024]
+    assert [smem(16, s) for s in SHAPES] == [17 * 1024, 33 * 1024, 66 * 1024]
+    kib = 1024
+    assert shape((7, 0), 96 * kib, 32) == "s1" and shape((7, 5), 64 * kib, 16) == "s1"  # no cp.async
+    assert shape((8, 0), 163 * kib, 32) == "s2g2" and shape((9, 0), 227 * kib, 32) == "s2g2"
+    assert shape((8, 9), 99 * kib, 32) == "s2" and shape((8, 6), 99 * kib, 16) == "s2g2"
+    assert shape((8, 0), 48 * kib, 32) == "s1"  # nothing more than the default allowed
+    acc = model("hopper", "e4m3")
+    z = torch.zeros(1, 1, 1)
+    for s in SHAPES:
+        launch = _tensor_core_op.tiled_launch_of(z, z, z, acc.params, fields(acc), "cpd_fused_dot_tiled_l32", 1, s)
+        assert launch.name == f"cpd_fused_dot_tiled_l32_{s}" and launch.smem == smem(32, s)
+    with pytest.raises(ValueError, match="smem"):
+        _kernels.Launch("fused_dot.cu", "k", (1, 1, 1), (1, 1, 1), (), smem=_kernels.DYNAMIC_SMEM_MAX + 1)
+    with pytest.raises(ValueError, match="shape"):
+        _tensor_core_op.tiled_launch_of(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1), torch.zeros(1, 1, 1),
+                                        model("hopper", "e4m3").params, fields(model("hopper", "e4m3")),
+                                        "cpd_fused_dot_tiled_l32", 1, "s3")
+
+
 @pytest.mark.parametrize("kernel", ["cpd_fused_dot_tiled_l32", "cpd_fused_dot_tiled_l16w"])
-@pytest.mark.parametrize("arch,ka", [("blackwell", "e4m3"), ("cdna3", "fp8"), ("ampere", "fp16"), ("hopper", "fp16"),
+@pytest.mark.parametrize("arch,ka", [("blackwell", "tf32"), ("cdna3", "fp8"), ("ampere", "fp16"), ("hopper", "fp16"),
                                      ("hopper", "e4m3")])
 def test_a_spec_outside_the_kernel_gets_the_generic_bits(kernel, arch, ka):
     """Each tiled kernel checks the header's predicate itself: a spec it does not take (another
@@ -138,6 +209,6 @@ def test_a_spec_outside_the_kernel_gets_the_generic_bits(kernel, arch, ka):
     a3 = codes(acc.a, (2, 21, 37), gen, finite=False) if acc.a.name in CODES else torch.randn(2, 21, 37, generator=gen)
     b3 = codes(acc.b, (2, 37, 19), gen) if acc.b.name in CODES else torch.randn(2, 37, 19, generator=gen)
     y = torch.full((2, 21, 19), 3.0)
-    _shim.launch(_tensor_core_op.tiled_launch_of(a3, b3, y, acc.params, fields(acc), kernel, 2))
+    _shim.launch(_tensor_core_op.tiled_launch_of(a3, b3, y, acc.params, fields(acc), kernel, 2, "s2g2"))
     want = cpu(acc, a3, b3)
     assert torch.equal(y.view(torch.int32), want.view(torch.int32))

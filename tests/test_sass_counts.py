@@ -46,9 +46,11 @@ def test_loop_finder():
     assert sass_counts.inner_loop(insns) == (1, 3)  # the loop with the barrier
 
 
-#: The tiled fused-dot kernels (fused_dot.cu): today's counts plus a margin; the issue's goal for the
-#: Hopper FP8 model is 10 per MAC (8.08 at sm_90, NVRTC 12.9; docs/gpu.md).
-FUSED_DOT_BOUNDS = {"cpd_fused_dot_tiled_l32": 8.5, "cpd_fused_dot_tiled_l16": 10.5, "cpd_fused_dot_tiled_l16w": 15.0}
+#: The tiled fused-dot kernels (fused_dot.cu) in every tile shape: today's counts plus a margin; the
+#: issue's goal for the Hopper FP8 model is 10 per MAC (8.08 before the tile shapes; now 8.21 / 8.04 /
+#: 8.18 for s1 / s2 / s2g2 at sm_90, NVRTC 12.9; docs/gpu.md).
+FUSED_DOT_BOUNDS = {"cpd_fused_dot_tiled_l32": 8.5, "cpd_fused_dot_tiled_l16": 10.6, "cpd_fused_dot_tiled_l16w": 15.0,
+                    "cpd_fused_dot_tiled_l32w": 11.0}
 
 
 def test_fused_dot_tiled_counts(capsys):
@@ -57,5 +59,6 @@ def test_fused_dot_tiled_counts(capsys):
         for name, c in counts.items():
             goal = f" (goal <= {c['goal']})" if c["goal"] else ""
             print(f"\n{name}: {c['insns']} SASS / {c['macs']} MACs = {c['per_mac']:.2f} per MAC{goal}")
-    for name, bound in FUSED_DOT_BOUNDS.items():
-        assert counts[name]["per_mac"] <= bound, (name, counts[name])
+    assert {name.rsplit("_", 1)[0] for name in counts} == set(FUSED_DOT_BOUNDS)
+    for name, c in counts.items():
+        assert c["per_mac"] <= FUSED_DOT_BOUNDS[name.rsplit("_", 1)[0]], (name, c)

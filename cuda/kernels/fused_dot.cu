@@ -46,21 +46,43 @@ extern "C" __global__ void cpd_fused_dot_matmul(const float* __restrict__ a, con
 }
 
 // ------------------------------------------------------------------------------------------
-// The tiled kernel (cpd/fused_dot_tiled.h: which specs, and the integer form of the step).
+// The tiled kernels (cpd/fused_dot_tiled.h: which specs, and the integer form of the step).
 // A block of 256 threads (16 x 16) owns a 64 x 64 tile of outputs of one batch element; thread
 // (tx, ty) owns rows ty * 4 + i and columns tx * 4 + j, each output's c, group exponent and group
-// sum in registers. K is walked one group (L = 16 or 32 elements) at a time: the block copies the
-// 64 x L slice of A and the L x 64 slice of B into shared memory (cp.async on sm_80+; zeros
-// outside the matrices: a zero product never raises emax nor adds to the sum), decomposes every
-// element once (fd_tiled_operand: exponent and signed word; each thread also packs the sign bits
-// and the flags of its L / 4 elements of a row of A and a column of B into one byte of that
-// row's / column's sign and flag words), then each thread takes its outputs' group maximum
-// exponent (pass 1) and exact integer sums (pass 2: a multiply-high and a shift per product),
-// and one rounding per output (fd_tiled_finish32 / fd_tiled_finish). Outputs reached by a flagged
-// operand (NaN/inf, or not a value of the format), and those whose rounding the 32-bit form
-// leaves (a float32-subnormal result, a non-finite c), take fd_step from global memory for that
-// group instead. Every output's groups run in k order from c = +0: the bits of
-// cpd_fused_dot_matmul and of the CPU.
+// sum in registers. K is walked one slice of G groups (L = 16 or 32 elements each) at a time: the
+// block copies the 64 x GL slice of A and the GL x 64 slice of B into shared memory (cp.async on
+// sm_80+; zeros outside the matrices: a zero product never raises emax nor adds to the sum),
+// decomposes every element once (fd_tiled_operand: exponent and signed word; each thread also
+// packs the sign bits and the flags of its L / 4 elements of a group of a row of A and a column
+// of B into one byte of that row's / column's sign and flag words), then, group by group, each
+// thread takes its outputs' group maximum exponent (pass 1) and exact integer sums (pass 2: a
+// multiply-high and a shift per product), and one rounding per output (fd_tiled_finish32 /
+// fd_tiled_finish). Outputs reached by a flagged operand (NaN/inf, or not a value of the format),
+// and those whose rounding the 32-bit form leaves (a float32-subnormal result, a non-finite c),
+// take fd_step from global memory for that group instead. Every output's groups run in k order
+// from c = +0: the bits of cpd_fused_dot_matmul and of the CPU, whatever the tile shape.
+//
+// Tile shapes (the kernel name's suffix; cpd/_tensor_core_op.py TILE_SHAPES mirrors them and picks
+// one per device at launch):
+//   s1    one stage (stage, decompose in place, compute): 16 L + 1 KiB of shared memory (17 / 33
+//         KiB at L 16 / 32). For GPUs without cp.async (sm_70, sm_75: there copy_async4 is a plain
+//         load and store, so a second buffer would hide nothing) and as the fallback.
+//   s2    two stages, cp.async double buffering: the copy of slice s + 1 is issued once slice s
+//         is decomposed, and lands while the block runs slice s's passes (about 85% of a slice's
+//         instructions, docs/gpu.md); decomposition reads the raw stage into separate word arrays,
+//         so no barrier is needed at the end of a slice (two per slice instead of three).
+//         32 L + 1 KiB (33 / 65 KiB): L 32 on sm_86, sm_89, sm_120 (99 KiB per block).
+//   s2g2  two stages of two groups each (a K slice of 2 L): half the barriers and slice overheads
+//         per group. 64 L + 2 KiB (66 / 130 KiB): sm_80, sm_87, sm_90, sm_100 (163-227 KiB), and
+//         L 16 on the 99 KiB GPUs.
+// Why the register tile stays 4 x 4 of 256 threads on every architecture: the register file is
+// 64 K words per SM from sm_70 to sm_100, and the 4 x 4 tile already takes 177-200 registers
+// (c, emax, the sums, the operands of a pass: ptxas, tests/test_cuda.py), so one block of 256 per
+// SM (__launch_bounds__(256, 1)); a larger register tile would spill, a smaller block tile would
+// decompose more elements per output. Shared memory is then the block's to use, and the
+// architectures differ in it (and in cp.async): hence stages and slice depth per architecture.
+// The choice is by capacity and instruction counts (benchmarks/sass_counts.py per arch), not yet
+// timed on a GPU.
 #include "cpd/launch.h"
 #include "cpd/fused_dot_tiled.h"
 
@@ -75,61 +97,110 @@ struct alignas(16) Fd4 {
   cpd::u32 v[4];
 };
 
-template <int L, bool WIDE>
+// The dynamic shared memory of a shape (S stages, G groups of L per K slice), in rows of T words:
+// Ae, Aw, Be, Bw (KS rows each: exponents and words, A transposed), the sign and flag words
+// sgnA, sgnB, badA, badB (G rows each), then S > 1 raw stages of KS rows of A and KS of B (S = 1:
+// the raw slice is staged into Ae and Be and decomposed in place).
+template <int L, int S, int G>
+struct FdShape {
+  static constexpr int KS = L * G;
+  static constexpr int ROWS = 4 * KS + 4 * G + (S > 1 ? 2 * S * KS : 0);
+  static constexpr cpd::u32 BYTES = (cpd::u32)ROWS * CPD_FD_T * 4u;
+};
+
+typedef cpd::u32 FdRow[CPD_FD_T];
+
+// x, opaque to the compiler: the staging takes its addresses and bounds afresh from M, K and N per
+// slice, where the compiler would otherwise hoist them out of the slice loop and keep one address
+// and one bound per staged element alive across the passes: as many registers as the
+// double-buffered 64-bit-sum kernels have left (they took 255 and spilled; now 193-200 at sm_90).
+// The others keep the hoisted form (recomputing costs 0.1-0.2 SASS per MAC at sm_90).
+__device__ __forceinline__ long long fd_opaque(long long x) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("" : "+l"(x));
+#endif
+  return x;
+}
+
+template <int L, bool WIDE, int S, int G>
 __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
                                          long long B, long long M, long long K, long long N, const cpd::FusedDotSpec& s,
                                          int a_man, int b_man) {
-  constexpr int T = CPD_FD_T, R = CPD_FD_R, P = T * L / CPD_FD_THREADS;  // P: elements of A (and of B) per thread
-  alignas(16) __shared__ cpd::u32 Ae[L][T];
-  alignas(16) __shared__ cpd::u32 Aw[L][T];
-  alignas(16) __shared__ cpd::u32 Be[L][T];
-  alignas(16) __shared__ cpd::u32 Bw[L][T];
-  // per row of A / column of B: bit 8 q + r of the sign word is operand k = q P + r's sign; byte
-  // q of the flag word is nonzero when one of those operands is flagged
-  alignas(16) __shared__ cpd::u32 sgnA[T], sgnB[T], badA[T], badB[T];
+  constexpr int T = CPD_FD_T, R = CPD_FD_R, KS = L * G;
+  constexpr int P = T * L / CPD_FD_THREADS;    // elements of A (and of B) per thread and group: decomposing
+  constexpr int PS = T * KS / CPD_FD_THREADS;  // ... and per slice: staging
+  FdRow* const Ae = (FdRow*)cpd::dynamic_smem();
+  FdRow* const Aw = Ae + KS;
+  FdRow* const Be = Aw + KS;
+  FdRow* const Bw = Be + KS;
+  // per group g, row of A / column of B: bit 8 q + r of the sign word is operand k = q P + r's
+  // sign; byte q of the flag word is nonzero when one of those operands is flagged
+  FdRow* const sgnA = Bw + KS;
+  FdRow* const sgnB = sgnA + G;
+  FdRow* const badA = sgnB + G;
+  FdRow* const badB = badA + G;
+  FdRow* const raw = badB + G;  // S > 1: stage t's A at raw + 2 t KS, its B at raw + (2 t + 1) KS
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int zb = 28 - s.frac;  // b's words: Mb 2^(F + 2 - mb) = (sig << 7) >> (r + 28 - F)
-  // staging: A's element r is (row sa_m + (256 / L) r, k sa_k), B's (k sb_k + 4 r, column sb_n);
-  // decomposing: row / column dm, k dq P + r
-  const int sa_k = tid % L, sa_m = tid / L, sb_n = tid % T, sb_k = tid / T, dm = tid % T, dq = tid / T;
+  // staging: A's element r is (row sa_m + (256 / KS) r, k sa_k), B's (k sb_k + 4 r, column sb_n);
+  // decomposing: row / column dm, k g L + dq P + r
+  const int sa_k = tid % KS, sa_m = tid / KS, sb_n = tid % T, sb_k = tid / T, dm = tid % T, dq = tid / T;
   const long long tiles_m = (M + T - 1) / T, tiles_n = (N + T - 1) / T, tiles = B * tiles_m * tiles_n;
   for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
     const long long bi = t / (tiles_m * tiles_n), rest = t - bi * tiles_m * tiles_n;
     const long long m0 = (rest / tiles_n) * T, n0 = (rest % tiles_n) * T;
     const float* ab = a + bi * M * K;
     const float* bb = b + bi * K * N;
-    // staging: rows of A left from this thread's first (<= 0: none), whether its column of B is in
-    const int rows_a = (int)(M - m0 - sa_m < (long long)T ? M - m0 - sa_m : (long long)T);
-    const bool col_b = n0 + sb_n < N;
-    const long long stride_a = (long long)(CPD_FD_THREADS / L) * K, stride_b = (long long)(CPD_FD_THREADS / T) * N;
-    const float* pa = ab + (m0 + sa_m) * K + sa_k;
-    const float* pb = bb + (long long)sb_k * N + n0 + sb_n;
+    // 1. stage the raw slice at kst into rows dA (A transposed: dA[kk][m]) and dB (where the
+    //    registers are short, with bounds and addresses taken afresh per slice: fd_opaque)
+    auto stage = [&](long long kst, FdRow* dA, FdRow* dB) {
+      constexpr bool O = WIDE && S > 1;  // where the registers are short (fd_opaque)
+      const long long Ko = O ? fd_opaque(K) : K, No = O ? fd_opaque(N) : N, Mo = O ? fd_opaque(M) : M;
+      const int rows_a = (int)(Mo - m0 - sa_m < (long long)T ? Mo - m0 - sa_m : (long long)T);  // <= 0: none
+      const bool col_b = n0 + sb_n < N;
+      const long long stride_a = (long long)(CPD_FD_THREADS / KS) * Ko, stride_b = (long long)(CPD_FD_THREADS / T) * No;
+      const float* pa = ab + (m0 + sa_m) * Ko + kst + sa_k;
+      const float* pb = bb + (kst + sb_k) * No + n0 + sb_n;
+      const int k_left = (int)(K - kst < (long long)KS ? K - kst : (long long)KS);
+      const bool k_a = sa_k < k_left;
+#pragma unroll
+      for (int r = 0; r < PS; ++r) {
+        const int m = sa_m + (CPD_FD_THREADS / KS) * r, kb = sb_k + (CPD_FD_THREADS / T) * r;
+        if (k_a && (CPD_FD_THREADS / KS) * r < rows_a) cpd::copy_async4((float*)&dA[sa_k][m], pa + r * stride_a);
+        else dA[sa_k][m] = 0u;
+        if (col_b && kb < k_left) cpd::copy_async4((float*)&dB[kb][sb_n], pb + r * stride_b);
+        else dB[kb][sb_n] = 0u;
+      }
+    };
     cpd::u32 c[R][R];
 #pragma unroll
     for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int j = 0; j < R; ++j) c[i][j] = 0u;
-    for (long long k0 = 0; k0 < K; k0 += L, pa += L, pb += L * N) {
-      // 1. stage the raw slices (A transposed: Ae[kk][m])
-      const int k_left = (int)(K - k0 < (long long)L ? K - k0 : (long long)L);
-      const bool k_a = sa_k < k_left;
-#pragma unroll
-      for (int r = 0; r < P; ++r) {
-        const int m = sa_m + (CPD_FD_THREADS / L) * r, kb = sb_k + (CPD_FD_THREADS / T) * r;
-        if (k_a && (CPD_FD_THREADS / L) * r < rows_a) cpd::copy_async4((float*)&Ae[sa_k][m], pa + r * stride_a);
-        else Ae[sa_k][m] = 0u;
-        if (col_b && kb < k_left) cpd::copy_async4((float*)&Be[kb][sb_n], pb + r * stride_b);
-        else Be[kb][sb_n] = 0u;
+    if (S > 1) {
+      stage(0, raw, raw + KS);
+      cpd::copy_commit();
+    }
+    for (long long k0 = 0, sl = 0; k0 < K; k0 += KS, ++sl) {
+      FdRow* rA = Ae;
+      FdRow* rB = Be;
+      if (S == 1) {
+        stage(k0, Ae, Be);
+        cpd::copy_wait_all();
+      } else {
+        rA = raw + 2 * (int)(sl & 1) * KS;
+        rB = rA + KS;
+        cpd::copy_wait_all();  // slice sl, the one stage in flight
       }
-      cpd::copy_wait_all();
       __syncthreads();
-      // 2. decompose every element in place; this thread's sign bits and flags, one byte each
-      {
+      // 2. decompose every element (S = 1: in place); this thread's sign bits and flags, one byte each
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
         cpd::u32 sg_a = 0u, sg_b = 0u, bad_a = 0u, bad_b = 0u;
 #pragma unroll
         for (int r = 0; r < P; ++r) {
-          const int kk = dq * P + r;
-          const cpd::u32 xa = Ae[kk][dm], xb = Be[kk][dm];
+          const int kk = g * L + dq * P + r;
+          const cpd::u32 xa = rA[kk][dm], xb = rB[kk][dm];
           const cpd::FdTiledOperand oa = cpd::fd_tiled_operand(xa, a_man, s.a_emin, s.zero_exp, 0);
           const cpd::FdTiledOperand ob = cpd::fd_tiled_operand(xb, b_man, s.b_emin, s.zero_exp, zb);
           Ae[kk][dm] = oa.e;
@@ -141,101 +212,118 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
           bad_a |= oa.bad;
           bad_b |= ob.bad;
         }
-        ((unsigned char*)sgnA)[dm * 4 + dq] = (unsigned char)sg_a;
-        ((unsigned char*)sgnB)[dm * 4 + dq] = (unsigned char)sg_b;
-        ((unsigned char*)badA)[dm * 4 + dq] = (unsigned char)bad_a;
-        ((unsigned char*)badB)[dm * 4 + dq] = (unsigned char)bad_b;
+        ((unsigned char*)sgnA[g])[dm * 4 + dq] = (unsigned char)sg_a;
+        ((unsigned char*)sgnB[g])[dm * 4 + dq] = (unsigned char)sg_b;
+        ((unsigned char*)badA[g])[dm * 4 + dq] = (unsigned char)bad_a;
+        ((unsigned char*)badB[g])[dm * 4 + dq] = (unsigned char)bad_b;
       }
       __syncthreads();
-      // 3. pass 1: each output's emax over c and its L products
-      cpd::u32 emax[R][R];
-#pragma unroll
-      for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int j = 0; j < R; ++j) emax[i][j] = cpd::fd_tiled_cexp(s, c[i][j]);
-#pragma unroll 1
-      for (int k8 = 0; k8 < L; k8 += 8) {
-#pragma unroll
-        for (int kk = k8; kk < k8 + 8; ++kk) {
-          const Fd4 ea = *(const Fd4*)&Ae[kk][ty * R], eb = *(const Fd4*)&Be[kk][tx * R];
-          const cpd::u32* av = ea.v;
-          const cpd::u32* bv = eb.v;
-#pragma unroll
-          for (int i = 0; i < R; ++i)
-#pragma unroll
-            for (int j = 0; j < R; ++j) emax[i][j] = emax[i][j] > av[i] + bv[j] ? emax[i][j] : av[i] + bv[j];
-        }
+      // S > 1: the next slice's stage, copied while the block runs this slice's passes (its
+      // buffer was last read by the decomposition of slice sl - 1, before the barrier above)
+      if (S > 1 && k0 + KS < K) {
+        stage(k0 + KS, rA + (sl & 1 ? -2 * KS : 2 * KS), rB + (sl & 1 ? -2 * KS : 2 * KS));
+        cpd::copy_commit();
       }
-      // 4. pass 2: the exact sums, eight terms at a time in 32 bits (the barrier to the compiler:
-      //    reload the exponents rather than keep pass 1's 8 L of them live in registers)
-      asm volatile("" ::: "memory");
-      typedef typename cpd::FdTiledSum<WIDE>::type Sum;
-      Sum S[R][R];
-#pragma unroll
-      for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int j = 0; j < R; ++j) S[i][j] = 0;
 #pragma unroll 1
-      for (int k8 = 0; k8 < L; k8 += 8) {
-        int S8[R][R];
+      for (int g = 0; g < G; ++g) {
+        const long long kg = k0 + g * L;
+        if (kg >= K) break;  // past the end of K: no group (the block agrees: K and k0 are uniform)
+        const FdRow* const Aeg = Ae + g * L;
+        const FdRow* const Awg = Aw + g * L;
+        const FdRow* const Beg = Be + g * L;
+        const FdRow* const Bwg = Bw + g * L;
+        // 3. pass 1: each output's emax over c and its L products
+        cpd::u32 emax[R][R];
 #pragma unroll
         for (int i = 0; i < R; ++i)
 #pragma unroll
-          for (int j = 0; j < R; ++j) S8[i][j] = 0;
+          for (int j = 0; j < R; ++j) emax[i][j] = cpd::fd_tiled_cexp(s, c[i][j]);
+#pragma unroll 1
+        for (int k8 = 0; k8 < L; k8 += 8) {
 #pragma unroll
-        for (int kk = k8; kk < k8 + 8; ++kk) {
-          const Fd4 ea = *(const Fd4*)&Ae[kk][ty * R], eb = *(const Fd4*)&Be[kk][tx * R];
-          const Fd4 wa = *(const Fd4*)&Aw[kk][ty * R], wb = *(const Fd4*)&Bw[kk][tx * R];
-          const cpd::u32 *ae = ea.v, *be = eb.v, *aw = wa.v, *bw = wb.v;
+          for (int kk = k8; kk < k8 + 8; ++kk) {
+            const Fd4 ea = *(const Fd4*)&Aeg[kk][ty * R], eb = *(const Fd4*)&Beg[kk][tx * R];
+            const cpd::u32* av = ea.v;
+            const cpd::u32* bv = eb.v;
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+#pragma unroll
+              for (int j = 0; j < R; ++j) emax[i][j] = emax[i][j] > av[i] + bv[j] ? emax[i][j] : av[i] + bv[j];
+          }
+        }
+        // 4. pass 2: the exact sums, eight terms at a time in 32 bits (the barrier to the compiler:
+        //    reload the exponents rather than keep pass 1's 8 L of them live in registers)
+        asm volatile("" ::: "memory");
+        typedef typename cpd::FdTiledSum<WIDE>::type Sum;
+        Sum Sg[R][R];
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int j = 0; j < R; ++j) Sg[i][j] = 0;
+#pragma unroll 1
+        for (int k8 = 0; k8 < L; k8 += 8) {
+          int S8[R][R];
 #pragma unroll
           for (int i = 0; i < R; ++i)
 #pragma unroll
-            for (int j = 0; j < R; ++j) S8[i][j] += cpd::fd_tiled_term(aw[i], bw[j], emax[i][j] - ae[i] - be[j]);
+            for (int j = 0; j < R; ++j) S8[i][j] = 0;
+#pragma unroll
+          for (int kk = k8; kk < k8 + 8; ++kk) {
+            const Fd4 ea = *(const Fd4*)&Aeg[kk][ty * R], eb = *(const Fd4*)&Beg[kk][tx * R];
+            const Fd4 wa = *(const Fd4*)&Awg[kk][ty * R], wb = *(const Fd4*)&Bwg[kk][tx * R];
+            const cpd::u32 *ae = ea.v, *be = eb.v, *aw = wa.v, *bw = wb.v;
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+#pragma unroll
+              for (int j = 0; j < R; ++j) S8[i][j] += cpd::fd_tiled_term(aw[i], bw[j], emax[i][j] - ae[i] - be[j]);
+          }
+#pragma unroll
+          for (int i = 0; i < R; ++i)
+#pragma unroll
+            for (int j = 0; j < R; ++j) Sg[i][j] += (Sum)S8[i][j];
+        }
+        // 5. one rounding per output; flagged outputs and those the 32-bit rounding leaves are marked
+        const Fd4 sga = *(const Fd4*)&sgnA[g][ty * R], sgb = *(const Fd4*)&sgnB[g][tx * R];
+        const Fd4 bda = *(const Fd4*)&badA[g][ty * R], bdb = *(const Fd4*)&badB[g][tx * R];
+        cpd::u32 cn[R][R], slow = 0u;
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int j = 0; j < R; ++j) {
+            const int neg = cpd::fd_popc(sga.v[i] ^ sgb.v[j]);
+            cpd::u32 sl1 = (cpd::u32)((bda.v[i] | bdb.v[j]) != 0u);
+            if (WIDE) cn[i][j] = cpd::fd_tiled_finish(s, (long long)Sg[i][j], neg, emax[i][j], c[i][j]);
+            else cn[i][j] = cpd::fd_tiled_finish32(s, (int)Sg[i][j], neg, emax[i][j], c[i][j], &sl1);
+            slow |= sl1 << (i * R + j);
+          }
+        // 6. the marked outputs: fd_step on global memory, one output at a time (one inlined copy)
+        if (slow) {
+          const int len = K - kg < (long long)L ? (int)(K - kg) : L;
+#pragma unroll 1
+          for (int q = 0; q < R * R; ++q) {
+            const int i = q / R, j = q % R;
+            const long long gm = m0 + ty * R + i, gn = n0 + tx * R + j;
+            if (!((slow >> q) & 1u) || gm >= M || gn >= N) continue;
+            cpd::u32 cq = 0u;
+#pragma unroll
+            for (int ii = 0; ii < R; ++ii)
+#pragma unroll
+              for (int jj = 0; jj < R; ++jj) cq = ii * R + jj == q ? c[ii][jj] : cq;
+            cq = cpd::fused_dot_step(s, ab + gm * K + kg, 1, bb + kg * N + gn, N, len, cq);  // FD_NV, no scales
+#pragma unroll
+            for (int ii = 0; ii < R; ++ii)
+#pragma unroll
+              for (int jj = 0; jj < R; ++jj) cn[ii][jj] = ii * R + jj == q ? cq : cn[ii][jj];
+          }
         }
 #pragma unroll
         for (int i = 0; i < R; ++i)
 #pragma unroll
-          for (int j = 0; j < R; ++j) S[i][j] += (Sum)S8[i][j];
+          for (int j = 0; j < R; ++j) c[i][j] = cn[i][j];
       }
-      // 5. one rounding per output; flagged outputs and those the 32-bit rounding leaves are marked
-      const Fd4 sga = *(const Fd4*)&sgnA[ty * R], sgb = *(const Fd4*)&sgnB[tx * R];
-      const Fd4 bda = *(const Fd4*)&badA[ty * R], bdb = *(const Fd4*)&badB[tx * R];
-      cpd::u32 cn[R][R], slow = 0u;
-#pragma unroll
-      for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int j = 0; j < R; ++j) {
-          const int neg = cpd::fd_popc(sga.v[i] ^ sgb.v[j]);
-          cpd::u32 sl = (cpd::u32)((bda.v[i] | bdb.v[j]) != 0u);
-          if (WIDE) cn[i][j] = cpd::fd_tiled_finish(s, (long long)S[i][j], neg, emax[i][j], c[i][j]);
-          else cn[i][j] = cpd::fd_tiled_finish32(s, (int)S[i][j], neg, emax[i][j], c[i][j], &sl);
-          slow |= sl << (i * R + j);
-        }
-      // 6. the marked outputs: fd_step on global memory, one output at a time (one inlined copy)
-      if (slow) {
-        const int len = K - k0 < (long long)L ? (int)(K - k0) : L;
-#pragma unroll 1
-        for (int q = 0; q < R * R; ++q) {
-          const int i = q / R, j = q % R;
-          const long long gm = m0 + ty * R + i, gn = n0 + tx * R + j;
-          if (!((slow >> q) & 1u) || gm >= M || gn >= N) continue;
-          cpd::u32 cq = 0u;
-#pragma unroll
-          for (int ii = 0; ii < R; ++ii)
-#pragma unroll
-            for (int jj = 0; jj < R; ++jj) cq = ii * R + jj == q ? c[ii][jj] : cq;
-          cq = cpd::fused_dot_step(s, ab + gm * K + k0, 1, bb + k0 * N + gn, N, len, cq);  // FD_NV, no scales
-#pragma unroll
-          for (int ii = 0; ii < R; ++ii)
-#pragma unroll
-            for (int jj = 0; jj < R; ++jj) cn[ii][jj] = ii * R + jj == q ? cq : cn[ii][jj];
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int j = 0; j < R; ++j) c[i][j] = cn[i][j];
-      __syncthreads();
+      // S = 1: the next slice is staged over this one's words. S > 1: the next slice's words are
+      // written after the first barrier above (every thread is past these passes by then)
+      if (S == 1) __syncthreads();
     }
 #pragma unroll
     for (int i = 0; i < R; ++i)
@@ -250,20 +338,26 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
 }  // namespace
 
 // a: (B, M, K), b: (B, K, N), y: (B, M, N), contiguous float32; for a spec that satisfies
-// cpd::fd_tiled_applies (without block scales) with the kernel's L its group and WIDE fd_tiled_wide;
-// any other spec gets every output from fd_outputs (the same bits, without the tiles).
-#define CPD_FD_TILED(NAME, L, WIDE)                                                                              \
+// cpd::fd_tiled_applies (without block scales) with the kernel's L its group and WIDE fd_tiled_wide,
+// launched with at least FdShape<L, S, G>::BYTES of dynamic shared memory; any other spec, or a
+// launch with less shared memory, gets every output from fd_outputs (the same bits, without the tiles).
+#define CPD_FD_TILED(NAME, L, WIDE, S, G)                                                                        \
   extern "C" __global__ void __launch_bounds__(CPD_FD_THREADS, 1)                                                 \
       NAME(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, long long B,          \
            long long M, long long K, long long N, int group, int frac, int out, int a_emin, int b_emin,           \
            int zero_exp, int algo, int ftz, int a_man, int b_man) {                                               \
     const cpd::FusedDotSpec s = cpd::make_fused_dot_spec(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz); \
-    if (cpd::fd_tiled_applies(s, a_man, b_man, 0) && group == L && cpd::fd_tiled_wide(s) == WIDE)               \
-      fd_tiled<L, WIDE>(a, b, y, B, M, K, N, s, a_man, b_man);                                                    \
+    if (cpd::fd_tiled_applies(s, a_man, b_man, 0) && group == L && cpd::fd_tiled_wide(s) == WIDE &&             \
+        cpd::dynamic_smem_size() >= FdShape<L, S, G>::BYTES)                                                      \
+      fd_tiled<L, WIDE, S, G>(a, b, y, B, M, K, N, s, a_man, b_man);                                              \
     else /* a spec outside the kernel's family (a routing slip): the generic steps' bits, slowly */             \
       fd_outputs(a, b, y, nullptr, nullptr, B, M, K, N, 0, 1, -127, s);                                           \
   }
-CPD_FD_TILED(cpd_fused_dot_tiled_l32, 32, false)
-CPD_FD_TILED(cpd_fused_dot_tiled_l16, 16, false)
-CPD_FD_TILED(cpd_fused_dot_tiled_l32w, 32, true)
-CPD_FD_TILED(cpd_fused_dot_tiled_l16w, 16, true)
+#define CPD_FD_TILED_SHAPES(NAME, L, WIDE) \
+  CPD_FD_TILED(NAME##_s1, L, WIDE, 1, 1)   \
+  CPD_FD_TILED(NAME##_s2, L, WIDE, 2, 1)   \
+  CPD_FD_TILED(NAME##_s2g2, L, WIDE, 2, 2)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32, 32, false)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16, 16, false)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32w, 32, true)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16w, 16, true)

@@ -34,11 +34,13 @@ namespace cpd {
 const int FD_TILED_EOFF = 256;  // operand exponent offset: zero_exp >= -255 keeps e + 256 >= 1
 
 // Which specs the tiled kernel takes: the NVIDIA step without block scales, groups of 16 or 32
-// (one K slice each), F >= ma + mb (pre >= 0), M 2^pre < 2^22, and F <= 26 (the words above need
-// F <= 28; the 64-bit kernels add eight terms in 32 bits first: 8 2^(F + 2) <= 2^31).
+// (one K slice each), F >= ma + mb (pre >= 0), and F <= 26 (the words above need F <= 28; the
+// 64-bit kernels add eight terms in 32 bits first: a term is below 2^(F + 2) in magnitude, and
+// 8 2^(F + 2) <= 2^31). No bound on Ma 2^pre beyond that (the words carry pre in b's shift, not
+// in a's mantissa): Blackwell's FP8/FP4 model (L 32, F 25) is taken.
 CPD_FN int fd_tiled_applies(const FusedDotSpec& s, int a_man, int b_man, int scaled) {
   return (int)(s.algo == FD_NV && !scaled && (s.group == 16 || s.group == 32) && s.frac >= a_man + b_man &&
-               s.frac + 1 - b_man <= 22 && s.frac <= 26 && s.zero_exp >= -255 && a_man <= 23 && b_man <= 23);
+               s.frac <= 26 && s.zero_exp >= -255 && a_man <= 23 && b_man <= 23);
 }
 
 // Whether a group's sum needs 64 bits: L terms below 2^(F + 2), and the count of negatives.

@@ -55,6 +55,29 @@ CPD_FN void copy_commit() {
 #endif
 }
 
+// The block's dynamic shared memory (the launch's sharedMemBytes; cpd/_cuda.py raises the
+// kernel's limit above 48 KiB with cuFuncSetAttribute), 16-byte aligned, and its size in bytes.
+// The host shim has no launch-time size: there it is one static buffer per OS thread (shared by
+// the fibers of the running block, as __shared__ is) of the largest size a block may ask for on
+// the GPUs cpd targets (227 KiB, sm_90).
+const u32 DYNAMIC_SMEM_MAX = 227u * 1024u;
+
+#if defined(__CUDA_ARCH__)
+extern __shared__ __align__(16) unsigned char cpd_dynamic_smem[];
+CPD_FN unsigned char* dynamic_smem() { return cpd_dynamic_smem; }
+CPD_FN u32 dynamic_smem_size() {
+  u32 r;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+  return r;
+}
+#else
+inline unsigned char* dynamic_smem() {
+  alignas(16) static thread_local unsigned char buffer[DYNAMIC_SMEM_MAX];
+  return buffer;
+}
+inline u32 dynamic_smem_size() { return DYNAMIC_SMEM_MAX; }
+#endif
+
 }  // namespace cpd
 
 #endif  // CPD_LAUNCH_H
