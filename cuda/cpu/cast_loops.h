@@ -53,6 +53,16 @@ inline uint32_t cast_one(uint32_t u, const cpd::Format& f, int mode, uint32_t ra
   return FAST ? cpd::cast_bits_fast(u, f, mode, rand, sr_bits) : cpd::cast_bits_generic(u, f, mode, rand, sr_bits);
 }
 
+// Whether any of xb[0, m) lies in region S (|x| < 2^emin: a = bits & ~SIGN below min_normal_bits).
+// Both are below 2^31, so a - min_normal_bits (mod 2^32) has its top bit set exactly when
+// a < min_normal_bits: an and, a subtract and an or per element (the unsigned compare took five
+// AVX2 instructions per 8 elements).
+inline bool span_has_sub(const float* xb, int64_t m, const cpd::Format& g) {
+  uint32_t any = 0;
+  for (int64_t i = 0; i < m; ++i) any |= (cpd::bits_of(xb[i]) & ~cpd::SIGN) - g.min_normal_bits;
+  return (any >> 31) != 0;
+}
+
 // A span of at most a few thousand elements (it stays in L1) on the fast path, for the modes
 // whose region S (|x| < 2^emin, cpd::round_sub_fast) costs a dozen float operations per element:
 // first a scan of the span for any element in region S, then either the cheap region-N cast of
@@ -64,9 +74,7 @@ inline uint32_t cast_one(uint32_t u, const cpd::Format& f, int mode, uint32_t ra
 template <int MODE>
 inline void cast_span_fast(const float* xb, float* yb, int64_t m, const cpd::Format& g,
                            const uint32_t* __restrict words, int sr_bits) {
-  uint32_t any_sub = 0;
-  for (int64_t i = 0; i < m; ++i) any_sub |= (uint32_t)((cpd::bits_of(xb[i]) & ~cpd::SIGN) < g.min_normal_bits);
-  if (any_sub) {
+  if (span_has_sub(xb, m, g)) {
     for (int64_t i = 0; i < m; ++i) {
       uint32_t w = MODE == cpd::STOCHASTIC ? words[i] : 0u;
       yb[i] = cpd::float_of(cpd::cast_bits_fast(cpd::bits_of(xb[i]), g, MODE, w, sr_bits));
@@ -182,9 +190,7 @@ void cast_sr_range(const float* x, float* y, int64_t n, int64_t blo, int64_t bhi
     const int64_t nb = std::min(kSrBlocks, full_hi - b0);
     const float* xb = x + 4 * b0;
     float* dst = STREAM ? buf : y + 4 * b0;
-    uint32_t any_sub = 0;
-    if (FAST)
-      for (int64_t i = 0; i < 4 * nb; ++i) any_sub |= (uint32_t)((cpd::bits_of(xb[i]) & ~cpd::SIGN) < g.min_normal_bits);
+    const bool any_sub = FAST && span_has_sub(xb, 4 * nb, g);
     const float* pf = 4 * (b0 + nb) + kSrPrefetch <= 4 * full_hi ? xb + kSrPrefetch : xb;  // near the end: the span itself
     if (FAST && !any_sub) cast_sr_span<FAST, PLAIN, false>(xb, dst, pf, (uint64_t)b0, nb, f, sr_bits, c2, c3, key);
     else cast_sr_span<FAST, PLAIN, true>(xb, dst, pf, (uint64_t)b0, nb, f, sr_bits, c2, c3, key);
