@@ -191,7 +191,7 @@ void cast_sr_range(const float* x, float* y, int64_t n, int64_t blo, int64_t bhi
     const float* xb = x + 4 * b0;
     float* dst = STREAM ? buf : y + 4 * b0;
     const bool any_sub = FAST && span_has_sub(xb, 4 * nb, g);
-    const float* pf = 4 * (b0 + nb) + kSrPrefetch <= 4 * full_hi ? xb + kSrPrefetch : xb;  // near the end: the span itself
+    const float* pf = 4 * (b0 + nb) + kSrPrefetch <= 4 * full_hi ? xb + kSrPrefetch : xb;  // at the end: the span
     if (FAST && !any_sub) cast_sr_span<FAST, PLAIN, false>(xb, dst, pf, (uint64_t)b0, nb, f, sr_bits, c2, c3, key);
     else cast_sr_span<FAST, PLAIN, true>(xb, dst, pf, (uint64_t)b0, nb, f, sr_bits, c2, c3, key);
     if (STREAM) stream_out(y + 4 * b0, buf, 4 * nb);

@@ -14,7 +14,8 @@
 //     (its high half is garbage that the next multiply ignores and the xors only move around in
 //     high halves). Only low halves are meaningful, and only they are stored.
 //   * AVX2: the same on 4 blocks per __m256i with _mm256_mul_epu32 (8 products of 32-bit lanes
-//     per pair of multiplies), 3 vectors interleaved: 12 blocks per call (2 for the strided form).
+//     per pair of multiplies), 3 vectors interleaved: 12 blocks per call (2 for the strided form);
+//     element order through philox256_elements (round keys made once: PhiloxKey).
 //   * SSE4.1 (x86-64-v2): the same on 2 blocks per __m128i with _mm_mul_epu32, 3 vectors
 //     interleaved: 6 blocks per call (2 vectors, 4 blocks, for the strided form).
 //   * NEON: 4 blocks per uint32x4_t, one block per 32-bit lane: lo = vmulq_u32, hi = the odd
@@ -181,8 +182,7 @@ inline __m128i low_halves(__m256i v) {
 #if defined(__AVX2__) && !defined(__AVX512F__)
 // The words of blocks b0 .. b0 + 4G - 1 in element order, w[4k + j] = word j of block b0 + k
 // (philox_blocks' vector body on AVX2), with fewer instructions than philox256 and a transpose:
-//   * the round keys are key's (memory operands), and x1 ^ key is formed beside the multiply
-//     (off the multiply -> shift -> xor chain);
+//   * the round keys are key's (memory operands, no broadcasts in the loop);
 //   * the lanes of a vector hold blocks b0 + {0, 2, 1, 3} (+ 4g), so that one in-lane shuffle
 //     per 8 words puts them in element order (no cross-lane permute);
 //   * the last round forms each pair of words in place: p1 ^ ((x1 ^ k0) << 32) is the 64-bit lane
@@ -216,11 +216,12 @@ inline void philox256_elements(uint64_t b0, uint32_t c2, uint32_t c3, const Phil
   constexpr int R = cpd::PHILOX_ROUNDS - 1;
   for (int g = 0; g < G; ++g) {
     const __m256i p0 = _mm256_mul_epu32(x0[g], m0), p1 = _mm256_mul_epu32(x2[g], m1);
-    const __m256 w10 = _mm256_castsi256_ps(_mm256_xor_si256(p1, _mm256_slli_epi64(_mm256_xor_si256(x1[g], key.r0[R]), 32)));
-    const __m256 w32 = _mm256_castsi256_ps(_mm256_xor_si256(p0, _mm256_slli_epi64(_mm256_xor_si256(x3[g], key.r1[R]), 32)));
-    // 128-bit half h of w10 = [w1 w0 | w1 w0] of blocks (lane 2h, lane 2h + 1), w32 the same for w3 w2.
-    _mm256_storeu_ps((float*)(w + 16 * g), _mm256_shuffle_ps(w10, w32, _MM_SHUFFLE(0, 1, 0, 1)));     // blocks +0 | +1
-    _mm256_storeu_ps((float*)(w + 16 * g + 8), _mm256_shuffle_ps(w10, w32, _MM_SHUFFLE(2, 3, 2, 3))); // blocks +2 | +3
+    const __m256i y1 = _mm256_xor_si256(x1[g], key.r0[R]), y3 = _mm256_xor_si256(x3[g], key.r1[R]);
+    const __m256 w10 = _mm256_castsi256_ps(_mm256_xor_si256(p1, _mm256_slli_epi64(y1, 32)));
+    const __m256 w32 = _mm256_castsi256_ps(_mm256_xor_si256(p0, _mm256_slli_epi64(y3, 32)));
+    // 128-bit half h of w10: [w1 w0 | w1 w0] of the blocks in lanes 2h and 2h + 1; w32: w3 w2.
+    _mm256_storeu_ps((float*)(w + 16 * g), _mm256_shuffle_ps(w10, w32, _MM_SHUFFLE(0, 1, 0, 1)));      // +0 | +1
+    _mm256_storeu_ps((float*)(w + 16 * g + 8), _mm256_shuffle_ps(w10, w32, _MM_SHUFFLE(2, 3, 2, 3)));  // +2 | +3
   }
 }
 #endif
