@@ -14,7 +14,8 @@
 //     (its high half is garbage that the next multiply ignores and the xors only move around in
 //     high halves). Only low halves are meaningful, and only they are stored.
 //   * AVX2: the same on 4 blocks per __m256i with _mm256_mul_epu32 (8 products of 32-bit lanes
-//     per pair of multiplies), 3 vectors interleaved: 12 blocks per call (2 for the strided form).
+//     per pair of multiplies), 3 vectors interleaved: 12 blocks per call (2 for the strided form);
+//     element order through philox256_elements (round keys made once: PhiloxKey).
 //   * SSE4.1 (x86-64-v2): the same on 2 blocks per __m128i with _mm_mul_epu32, 3 vectors
 //     interleaved: 6 blocks per call (2 vectors, 4 blocks, for the strided form).
 //   * NEON: 4 blocks per uint32x4_t, one block per 32-bit lane: lo = vmulq_u32, hi = the odd
@@ -78,6 +79,30 @@ constexpr int64_t kPhiloxCallBlocks = 4;   // scalar: 16 words
 inline void philox_one(uint64_t b, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1, uint32_t* w4) {
   const cpd::U32x4 w = cpd::philox4x32_10((uint32_t)b, (uint32_t)(b >> 32), c2, c3, k0, k1);
   for (int j = 0; j < 4; ++j) w4[j] = w.v[j];
+}
+
+// The key of a launch, and on AVX2 builds its round keys broadcast once: round r xors
+// k0 + r * 0x9E3779B9 and k1 + r * 0xBB67AE85 (cpd::philox4x32_10). A loop that draws many calls'
+// words (the fused stochastic cast) makes one and passes it to each call, whose rounds then read
+// the keys as memory operands instead of forming and broadcasting two per round and call.
+struct PhiloxKey {
+  uint32_t k0, k1;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  __m256i r0[cpd::PHILOX_ROUNDS], r1[cpd::PHILOX_ROUNDS];  // 64-bit lanes (their low halves count)
+#endif
+};
+
+inline PhiloxKey philox_key(uint32_t k0, uint32_t k1) {
+  PhiloxKey key;
+  key.k0 = k0;
+  key.k1 = k1;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  for (int r = 0; r < cpd::PHILOX_ROUNDS; ++r) {
+    key.r0[r] = _mm256_set1_epi64x(k0 + (uint32_t)r * 0x9E3779B9u);
+    key.r1[r] = _mm256_set1_epi64x(k1 + (uint32_t)r * 0xBB67AE85u);
+  }
+#endif
+  return key;
 }
 
 #if defined(__AVX512F__)
@@ -151,6 +176,53 @@ inline void philox256(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint32
 // The low halves of a vector's four 64-bit lanes, as four u32.
 inline __m128i low_halves(__m256i v) {
   return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(v, _mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0)));
+}
+#endif
+
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// The words of blocks b0 .. b0 + 4G - 1 in element order, w[4k + j] = word j of block b0 + k
+// (philox_blocks' vector body on AVX2), with fewer instructions than philox256 and a transpose:
+//   * the round keys are key's (memory operands, no broadcasts in the loop);
+//   * the lanes of a vector hold blocks b0 + {0, 2, 1, 3} (+ 4g), so that one in-lane shuffle
+//     per 8 words puts them in element order (no cross-lane permute);
+//   * the last round forms each pair of words in place: p1 ^ ((x1 ^ k0) << 32) is the 64-bit lane
+//     [lo(p1) | hi(p1) ^ x1 ^ k0] = [w1 | w0] (x1's garbage high half is shifted out), likewise
+//     [w3 | w2] from p0, and vshufps picks [w0 w1 w2 w3] of one block from each 128-bit half.
+// Per vector of 4 blocks: 9 rounds of 2 multiplies, 2 shifts and 4 xors, then 10 instructions for
+// the last round and the transpose (philox256 and the transpose: 10 rounds and 10, with two key
+// broadcasts per round and call).
+template <int G>
+inline void philox256_elements(uint64_t b0, uint32_t c2, uint32_t c3, const PhiloxKey& key, uint32_t* w) {
+  const __m256i m0 = _mm256_set1_epi64x(0xD2511F53u), m1 = _mm256_set1_epi64x(0xCD9E8D57u);
+  const __m256i iota = _mm256_set_epi64x(3, 1, 2, 0);  // lane l: block b0 + {0, 2, 1, 3}[l]
+  __m256i x0[G], x1[G], x2[G], x3[G];
+  for (int g = 0; g < G; ++g) {
+    const __m256i b = _mm256_add_epi64(_mm256_set1_epi64x((long long)(b0 + 4 * (uint64_t)g)), iota);
+    x0[g] = b;
+    x1[g] = _mm256_srli_epi64(b, 32);
+    x2[g] = _mm256_set1_epi64x(c2);
+    x3[g] = _mm256_set1_epi64x(c3);
+  }
+  for (int r = 0; r + 1 < cpd::PHILOX_ROUNDS; ++r) {
+    for (int g = 0; g < G; ++g) {
+      const __m256i p0 = _mm256_mul_epu32(x0[g], m0), p1 = _mm256_mul_epu32(x2[g], m1);
+      const __m256i y1 = _mm256_xor_si256(x1[g], key.r0[r]), y3 = _mm256_xor_si256(x3[g], key.r1[r]);
+      x0[g] = _mm256_xor_si256(_mm256_srli_epi64(p1, 32), y1);
+      x1[g] = p1;
+      x2[g] = _mm256_xor_si256(_mm256_srli_epi64(p0, 32), y3);
+      x3[g] = p0;
+    }
+  }
+  constexpr int R = cpd::PHILOX_ROUNDS - 1;
+  for (int g = 0; g < G; ++g) {
+    const __m256i p0 = _mm256_mul_epu32(x0[g], m0), p1 = _mm256_mul_epu32(x2[g], m1);
+    const __m256i y1 = _mm256_xor_si256(x1[g], key.r0[R]), y3 = _mm256_xor_si256(x3[g], key.r1[R]);
+    const __m256 w10 = _mm256_castsi256_ps(_mm256_xor_si256(p1, _mm256_slli_epi64(y1, 32)));
+    const __m256 w32 = _mm256_castsi256_ps(_mm256_xor_si256(p0, _mm256_slli_epi64(y3, 32)));
+    // 128-bit half h of w10: [w1 w0 | w1 w0] of the blocks in lanes 2h and 2h + 1; w32: w3 w2.
+    _mm256_storeu_ps((float*)(w + 16 * g), _mm256_shuffle_ps(w10, w32, _MM_SHUFFLE(0, 1, 0, 1)));      // +0 | +1
+    _mm256_storeu_ps((float*)(w + 16 * g + 8), _mm256_shuffle_ps(w10, w32, _MM_SHUFFLE(2, 3, 2, 3)));  // +2 | +3
+  }
 }
 #endif
 
@@ -235,8 +307,10 @@ inline void philox_neon(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint
 #endif
 
 // words[4k + j] = word j of block b0 + k, for k < nb (element order: random_word(4 (b0 + k) + j)).
-inline void philox_blocks(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+// key: philox_key(k0, k1), made once for many calls.
+inline void philox_blocks(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, const PhiloxKey& key,
                           uint32_t* __restrict words) {
+  const uint32_t k0 = key.k0, k1 = key.k1;
   int64_t k = 0;
 #if defined(__AVX512F__)
   static_assert(kPhiloxCallBlocks == 8 * kGroups512, "one call of the vector body");
@@ -256,20 +330,8 @@ inline void philox_blocks(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uin
   }
 #elif defined(__AVX2__)
   static_assert(kPhiloxCallBlocks == 4 * kGroups256, "one call of the vector body");
-  // v01 = [b0: w0 w1 | b1: w0 w1 || b2: ... | b3: ...], v23 the same for w2 w3; unpacking their
-  // 64-bit halves gives [b0 | b2] and [b1 | b3], and two 128-bit permutes element order.
-  for (; k + 4 * kGroups256 <= nb; k += 4 * kGroups256) {
-    __m256i x0[kGroups256], x1[kGroups256], x2[kGroups256], x3[kGroups256];
-    philox256<kGroups256>(b0 + (uint64_t)k, 1, c2, c3, k0, k1, x0, x1, x2, x3);
-    uint32_t* w = words + 4 * k;
-    for (int g = 0; g < kGroups256; ++g) {
-      __m256i v01 = _mm256_blend_epi32(x0[g], _mm256_slli_epi64(x1[g], 32), 0xAA);
-      __m256i v23 = _mm256_blend_epi32(x2[g], _mm256_slli_epi64(x3[g], 32), 0xAA);
-      __m256i b02 = _mm256_unpacklo_epi64(v01, v23), b13 = _mm256_unpackhi_epi64(v01, v23);
-      _mm256_storeu_si256((__m256i*)(w + 16 * g), _mm256_permute2x128_si256(b02, b13, 0x20));
-      _mm256_storeu_si256((__m256i*)(w + 16 * g + 8), _mm256_permute2x128_si256(b02, b13, 0x31));
-    }
-  }
+  for (; k + 4 * kGroups256 <= nb; k += 4 * kGroups256)
+    philox256_elements<kGroups256>(b0 + (uint64_t)k, c2, c3, key, words + 4 * k);
 #elif defined(__SSE4_1__)
   static_assert(kPhiloxCallBlocks == 2 * kGroups128, "one call of the vector body");
   // v01 = [b0: w0 w1 | b1: w0 w1], v23 the same for w2 w3; unpacking their 64-bit halves gives
@@ -298,6 +360,12 @@ inline void philox_blocks(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uin
   }
 #endif
   for (; k < nb; ++k) philox_one(b0 + (uint64_t)k, c2, c3, k0, k1, words + 4 * k);
+  (void)k0, (void)k1;
+}
+
+inline void philox_blocks(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+                          uint32_t* __restrict words) {
+  philox_blocks(b0, nb, c2, c3, philox_key(k0, k1), words);
 }
 
 // w[j * ld + i] = word j of block b0 + i * st, for i < n (one array per word).

@@ -110,9 +110,10 @@ CPD_FN u32 convention_bits(u32 sign, u32 mag, u32 a, const Format& f) {
 // `inf_by_3a`: the caller's rounded magnitude of a = INF_BITS is at least INF_BITS, and mode
 // never rounds inward; then step 3a already gives an infinite x its step-2 result (INF_BITS >
 // max_bits, so mag > max_bits and ovf = outward_bits), and step 2's select is left out. The fast
-// path's region N in the modes that round to nearest is such a caller (cast_bits_fast): it
-// rounds a by (a + half - 1 + even) & ~qmask, and INF_BITS's dropped bits are 0, so no carry
-// reaches the kept bits and nothing is lost above them. One select fewer per element.
+// path's region N in the modes that round to nearest, and in stochastic rounding, is such a
+// caller (cast_bits_fast, inf_by_3a_mode): it rounds a by (a + half - 1 + even) & ~qmask, or
+// (a + r) & ~qmask with r <= qmask, and INF_BITS's dropped bits are 0, so no carry reaches the
+// kept bits and nothing is lost above them. One select fewer per element.
 CPD_FN u32 finish_cast(u32 u, u32 a, u32 sign, u32 mag, const Format& f, int mode, int inf_by_3a = 0) {
   u32 ovf = sel(rounds_inward(mode, sign), f.max_bits, f.outward_bits);
   mag = sel((u32)(mag > f.max_bits), ovf, mag);                             // 3a.
@@ -191,7 +192,9 @@ CPD_FN u32 round_normal_fast(u32 a, u32 sign, const Format& f, int mode, u32 ran
     // 2^sr_shift; with sr_bits < d0 both sides compare the top sr_bits bits of dropped, and
     // dropped's lower bits cannot reach the next multiple of 2^(d0 - sr_bits). So a + r carries
     // into the kept bits exactly when round_mag rounds up, and & ~qmask truncates.
-    u32 r = ((rand & (~0u << (32 - sr_bits))) >> f.sr_shift) & f.qmask;
+    // (R >> sr_shift) & qmask as (rand >> sr_shift) & (qmask & (mask >> sr_shift)): the same bits
+    // (a logical shift commutes with the and), one operation fewer per element in a loop.
+    u32 r = (rand >> f.sr_shift) & (f.qmask & ((~0u << (32 - sr_bits)) >> f.sr_shift));
     return (a + r) & ~f.qmask;
   } else {
     return t + (((u32)(dropped != 0) & away) << (23 - f.man));               // N2. directed
@@ -228,9 +231,11 @@ CPD_FN u32 round_sub_fast(u32 a, u32 sign, const Format& f, int mode, u32 rand, 
   return sel(grow, tz_up, tz);
 }
 
-// Round to nearest, ties to even or away: region N rounds INF_BITS to itself (finish_cast's
-// inf_by_3a).
-CPD_FN int nearest_family(int mode) { return (int)(mode == NEAREST || mode == NEAREST_AWAY); }
+// The modes whose region N rounds INF_BITS to at least itself and that never round inward, so that
+// finish_cast's step 3a already gives an infinite x its result (inf_by_3a): round to nearest, ties
+// to even or away (INF_BITS's dropped bits are 0: (a + half - 1 + even) carries nothing into the
+// kept bits), and stochastic rounding ((a + r) & ~qmask with r <= qmask is INF_BITS again).
+CPD_FN int inf_by_3a_mode(int mode) { return (int)(mode == NEAREST || mode == NEAREST_AWAY || mode == STOCHASTIC); }
 
 CPD_FN u32 cast_bits_fast(u32 u, const Format& f, int mode, u32 rand, int sr_bits) {
   u32 sign = u & SIGN;
@@ -238,7 +243,7 @@ CPD_FN u32 cast_bits_fast(u32 u, const Format& f, int mode, u32 rand, int sr_bit
   u32 n_mag = round_normal_fast(a, sign, f, mode, rand, sr_bits);
   u32 s_mag = round_sub_fast(a, sign, f, mode, rand, sr_bits);
   u32 mag = sel((u32)(a < f.min_normal_bits), s_mag, n_mag);                // 3.
-  return finish_cast(u, a, sign, mag, f, mode, nearest_family(mode));
+  return finish_cast(u, a, sign, mag, f, mode, inf_by_3a_mode(mode));
 }
 
 // cast_bits_fast restricted to region N: the same expression with region S left out, so it
@@ -248,7 +253,7 @@ CPD_FN u32 cast_bits_fast(u32 u, const Format& f, int mode, u32 rand, int sr_bit
 CPD_FN u32 cast_bits_fast_normal(u32 u, const Format& f, int mode, u32 rand, int sr_bits) {
   u32 sign = u & SIGN;
   u32 a = u ^ sign;
-  return finish_cast(u, a, sign, round_normal_fast(a, sign, f, mode, rand, sr_bits), f, mode, nearest_family(mode));
+  return finish_cast(u, a, sign, round_normal_fast(a, sign, f, mode, rand, sr_bits), f, mode, inf_by_3a_mode(mode));
 }
 
 // The cast, on whichever path applies. Loops should test f.fast once per launch and call
