@@ -32,7 +32,9 @@ FAMILIES = {
     "cpd_matmul_lanes": ("other <= 11-bit accumulators", 8 * 4 * 4, None),
     "cpd_matmul_kahan": ("Kahan, other <= 11-bit accumulators", 8 * 4 * 4, None),
     "cpd_matmul_lanesbf": ("E5M2/E4M3 -> BF16", 8 * 4 * 4, None),
-    "cpd_matmul_kahanbf": ("Kahan, E5M2/E4M3 -> BF16", 8 * 4 * 4, 30.0),
+    "cpd_matmul_kahanbf": ("Kahan, E5M2/E4M3 -> BF16", 8 * 4 * 4, None),
+    "cpd_matmul_fusedbf": ("mul=None -> BF16 (fused, round to odd)", 8 * 4 * 4, None),
+    "cpd_matmul_fkahanbf": ("Kahan BF16, mul=None (the issue's row)", 8 * 4 * 4, 30.0),
 }
 
 #: The tiled fused-dot kernels (cuda/kernels/fused_dot.cu): family -> (what it runs, L, goal per MAC).

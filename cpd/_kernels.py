@@ -46,7 +46,8 @@ TILE_M, TILE_N, GENERIC_TILE, MATMUL_THREADS = 64, 64, 32, 256
 FAMILY_KERNELS = {"chain": ("cpd_matmul_chain", 128), "lanes": ("cpd_matmul_lanes", 64),
                   "kahan": ("cpd_matmul_kahan", 64), "lanes16": ("cpd_matmul_lanes16", 64),
                   "kahan16": ("cpd_matmul_kahan16", 64), "lanesbf": ("cpd_matmul_lanesbf", 64),
-                  "kahanbf": ("cpd_matmul_kahanbf", 64)}
+                  "kahanbf": ("cpd_matmul_kahanbf", 64), "fusedbf": ("cpd_matmul_fusedbf", 64),
+                  "fkahanbf": ("cpd_matmul_fkahanbf", 64)}
 
 
 @dataclass(frozen=True)
@@ -220,21 +221,23 @@ def _values_within(m, f) -> bool:  # cpd/arith.h values_within
 
 def matmul_family(mul, acc, kahan: bool, block: int, mode: int, saturate: bool) -> str:
     """Which kernel of matmul.cu runs a spec: "chain", "lanes16", "kahan16", "lanes", "kahan",
-    "lanesbf", "kahanbf" (the family kernels) or "tiled" (the generic steps). The conditions are
+    "lanesbf", "kahanbf", "fusedbf", "fkahanbf" (the family kernels) or "tiled" (the generic steps). The conditions are
     cpd/gemm.h's gemm_family, whose kernels also check them on the device (a spec outside a
     kernel's family gets the generic steps' bits there, only slower)."""
     if mode != 0 or block:  # NEAREST, no blocks
         return "tiled"
     af = FloatFormat.from_core(*acc)
+    bfloat16 = tuple(acc[:4]) == (8, 7, 127, 0) and bool(acc[4]) and not saturate  # gemm.h is_bfloat16_format
     if mul is None:
         fp32 = tuple(acc[:4]) == (8, 23, 127, 0) and bool(acc[4]) and not saturate
+        if bfloat16:  # gemm_fbf16_applies
+            return "fkahanbf" if kahan else "fusedbf"
         return "chain" if fp32 and not kahan else "tiled"
     mf = FloatFormat.from_core(*mul)
     if (_nearest_f(mf, mul[3]) and _nearest_f(af, acc[3]) and _add_fast(af, acc[3]) and _values_within(mf, af)):
         binary16 = tuple(acc[:4]) == (5, 10, 15, 0) and bool(acc[4]) and not saturate  # gemm.h is_binary16_format
         family = "kahan" if kahan else "lanes"
         return family + "16" if binary16 and mf.subnormals else family
-    bfloat16 = tuple(acc[:4]) == (8, 7, 127, 0) and bool(acc[4]) and not saturate  # gemm.h is_bfloat16_format
     if bfloat16 and _nearest_f(mf, mul[3]) and mf.subnormals and _values_within(mf, af):  # gemm_bf16_applies
         return "kahanbf" if kahan else "lanesbf"
     return "tiled"

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.skipif(not (_cuda.available() and sass_counts.available
 #: Per-MAC bounds checked here: the issue's goals, or today's count plus a margin where that is well
 #: below the goal (so a regression shows; lower them as the loops get shorter).
 BOUNDS = {"cpd_matmul_chain": 1.5, "cpd_matmul_lanes16": 8.5, "cpd_matmul_kahan16": 10.0,
-          "cpd_matmul_lanes": 31.0, "cpd_matmul_kahan": 70.0, "cpd_matmul_lanesbf": 13.5, "cpd_matmul_kahanbf": 30.0}
+          "cpd_matmul_lanes": 31.0, "cpd_matmul_kahan": 70.0, "cpd_matmul_lanesbf": 13.5, "cpd_matmul_kahanbf": 30.0,
+          "cpd_matmul_fusedbf": 14.0, "cpd_matmul_fkahanbf": 30.0}
 
 
 def test_inner_loop_counts(capsys):

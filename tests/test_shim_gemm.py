@@ -37,6 +37,8 @@ FAMILY_CASES = {
     "lanesbf": [dict(mul=cpd.E5M2, acc=cpd.BF16), dict(mul=cpd.E4M3FN, acc=cpd.BF16),
                 dict(mul=cpd.FloatFormat(7, 2), acc=cpd.BF16)],
     "kahanbf": [dict(mul=cpd.E4M3, acc=cpd.BF16, kahan=True), dict(mul=cpd.E5M2, acc=cpd.BF16, kahan=True)],
+    "fusedbf": [dict(acc=cpd.BF16)],
+    "fkahanbf": [dict(acc=cpd.BF16, kahan=True)],
 }
 SEED = (0x123456789ABCDEF, 7)
 
@@ -109,8 +111,10 @@ def test_matmul_family_routes_by_the_headers_predicates():
     assert fam(None, cpd.FP16) == "tiled"
     # lanes: accumulators of <= 11 bits whose quanta are float32 normals; mul values within acc
     assert fam(cpd.E5M2, cpd.BF16) == "lanesbf"        # BF16's quantum 2^-133: not add_fast_applies, its own family
-    # BF16 lanes: an 8-bit-like mul with subnormals and nearest_f_applies; mul=None (fused) is generic
-    assert fam(None, cpd.BF16) == "tiled" and fam(None, cpd.BF16, kahan=True) == "tiled"
+    # BF16 lanes: an 8-bit-like mul with subnormals and nearest_f_applies; mul=None: the fused families
+    assert fam(None, cpd.BF16) == "fusedbf" and fam(None, cpd.BF16, kahan=True) == "fkahanbf"
+    assert fam(None, cpd.BF16, sat=True) == "tiled" and fam(None, cpd.BF16, mode=1) == "tiled"
+    assert fam(None, cpd.BF16, block=4) == "tiled" and fam(None, cpd.FloatFormat(8, 7, subnormals=False)) == "tiled"
     assert fam(cpd.FloatFormat(4, 3, subnormals=False), cpd.BF16) == "tiled"
     assert fam(cpd.FP16, cpd.BF16) == "tiled"          # FP16 values are not BF16 values
     assert fam(cpd.E5M2, cpd.BF16, sat=True) == "tiled"
@@ -272,3 +276,38 @@ def test_binary16_families_at_the_rounding_points(case):
     assert torch.isnan(got[0, 6]).all()                                  # a NaN a
     if kw["acc"] is not cpd.BF16:
         assert not torch.isfinite(got[0, 9, 2])                          # binary16 overflow
+
+
+@pytest.mark.parametrize("kahan", [False, True], ids=["fusedbf", "fkahanbf"])
+def test_fused_bf16_families_round_once(kahan):
+    """FUSEDBF / FKAHANBF round a*b + x once (rounding to odd through float32): exact products a
+    hair off bfloat16's ties, T (1 + d)(1 - d) = T - T d^2 with d = 2^-15, which float32 rounds onto
+    the tie T itself (a double rounding would then go to the even neighbour, half the time the
+    wrong one), exactly on the ties (to even), in the subnormal range and at the overflow threshold;
+    K = 1 (one rounding per output) and K = 3 (the tie reached by a running sum)."""
+    g = torch.Generator().manual_seed(31)
+    M, N = 40, 6
+    i = torch.randint(0, 128, (M,), generator=g).double()
+    e = torch.randint(-133, 120, (M,), generator=g).double()
+    t = torch.where(e < -126, (i + 0.5) * 2.0 ** -133, (128 + i + 0.5) * torch.exp2(e - 7))  # ties of BF16
+    t[0] = (256 - 0.5) * 2.0 ** 120                                   # the overflow threshold (a tie)
+    t = t * (torch.randint(0, 2, (M,), generator=g).double() * 2 - 1)
+    d = 2.0 ** -15
+    a = (t * (1 + d)).float()[:, None]                                # exact in float32 (9 + 15 bits)
+    b = torch.tensor([[1 - d, 1 + d, 1.0, -(1 - d), 1 - 2 * d, 1 + 2 * d]]).float()  # below, above, on ...
+    assert N == b.shape[1]
+    kw = dict(acc=cpd.BF16, kahan=kahan)
+    fam = "fkahanbf" if kahan else "fusedbf"
+    want, got = run(a[None], b[None], kw, fam)
+    assert exact(got, want)
+    assert not torch.isfinite(got[0, 0, :3]).all()                    # the threshold's products overflow
+    # K = 3: a running sum s = u + v (a value of BF16) then s + a*b near a tie of BF16
+    u = torch.zeros(M, 3)
+    u[:, 1] = (t * 0.25).float()                                      # a value of BF16 (t / 4 has 9 bits: no)
+    u[:, 1] = cpd.cast(u[:, 1], cpd.BF16)
+    u[:, 2] = a[:, 0]
+    v = torch.zeros(3, N)
+    v[1] = 1.0
+    v[2] = b[0]
+    want, got = run(u[None], v[None], kw, fam)
+    assert exact(got, want)

@@ -277,6 +277,8 @@ Family family_kernel(int family) {
     case cpd::GEMM_KAHAN16: return {"cpd_matmul_kahan16", 64};
     case cpd::GEMM_LANESBF: return {"cpd_matmul_lanesbf", 64};
     case cpd::GEMM_KAHANBF: return {"cpd_matmul_kahanbf", 64};
+    case cpd::GEMM_FUSEDBF: return {"cpd_matmul_fusedbf", 64};
+    case cpd::GEMM_FKAHANBF: return {"cpd_matmul_fkahanbf", 64};
     default: return {nullptr, 0};
   }
 }

@@ -196,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 1)
 
 // ------------------------------------------------------------------------------------------
 // The family kernels: one per family of cpd/gemm.h (CHAIN, LANES, KAHAN, LANES16, KAHAN16, LANESBF,
-// KAHANBF), each with its step fixed at compile time, so that the inner loop is the step's
+// KAHANBF, FUSEDBF, FKAHANBF), each with its step fixed at compile time, so that the inner loop is the step's
 // instructions and two shared-memory loads per four outputs. A block of 256 threads (16 x 16)
 // owns T x T outputs, T = 16 R; thread (tx, ty) owns the R x R outputs in rows own(ty, i) and columns own(tx, j)
 // (groups of four neighbours, 64 apart: each float4 load from shared memory is conflict-free).
@@ -331,16 +331,18 @@ struct Binary16Step {
 };
 
 // LANESBF and KAHANBF: float32 lanes, one per output (cpd/gemm.h gemm_bf16_step, gemm_kahanbf_step):
-// sums s, Kahan's compensations c, the largest |product| w and (Kahan) the largest |t| top.
-template <bool KAHAN>
+// sums s, Kahan's compensations c, the largest |product| w and (Kahan) the largest |t| top. FUSED:
+// FUSEDBF and FKAHANBF, no mul format (gemm_fbf16_step, gemm_fkahanbf_step: w the largest |hi|).
+template <bool KAHAN, bool FUSED = false>
 struct BF16Step {
-  static constexpr int FAMILY = KAHAN ? cpd::GEMM_KAHANBF : cpd::GEMM_LANESBF;
+  static constexpr int FAMILY = FUSED ? (KAHAN ? cpd::GEMM_FKAHANBF : cpd::GEMM_FUSEDBF)
+                                      : (KAHAN ? cpd::GEMM_KAHANBF : cpd::GEMM_LANESBF);
   cpd::GemmBF16 g;
   template <int R>
   struct Row {
     float s[R], w[R], c[KAHAN ? R : 1], top[KAHAN ? R : 1];
   };
-  __device__ __forceinline__ float prep(float b) const { return cpd::gemm_f16_scale(b, g.m); }
+  __device__ __forceinline__ float prep(float b) const { return FUSED ? b : cpd::gemm_f16_scale(b, g.m); }
   template <int R>
   __device__ __forceinline__ void init(Row<R>& r) const {
 #pragma unroll
@@ -350,7 +352,9 @@ struct BF16Step {
   __device__ __forceinline__ void step(Row<R>& r, float a, const float (&b)[R], const float (&bs)[R]) const {
 #pragma unroll
     for (int j = 0; j < R; ++j) {
-      if (KAHAN) cpd::gemm_kahanbf_step(r.s[j], r.c[j], r.w[j], r.top[j], a, b[j], bs[j], g);
+      if (FUSED && KAHAN) cpd::gemm_fkahanbf_step(r.s[j], r.c[j], r.w[j], r.top[j], a, b[j]);
+      else if (FUSED) cpd::gemm_fbf16_step(r.s[j], r.w[j], a, b[j]);
+      else if (KAHAN) cpd::gemm_kahanbf_step(r.s[j], r.c[j], r.w[j], r.top[j], a, b[j], bs[j], g);
       else cpd::gemm_bf16_step(r.s[j], r.w[j], a, b[j], bs[j], g);
     }
   }
@@ -363,6 +367,9 @@ struct BF16Step {
   static constexpr bool FROM_VALUE = false;
   __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
+
+using FusedBF16Step = BF16Step<false, true>;  // (one macro argument each)
+using FusedKahanBF16Step = BF16Step<true, true>;
 
 // Row (column) of the i-th output of thread t along M (N): groups of 4, 64 apart.
 __device__ __forceinline__ int own(int t, int i) { return (i >> 2) * 64 + t * 4 + (i & 3); }
@@ -499,3 +506,5 @@ CPD_FAMILY_KERNEL(cpd_matmul_lanes16, Binary16Step<false>, 4, 2, (st.g = cpd::ma
 CPD_FAMILY_KERNEL(cpd_matmul_kahan16, Binary16Step<true>, 4, 2, (st.g = cpd::make_gemm_f16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_lanesbf, BF16Step<false>, 4, 2, (st.g = cpd::make_gemm_bf16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_kahanbf, BF16Step<true>, 4, 2, (st.g = cpd::make_gemm_bf16(mf, af)))
+CPD_FAMILY_KERNEL(cpd_matmul_fusedbf, FusedBF16Step, 4, 2, (st.g = cpd::make_gemm_fbf16(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_fkahanbf, FusedKahanBF16Step, 4, 2, (st.g = cpd::make_gemm_fbf16(af)))

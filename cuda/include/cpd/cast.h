@@ -194,7 +194,11 @@ CPD_FN u32 round_normal_fast(u32 a, u32 sign, const Format& f, int mode, u32 ran
     // into the kept bits exactly when round_mag rounds up, and & ~qmask truncates.
     // (R >> sr_shift) & qmask as (rand >> sr_shift) & (qmask & (mask >> sr_shift)): the same bits
     // (a logical shift commutes with the and), one operation fewer per element in a loop.
+#if defined(__CUDA_ARCH__)  // the form below made ptxas spill cpd_reduce_rows at sm_90 (stack 16)
+    u32 r = ((rand & (~0u << (32 - sr_bits))) >> f.sr_shift) & f.qmask;
+#else
     u32 r = (rand >> f.sr_shift) & (f.qmask & ((~0u << (32 - sr_bits)) >> f.sr_shift));
+#endif
     return (a + r) & ~f.qmask;
   } else {
     return t + (((u32)(dropped != 0) & away) << (23 - f.man));               // N2. directed

@@ -281,8 +281,8 @@ CPD_FN int gemm_f16_redo(u32 s, u32 mx, int i, const GemmF16& g) {
 }
 
 // LANESBF / KAHANBF (gemm_bf16_applies): round to nearest, products rounded to a mul format with
-// subnormals whose values are bfloat16 values and with nearest_f_applies (E5M2, E4M3, ...: not
-// mul=None, whose fused steps need fma_bits), the accumulator IEEE bfloat16 itself ((8, 7), bias
+// subnormals whose values are bfloat16 values and with nearest_f_applies (E5M2, E4M3, ...;
+// mul=None is FUSEDBF / FKAHANBF below), the accumulator IEEE bfloat16 itself ((8, 7), bias
 // 127, subnormals, no saturation), no blocks: float32 lanes, one integer rounding per sum.
 //   * the product: gemm_f16_product (LANES16's proof above holds for any such mul format: E, C
 //     and the clamp lo only ask nearest_f_applies, and lo is a float32 normal, emin - man >= -133
@@ -373,13 +373,104 @@ CPD_FN int gemm_bf16_redo(float w, float top, const GemmBF16& g) {
   return (int)(!(w <= g.max) | !(top < g.guard));
 }
 
+// FUSEDBF / FKAHANBF (gemm_fbf16_applies): LANESBF / KAHANBF without a mul format: the product a*b
+// exact and fused into the step's first sum, as dot_step does (fma_bits(x, a, b, BF16, NEAREST)
+// with x = s, or x = -c for Kahan's y = P - c); the other Kahan sums are KAHANBF's.
+//   * The fused sum is rounded once through float32 by rounding to odd (Boldo & Melquiond,
+//     "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd",
+//     IEEE TC 2008: a value rounded to odd with p + 2 or more bits, then to nearest with p bits, is
+//     rounded to nearest once; float32's 24 >= 8 + 2, and bfloat16 shares float32's exponent range
+//     and subnormal grid, 16 bits coarser). lo, hi: the exact sum rounded down and up (one FFMA
+//     each, .rm / .rp); it is exact when lo == hi; its rounding toward zero is lo when hi > 0 (a
+//     positive sum), else hi; the rounding to odd is that with its last bit set when inexact.
+//     Past float32's range (|sum| > FLT_MAX) the odd value is +-FLT_MAX, which rounds to +-inf as
+//     the exact sum does; an exact zero sum takes hi's sign, which is round to nearest's (+0 but
+//     for two zeros of sign -: roundTowardPositive and roundTiesToEven agree there).
+//   * A NaN (a NaN operand, inf * 0, inf - inf) is not rounded right by round_bf16_bits (the GPU's
+//     canonical NaN 0x7fffffff carries into the sign), so the watch w keeps the largest |hi| with
+//     NaN (fmax_abs_nan): a NaN w redoes the output. Infinities and finite overflows are rounded
+//     right; Kahan's guard on |t| (KAHANBF) stands as it is: y is a bfloat16 value or +-inf.
+// With no mul format the constants are make_gemm_fbf16's: max = +inf (only a NaN w redoes).
+CPD_FN int gemm_fbf16_applies(const DotSpec& d) {
+  return (int)(!d.has_mul && d.mode == NEAREST && !d.block && is_bfloat16_format(d.af));
+}
+
+// a*b + x rounded toward -inf / +inf (IEEE 754 fusedMultiplyAdd, roundTowardNegative/Positive).
+// Device: FFMA.RM / FFMA.RP. Host (the shim and the CPU extension, which never steps a GEMM family
+// but compiles this header): from the nearest float32 r = fma(a, b, x) and the sign of the exact
+// error (a*b + x) - r in double arithmetic: a*b is exact in double (48 bits), p + x = u + e exactly
+// (Knuth's TwoSum), u - r is exact (both within 2^-23 |r| of the sum, or r = 0), and the rounded
+// (u - r) + e keeps the sign of the error.
+CPD_FN float fma_directed(float a, float b, float x, int up) {
+#if defined(__CUDA_ARCH__)
+  return up ? __fmaf_ru(a, b, x) : __fmaf_rd(a, b, x);
+#else
+  const float r = __builtin_fmaf(a, b, x);
+  if (!__builtin_isfinite(a) || !__builtin_isfinite(b) || !__builtin_isfinite(x) || r != r) return r;
+  const double p = (double)a * (double)b, u = p + (double)x, v = u - p;
+  const double e = (p - (u - v)) + ((double)x - v);
+  if (__builtin_isinf(r)) {  // a finite sum past float32's range: toward zero it is +-FLT_MAX
+    const float big = __builtin_copysignf(3.4028234663852886e38f, r);
+    return (r > 0.0f) == (up != 0) ? r : big;
+  }
+  const double d = (u - (double)r) + e;
+  if (d == 0.0) {
+    if (r != 0.0f) return r;  // exact
+    // an exact zero: of two zeros, -0 in a direction's mode unless both are +0 (down) / unless
+    // both are -0 (up); of a cancellation, -0 down, +0 up
+    const int zp = p == 0.0, np = __builtin_signbit(p) != 0, nx = __builtin_signbit(x) != 0;
+    const int neg = zp && x == 0.0f ? (up ? (np && nx) : (np || nx)) : !up;
+    return neg ? -0.0f : 0.0f;
+  }
+  if ((d > 0.0) == (up != 0)) return __builtin_nextafterf(r, up ? __builtin_inff() : -__builtin_inff());
+  return r;
+#endif
+}
+
+// round(a*b + x) to nearest bfloat16 (finite or infinite; see NaN above) and the watch's hi.
+CPD_FN float fbf16_fused(float a, float b, float x, float& hi) {
+  const float lo = fma_directed(a, b, x, 0);
+  hi = fma_directed(a, b, x, 1);
+  const u32 odd = bits_of(hi > 0.0f ? lo : hi) | (u32)(lo != hi);
+  return float_of(round_bf16_bits(odd));
+}
+
+CPD_FN GemmBF16 make_gemm_fbf16(const Format& acc) {
+  GemmBF16 g;
+  g.m.scale = 1.0f;
+  g.m.lo = 0.0f;
+  g.m.ag = make_format_f(acc);
+  g.m.max_code = 0u;
+  g.max = float_of(INF_BITS);
+  g.guard = float_of(lane_guard_bits(acc));
+  return g;
+}
+
+// Step k of one output (FUSEDBF): s = round(s + a*b), w the largest |hi| so far.
+CPD_FN void gemm_fbf16_step(float& s, float& w, float a, float b) {
+  float hi;
+  s = fbf16_fused(a, b, s, hi);
+  w = fmax_abs_nan(w, hi);
+}
+
+// Kahan's step (FKAHANBF): y = round(a*b - c), then KAHANBF's t, c and s; top the largest |t|.
+CPD_FN void gemm_fkahanbf_step(float& s, float& c, float& w, float& top, float a, float b) {
+  float hi;
+  const float y = fbf16_fused(a, b, -c, hi);
+  w = fmax_abs_nan(w, hi);
+  const float t = bf16_add(s, y);
+  top = fmax_abs_nan(top, t);
+  c = bf16_add(bf16_add(t, -s), -y);
+  s = t;
+}
+
 // Whether a family's output s must be redone by dot_step (a NaN: see CHAIN and LANES).
 CPD_FN int gemm_redo(float s) { return (int)((bits_of(s) & ~SIGN) > INF_BITS); }
 
 // The family of a spec: which kernel of matmul.cu runs it (GEMM_GENERIC: cpd_matmul_tiled).
 enum {
   GEMM_GENERIC = 0, GEMM_CHAIN = 1, GEMM_LANES = 2, GEMM_KAHAN = 3, GEMM_LANES16 = 4, GEMM_KAHAN16 = 5,
-  GEMM_LANESBF = 6, GEMM_KAHANBF = 7
+  GEMM_LANESBF = 6, GEMM_KAHANBF = 7, GEMM_FUSEDBF = 8, GEMM_FKAHANBF = 9
 };
 
 CPD_FN int gemm_family(const DotSpec& d) {
@@ -387,6 +478,7 @@ CPD_FN int gemm_family(const DotSpec& d) {
   if (gemm_f16_applies(d)) return d.kahan ? GEMM_KAHAN16 : GEMM_LANES16;
   if (gemm_lanes_applies(d)) return d.kahan ? GEMM_KAHAN : GEMM_LANES;
   if (gemm_bf16_applies(d)) return d.kahan ? GEMM_KAHANBF : GEMM_LANESBF;
+  if (gemm_fbf16_applies(d)) return d.kahan ? GEMM_FKAHANBF : GEMM_FUSEDBF;
   return GEMM_GENERIC;
 }
 
