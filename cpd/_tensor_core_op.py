@@ -4,9 +4,11 @@ One op for every algorithm of ``cuda/include/cpd/fused_dot.h`` (NVIDIA tensor co
 cores, Blackwell's block-scaled kinds), registered per dispatch key as :mod:`cpd.ops` does: the
 CPU extension's loops and the autograd node from C++ once the extension is loaded
 (``cuda/cpu/fused_dot.cpp``; Python bodies before that), the CUDA kernel
-(``cuda/kernels/fused_dot.cu``) launched from C++ (``cuda/cpu/launch.cpp``; from Python through
-cpd._cuda's NVRTC loader without the extension or under ``CPD_CUDA_LAUNCH=python``), and the pure-torch fallback
-(:mod:`cpd._fused_dot_ref`) on other devices or without the extension.
+(``cuda/kernels/fused_dot.cu``) launched from C++ (``cuda/cpu/launch.cpp`` cpd_launch::fused_dot;
+from Python through cpd._cuda's NVRTC loader without the extension or under
+``CPD_CUDA_LAUNCH=python``), and the pure-torch fallback (:mod:`cpd._fused_dot_ref`) on other
+devices or without the extension. Under :func:`cpd._shim.on_host` the C++ CPU kernel runs the CUDA
+kernels through the host shim with the GPU's marshalling (tests/test_fused_dot_launch.py).
 
 Operands are ``a`` (..., M, K) and ``b`` (..., K, N) float32 values of the input formats;
 block-scaled operands add ``sa`` (..., M, ceil(K/block)) and ``sb`` (..., ceil(K/block), N)
