@@ -137,3 +137,13 @@ def test_direct_op_with_scales_and_broadcast(ext):
     with _shim.on_host():
         got = torch.ops.cpd.fused_dot_matmul(a, b, sa, sb, *args)
     assert got.shape == (3, 5, 6) and same(got, want)
+
+
+def test_bad_block_scales_are_clear_errors(ext):
+    acc = tensor_core("blackwell", a="mxfp8_e4m3")
+    a, b = torch.ones(2, 64), torch.ones(64, 3)
+    sa, sb = torch.ones(2, 2), torch.ones(2, 3)
+    with _shim.on_host():
+        for block, s_emin in ((0, -127), (32, 1), (16, -127)):
+            with pytest.raises(RuntimeError, match="block scales want block >= 1"):
+                torch.ops.cpd.fused_dot_matmul(a, b, sa, sb, block, s_emin, *acc.params, *fields(acc))

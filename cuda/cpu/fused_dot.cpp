@@ -355,9 +355,10 @@ at::Tensor fused_dot_op(const at::Tensor& a, const at::Tensor& b, const at::Tens
   if (kernels) {  // the CUDA kernels (cuda/kernels/fused_dot.cu) on the GPU, or through the host shim
     TORCH_CHECK(a3.scalar_type() == at::kFloat && b3.scalar_type() == at::kFloat && a3.device() == b3.device(),
                 "cpd: fused_dot_matmul wants float32 a and b on one device");
-    TORCH_CHECK(!sa.numel() || (sa3.scalar_type() == at::kFloat && sb3.scalar_type() == at::kFloat &&
-                                sa3.size(2) == (K + block - 1) / std::max<int64_t>(block, 1)),
-                "cpd: fused_dot block scales want float32 sa (..., M, ceil(K/block)) and sb (..., ceil(K/block), N)");
+    TORCH_CHECK(!sa.numel() || (block >= 1 && s_emin >= -127 && s_emin <= 0 && sa3.scalar_type() == at::kFloat &&
+                                sb3.scalar_type() == at::kFloat && sa3.size(2) == (K + block - 1) / block),
+                "cpd: fused_dot block scales want block >= 1, s_emin in -127..0, float32 sa (..., M, ceil(K/block)) "
+                "and sb (..., ceil(K/block), N)");
     spec_of(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz);  // the range checks
     y = at::empty({B, M, N}, a3.options());
     const cpd_launch::FdParams p{int(group), int(frac), int(out), int(a_emin), int(b_emin), int(zero_exp), int(algo),
