@@ -4,8 +4,11 @@ One op for every algorithm of ``cuda/include/cpd/fused_dot.h`` (NVIDIA tensor co
 cores, Blackwell's block-scaled kinds), registered per dispatch key as :mod:`cpd.ops` does: the
 CPU extension's loops and the autograd node from C++ once the extension is loaded
 (``cuda/cpu/fused_dot.cpp``; Python bodies before that), the CUDA kernel
-(``cuda/kernels/fused_dot.cu``) through cpd._cuda's NVRTC loader, and the pure-torch fallback
-(:mod:`cpd._fused_dot_ref`) on other devices or without the extension.
+(``cuda/kernels/fused_dot.cu``) launched from C++ (``cuda/cpu/launch.cpp`` cpd_launch::fused_dot;
+from Python through cpd._cuda's NVRTC loader without the extension or under
+``CPD_CUDA_LAUNCH=python``), and the pure-torch fallback (:mod:`cpd._fused_dot_ref`) on other
+devices or without the extension. Under :func:`cpd._shim.on_host` the C++ CPU kernel runs the CUDA
+kernels through the host shim with the GPU's marshalling (tests/test_fused_dot_launch.py).
 
 Operands are ``a`` (..., M, K) and ``b`` (..., K, N) float32 values of the input formats;
 block-scaled operands add ``sa`` (..., M, ceil(K/block)) and ``sb`` (..., ceil(K/block), N)
@@ -17,10 +20,11 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 
 import torch
 
-from . import _cpu, _cuda, _fused_dot_ref, _impl, _kernels
+from . import _cpu, _cuda, _fused_dot_ref, _impl, _kernels, _shim
 from .ops import _batch_shape, _sum_to
 
 __all__ = ["fused_dot_matmul"]
@@ -89,7 +93,11 @@ def _cuda_kernel(a, b, sa, sb, block, s_emin, *args):
     return _run(a, b, sa, sb, block, s_emin, p, fields, _cuda_body)
 
 
-_LIB.impl("fused_dot_matmul", _cuda_kernel, "CUDA")
+# The CUDA kernel in Python on a library of its own: once the extension is loaded and the device's
+# kernels are usable, _install_cuda() destroys it and the extension registers the C++ launch
+# (cuda/cpu/launch.cpp cpd_launch::fused_dot; CPD_CUDA_LAUNCH=python keeps this one).
+_CUDA = torch.library.Library("cpd", "IMPL")
+_CUDA.impl("fused_dot_matmul", _cuda_kernel, "CUDA")
 # The CPU kernel and autograd in Python, on a library of their own: once the extension is loaded,
 # _install() destroys it and the extension registers both from C++ (cuda/cpu/fused_dot.cpp).
 _PY = torch.library.Library("cpd", "IMPL")
@@ -131,6 +139,29 @@ def _install() -> None:
         _PY = None
         install()
     _installed = True
+
+
+_cuda_done = False
+
+
+def _install_cuda(device: torch.device) -> None:
+    """The C++ CUDA kernel (cpd_launch::fused_dot), on the first CUDA call whose device can run the
+    kernels (building the extension once); the Python launch stays for CPD_CUDA_LAUNCH=python, a
+    device the kernels cannot serve (the pure-torch fallback) or an extension without it."""
+    global _CUDA, _cuda_done
+    _cuda_done = True
+    if os.environ.get("CPD_CUDA_LAUNCH", "cpp") == "python":
+        return
+    if isinstance(_impl.cuda_engine(device), _impl.Fallback):
+        return
+    ext = _cpu.extension()
+    install = getattr(torch.ops.cpd_fused_dot, "install_cuda", None) if ext is not None else None
+    if install is None or not hasattr(ext, "set_launch_sources"):
+        return
+    ext.set_launch_sources(_cuda.image_for, _shim.entry)  # as cpd._impl.CoreOps.install (idempotent)
+    _CUDA._destroy()
+    _CUDA = None
+    install()
 
 
 def launch_of(a3, b3, y, sa, sb, block, s_emin, p: _fused_dot_ref.Params, blocks: int):
@@ -244,6 +275,8 @@ def fused_dot_matmul(a, b, p: _fused_dot_ref.Params, fields, sa=None, sb=None, b
         if a.device.type == "cpu":
             _cpu.extension()  # loading the library registers torch.ops.cpd_fused_dot
         _install()
+    if not _cuda_done and a.device.type == "cuda":
+        _install_cuda(a.device)
     empty = a.new_empty((0,))
     sa = empty if sa is None else sa
     sb = empty if sb is None else sb

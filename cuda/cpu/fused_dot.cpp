@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cpd/numerics.h"
+#include "launch.h"  // cpd_launch::fused_dot: the CUDA kernels' launch (a GPU, or the host shim)
 #include "matmul_backward.h"
 #include "parallel.h"  // cpd_cpu::parallel_for: threaded with or without OpenMP
 
@@ -322,14 +323,15 @@ int64_t fused_dot_lanes(int64_t group, int64_t frac, int64_t out, int64_t a_emin
 }
 
 // ------------------------------------------------------------------ cpd::fused_dot_matmul
-// The CPU kernel of cpd::fused_dot_matmul(a, b, sa, sb, block, s_emin, group, frac, out, a_emin,
+// The kernels of cpd::fused_dot_matmul(a, b, sa, sb, block, s_emin, group, frac, out, a_emin,
 // b_emin, zero_exp, algo, ftz, a_man, a_emax, b_man, b_emax): a (..., M, K) @ b (..., K, N) with the
 // batch dims broadcast, block scales sa (..., M, nb) and sb (..., nb, N) broadcast the same way
-// (empty: none); the loops above on contiguous (B, M, K) / (B, K, N) copies.
-at::Tensor fused_dot_op_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
-                            int64_t block, int64_t s_emin, int64_t group, int64_t frac, int64_t out, int64_t a_emin,
-                            int64_t b_emin, int64_t zero_exp, int64_t algo, int64_t ftz, int64_t a_man, int64_t a_emax,
-                            int64_t b_man, int64_t b_emax) {
+// (empty: none); on contiguous (B, M, K) / (B, K, N) copies, the loops above or (kernels) the
+// CUDA kernels' launch (cpd_launch::fused_dot: the GPU, or the host shim on CPU tensors).
+at::Tensor fused_dot_op(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
+                        int64_t block, int64_t s_emin, int64_t group, int64_t frac, int64_t out, int64_t a_emin,
+                        int64_t b_emin, int64_t zero_exp, int64_t algo, int64_t ftz, int64_t a_man, int64_t a_emax,
+                        int64_t b_man, int64_t b_emax, bool kernels) {
   TORCH_CHECK(a.dim() >= 2 && b.dim() >= 2 && a.size(-1) == b.size(-2), "cpd: fused_dot_matmul shapes ", a.sizes(),
               " and ", b.sizes(), " do not match");
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
@@ -348,10 +350,45 @@ at::Tensor fused_dot_op_cpu(const at::Tensor& a, const at::Tensor& b, const at::
     sa3 = as3(sa, M, nb);
     sb3 = as3(sb, nb, N);
   }
-  at::Tensor y = fused_dot_matmul(as3(a, M, K), as3(b, K, N), sa3, sb3, block, s_emin, group, frac, out, a_emin,
-                                  b_emin, zero_exp, algo, ftz, a_man, a_emax, b_man, b_emax, 0);
+  const at::Tensor a3 = as3(a, M, K), b3 = as3(b, K, N);
+  at::Tensor y;
+  if (kernels) {  // the CUDA kernels (cuda/kernels/fused_dot.cu) on the GPU, or through the host shim
+    TORCH_CHECK(a3.scalar_type() == at::kFloat && b3.scalar_type() == at::kFloat && a3.device() == b3.device(),
+                "cpd: fused_dot_matmul wants float32 a and b on one device");
+    TORCH_CHECK(!sa.numel() || (block >= 1 && s_emin >= -127 && s_emin <= 0 && sa3.scalar_type() == at::kFloat &&
+                                sb3.scalar_type() == at::kFloat && sa3.size(2) == (K + block - 1) / block),
+                "cpd: fused_dot block scales want block >= 1, s_emin in -127..0, float32 sa (..., M, ceil(K/block)) "
+                "and sb (..., ceil(K/block), N)");
+    spec_of(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz);  // the range checks
+    y = at::empty({B, M, N}, a3.options());
+    const cpd_launch::FdParams p{int(group), int(frac), int(out), int(a_emin), int(b_emin), int(zero_exp), int(algo),
+                                 int(ftz),   int(a_man), int(b_man)};
+    cpd_launch::fused_dot(a3, b3, sa3, sb3, y, block, s_emin, p);
+  } else {
+    y = fused_dot_matmul(a3, b3, sa3, sb3, block, s_emin, group, frac, out, a_emin, b_emin, zero_exp, algo, ftz, a_man,
+                         a_emax, b_man, b_emax, 0);
+  }
   batch.insert(batch.end(), {M, N});
   return y.view(batch);
+}
+
+// The CPU kernel: the loops, or under cpd._shim.on_host (ops.cpp set_cpu_kernels) the CUDA
+// kernels through the host shim, marshalled as on a GPU.
+at::Tensor fused_dot_op_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
+                            int64_t block, int64_t s_emin, int64_t group, int64_t frac, int64_t out, int64_t a_emin,
+                            int64_t b_emin, int64_t zero_exp, int64_t algo, int64_t ftz, int64_t a_man, int64_t a_emax,
+                            int64_t b_man, int64_t b_emax) {
+  return fused_dot_op(a, b, sa, sb, block, s_emin, group, frac, out, a_emin, b_emin, zero_exp, algo, ftz, a_man,
+                      a_emax, b_man, b_emax, cpd_launch::host_kernels());
+}
+
+// The CUDA kernel: cuda/kernels/fused_dot.cu launched from C++ (cpd_launch::fused_dot).
+at::Tensor fused_dot_op_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
+                             int64_t block, int64_t s_emin, int64_t group, int64_t frac, int64_t out, int64_t a_emin,
+                             int64_t b_emin, int64_t zero_exp, int64_t algo, int64_t ftz, int64_t a_man,
+                             int64_t a_emax, int64_t b_man, int64_t b_emax) {
+  return fused_dot_op(a, b, sa, sb, block, s_emin, group, frac, out, a_emin, b_emin, zero_exp, algo, ftz, a_man,
+                      a_emax, b_man, b_emax, true);
 }
 
 // The autograd kernel (every device): the op below autograd, then the straight-through node of
@@ -374,7 +411,8 @@ at::Tensor fused_dot_op_autograd(const at::Tensor& a, const at::Tensor& b, const
 }
 
 // Once; cpd/_tensor_core_op.py first destroys its Python CPU and autograd registrations. Never
-// destroyed (the dispatcher may be gone at exit).
+// destroyed (the dispatcher may be gone at exit). install_fused_dot_cuda: the CUDA kernel, once
+// (cpd/_tensor_core_op.py first destroys its Python CUDA registration).
 void install_fused_dot() {
   static torch::Library* cpu = nullptr;
   static torch::Library* autograd = nullptr;
@@ -385,10 +423,18 @@ void install_fused_dot() {
   autograd->impl("fused_dot_matmul", TORCH_FN(fused_dot_op_autograd));
 }
 
+void install_fused_dot_cuda() {
+  static torch::Library* cuda = nullptr;
+  if (cuda) return;
+  cuda = new torch::Library(torch::Library::IMPL, "cpd", c10::DispatchKey::CUDA, __FILE__, __LINE__);
+  cuda->impl("fused_dot_matmul", TORCH_FN(fused_dot_op_cuda));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(cpd_fused_dot, m) {
   m.def("matmul", &fused_dot_matmul);
   m.def("lanes", &fused_dot_lanes);
   m.def("install", &install_fused_dot);
+  m.def("install_cuda", &install_fused_dot_cuda);
 }

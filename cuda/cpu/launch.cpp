@@ -19,6 +19,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -26,6 +27,7 @@
 
 #include "cpd/numerics.h"
 #include "cpd/gemm.h"
+#include "cpd/fused_dot_tiled.h"
 
 namespace cpd_launch {
 namespace {
@@ -85,8 +87,14 @@ struct Driver {
   CUresult (*launch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
                      void**) = nullptr;
   CUresult (*error_name)(CUresult, const char**) = nullptr;
+  CUresult (*func_attribute)(void*, int, int) = nullptr;  // cuFuncSetAttribute
 };
 constexpr int kAttrMultiprocessors = 16;  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+constexpr int kAttrCapabilityMajor = 75;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+constexpr int kAttrCapabilityMinor = 76;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+constexpr int kAttrSmemOptin = 97;        // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+constexpr int kFuncMaxDynamicSmem = 8;    // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+constexpr unsigned kSmemDefault = 48 << 10;  // dynamic shared memory a kernel gets without opting in
 
 template <typename F>
 void bind(void* lib, F& f, const char* name) {
@@ -109,6 +117,7 @@ const Driver& driver() {
     bind(lib, r.function, "cuModuleGetFunction");
     bind(lib, r.launch, "cuLaunchKernel");
     bind(lib, r.error_name, "cuGetErrorName");
+    bind(lib, r.func_attribute, "cuFuncSetAttribute");
     return r;
   }();
   return d;
@@ -125,12 +134,14 @@ void check(CUresult rc, const char* what, const std::string& detail = "") {
 struct DeviceState {
   void* context = nullptr;
   Geometry geometry;
+  int sms = 0, major = 0, minor = 0, smem_optin = 0;  // multiprocessors, compute capability, opt-in smem per block
 };
 
 std::mutex g_mutex;
 std::unordered_map<int, DeviceState> g_devices;
 std::unordered_map<std::string, void*> g_modules;    // "<device>/<file>" -> CUmodule
 std::unordered_map<std::string, void*> g_functions;  // "<device>/<file>/<name>" -> CUfunction
+std::unordered_map<void*, unsigned> g_smem_allowed;   // CUfunction -> dynamic smem allowed so far (> 48 KiB)
 pybind11::object* g_image = nullptr;                 // Python: image(file, device) -> bytes
 pybind11::object* g_shim = nullptr;                  // Python: shim(file) -> address of cpd_shim_launch
 Geometry g_host;                                     // the shim's launches
@@ -143,13 +154,16 @@ const DeviceState& device_state(int idx) {
   }
   const Driver& d = driver();
   check(d.init(0), "cuInit");
-  int dev = 0, sms = 0;
+  int dev = 0;
   check(d.device_get(&dev, idx), "cuDeviceGet", std::to_string(idx));
   DeviceState s;
   check(d.primary_retain(&s.context, dev), "cuDevicePrimaryCtxRetain", std::to_string(idx));
-  check(d.attribute(&sms, kAttrMultiprocessors, dev), "cuDeviceGetAttribute");
+  check(d.attribute(&s.sms, kAttrMultiprocessors, dev), "cuDeviceGetAttribute");
+  check(d.attribute(&s.major, kAttrCapabilityMajor, dev), "cuDeviceGetAttribute");
+  check(d.attribute(&s.minor, kAttrCapabilityMinor, dev), "cuDeviceGetAttribute");
+  check(d.attribute(&s.smem_optin, kAttrSmemOptin, dev), "cuDeviceGetAttribute");
   s.geometry.threads = kMaxThreads;
-  s.geometry.max_blocks = int64_t(sms) * 32;  // cpd/_cuda.py geometry: up to 32 blocks per SM
+  s.geometry.max_blocks = int64_t(s.sms) * 32;  // cpd/_cuda.py geometry: up to 32 blocks per SM
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_devices.emplace(idx, s).first->second;  // a racing thread's entry is kept (retained twice: harmless)
 }
@@ -222,8 +236,11 @@ const Geometry& geometry_of(const at::Tensor& t) {
   return g_host;
 }
 
-// Run one launch on the device of `t`.
-void run(const at::Tensor& t, const char* file, const char* name, unsigned blocks, unsigned threads, Args& args) {
+// Run one launch on the device of `t`, with `smem` bytes of dynamic shared memory (a kernel is
+// allowed more than 48 KiB once per function, by cuFuncSetAttribute; the shim gives every
+// launch cpd/launch.h's DYNAMIC_SMEM_MAX).
+void run(const at::Tensor& t, const char* file, const char* name, unsigned blocks, unsigned threads, Args& args,
+         unsigned smem = 0) {
   if (t.is_cuda()) {
     const int idx = t.device().index();
     const DeviceState& s = device_state(idx);
@@ -231,12 +248,22 @@ void run(const at::Tensor& t, const char* file, const char* name, unsigned block
     const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device());
     const Driver& d = driver();
     check(d.push(s.context), "cuCtxPushCurrent");
-    const CUresult rc = d.launch(f, blocks, 1, 1, threads, 1, 1, 0, stream.native_handle(), args.ptr, nullptr);
+    CUresult rc = 0;
+    if (smem > kSmemDefault) {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      unsigned& allowed = g_smem_allowed[f];
+      if (allowed < smem) {
+        rc = d.func_attribute(f, kFuncMaxDynamicSmem, int(smem));
+        if (rc == 0) allowed = smem;
+      }
+    }
+    if (rc == 0) rc = d.launch(f, blocks, 1, 1, threads, 1, 1, smem, stream.native_handle(), args.ptr, nullptr);
     void* popped = nullptr;
     d.pop(&popped);
     if (rc != 0)
       check(rc, "launch of", std::string(name) + " (grid (" + std::to_string(blocks) + ", 1, 1), block (" +
-                                 std::to_string(threads) + ", 1, 1))");
+                                 std::to_string(threads) + ", 1, 1), " + std::to_string(smem) +
+                                 " bytes of shared memory)");
     return;
   }
   char err[512] = {0};
@@ -496,6 +523,111 @@ void wire_decode(const at::Tensor& data, const at::Tensor& segs, const at::Tenso
   a.add<int>(bits).add<int>(raw32).add<float>(inv);
   run(out, "hop.cu", "cpd_wire_decode", wire_blocks(w.total), kWireThreads, a);
 }
+
+// ---------------------------------------------------------------------------- the fused dot (fused_dot.cu)
+namespace {
+constexpr int kFdThreads = 256;  // fused_dot.cu CPD_FD_THREADS: the per-output kernel and the tiled ones
+constexpr int kFdTile = 64;      // the tiled kernels' output tile side
+// The tiled kernels' shapes (fused_dot.cu FdShape, CPD_FD_TILED_SHAPES; cpd/_tensor_core_op.py
+// TILE_SHAPES): suffix, stages, groups per K slice.
+struct FdShape {
+  const char* suffix;
+  int stages, groups;
+};
+constexpr FdShape kFdShapes[] = {{"s1", 1, 1}, {"s2", 2, 1}, {"s2g2", 2, 2}};
+int g_fd_host_shape = 0;  // the shim's tile shape (an index of kFdShapes; guarded by g_mutex)
+
+int fd_shape_index(const std::string& shape) {
+  for (int i = 0; i < 3; ++i)
+    if (shape == kFdShapes[i].suffix) return i;
+  TORCH_CHECK(false, "cpd: shape=", shape, "; allowed s1, s2, s2g2");
+}
+
+// fused_dot.cu FdShape<L, S, G>::BYTES (_tensor_core_op.tile_smem).
+unsigned fd_tile_smem(int group, const FdShape& sh) {
+  const int ks = group * sh.groups;
+  return unsigned(4 * ks + 4 * sh.groups + (sh.stages > 1 ? 2 * sh.stages * ks : 0)) * 64 * 4;
+}
+
+// _tensor_core_op.tile_shape: two stages where cp.async exists (sm_80+), two groups per slice
+// where they fit in the opt-in shared memory, else one; one stage before sm_80.
+int fd_tile_shape(int major, int smem_optin, int group) {
+  if (major < 8) return 0;
+  if (fd_tile_smem(group, kFdShapes[2]) <= unsigned(smem_optin)) return 2;
+  if (fd_tile_smem(group, kFdShapes[1]) <= unsigned(smem_optin)) return 1;
+  return 0;
+}
+
+// The tiled family (name without the shape suffix) by fused_dot_tiled.h's own predicates, or "".
+std::string fd_tiled_family(const FdParams& p, bool scaled) {
+  const cpd::FusedDotSpec s = cpd::make_fused_dot_spec(p.group, p.frac, p.out, p.a_emin, p.b_emin, p.zero_exp,
+                                                       p.algo, p.ftz);
+  if (!cpd::fd_tiled_applies(s, p.a_man, p.b_man, scaled ? 1 : 0)) return "";
+  return "cpd_fused_dot_tiled_l" + std::to_string(p.group) + (cpd::fd_tiled_wide(s) ? "w" : "");
+}
+}  // namespace
+
+std::string fused_dot_kernel(const FdParams& p, bool scaled, const std::string& shape) {
+  const std::string family = fd_tiled_family(p, scaled);
+  return family.empty() ? "cpd_fused_dot_matmul" : family + "_" + kFdShapes[fd_shape_index(shape)].suffix;
+}
+
+std::string fused_dot_tile_shape(int64_t major, int64_t smem_optin, int64_t group) {
+  return kFdShapes[fd_tile_shape(int(major), int(smem_optin), int(group))].suffix;
+}
+
+void set_fused_dot_host_shape(const std::string& shape) {
+  const int i = fd_shape_index(shape);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_fd_host_shape = i;
+}
+
+void fused_dot(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
+               const at::Tensor& y, int64_t block, int64_t s_emin, const FdParams& p) {
+  const int64_t B = a.size(0), M = a.size(1), K = a.size(2), N = b.size(2);
+  if (y.numel() == 0) return;
+  const bool scaled = sa.numel() > 0;
+  const Geometry& g = geometry_of(a);
+  const std::string family = fd_tiled_family(p, scaled);
+  if (!family.empty()) {
+    int shape;
+    int64_t most = g.max_blocks;  // the shim's (<= 0: none)
+    if (a.is_cuda()) {
+      const DeviceState& d = device_state(a.device().index());
+      shape = fd_tile_shape(d.major, d.smem_optin, p.group);
+      most = int64_t(d.sms) * 8;  // _tensor_core_op._cuda_matmul: up to 8 tiled blocks per SM
+    } else {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      shape = g_fd_host_shape;
+    }
+    const FdShape& sh = kFdShapes[shape];
+    int64_t tiles = B * ((M + kFdTile - 1) / kFdTile) * ((N + kFdTile - 1) / kFdTile);
+    if (most > 0 && tiles > most) tiles = most;
+    TORCH_CHECK(tiles <= 0x7fffffff, "cpd: a launch of ", tiles, " blocks");
+    const std::string name = family + "_" + sh.suffix;
+    Args x;
+    x.tensor(a).tensor(b).tensor(y).add<long long>(B).add<long long>(M).add<long long>(K).add<long long>(N);
+    x.add<int>(p.group).add<int>(p.frac).add<int>(p.out).add<int>(p.a_emin).add<int>(p.b_emin).add<int>(p.zero_exp);
+    x.add<int>(p.algo).add<int>(p.ftz).add<int>(p.a_man).add<int>(p.b_man);
+    run(a, "fused_dot.cu", name.c_str(), unsigned(std::max<int64_t>(tiles, 1)), kFdThreads, x,
+        fd_tile_smem(p.group, sh));
+    return;
+  }
+  Args x;  // the per-output kernel: one thread per output, grid-stride
+  x.tensor(a).tensor(b).tensor(y).add<const void*>(scaled ? sa.data_ptr() : nullptr);
+  x.add<const void*>(scaled ? sb.data_ptr() : nullptr).add<long long>(B).add<long long>(M).add<long long>(K);
+  x.add<long long>(N).add<long long>(scaled ? sa.size(-1) : 0).add<int>(int(block)).add<int>(int(s_emin));
+  x.add<int>(p.group).add<int>(p.frac).add<int>(p.out).add<int>(p.a_emin).add<int>(p.b_emin).add<int>(p.zero_exp);
+  x.add<int>(p.algo).add<int>(p.ftz);
+  run(a, "fused_dot.cu", "cpd_fused_dot_matmul", g.blocks(y.numel(), kFdThreads), kFdThreads, x);
+}
+
+namespace {
+std::atomic<bool> g_host_kernels{false};
+}  // namespace
+
+void set_host_kernels(bool on) { g_host_kernels.store(on); }
+bool host_kernels() { return g_host_kernels.load(std::memory_order_relaxed); }
 
 void set_sources(pybind11::object image, pybind11::object shim) {
   // Never destroyed: the interpreter may be gone when static destructors run.

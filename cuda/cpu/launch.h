@@ -69,6 +69,28 @@ void wire_decode(const at::Tensor& data, const at::Tensor& segs, const at::Tenso
 // cpd/_kernels.py matmul_family).
 std::string matmul_kernel(bool has_mul, const F5& mul, const F5& acc, bool kahan, int block, int mode, bool saturate);
 
+// The fused dot of cuda/kernels/fused_dot.cu (cpd::fused_dot_matmul): the spec's parameters
+// (cpd/fused_dot.h make_fused_dot_spec) and the input formats' mantissa bits.
+struct FdParams {
+  int group = 16, frac = 0, out = 0, a_emin = -126, b_emin = -126, zero_exp = 0, algo = 0, ftz = 0;
+  int a_man = 0, b_man = 0;
+};
+// y (B, M, N) = a (B, M, K) @ b (B, K, N), all contiguous float32 (block scales sa (B, M, nb), sb
+// (B, nb, N), or empty): the tiled kernel where cpd/fused_dot_tiled.h's fd_tiled_applies takes
+// the spec (in the device's tile shape: fused_dot_tile_shape; on the shim the one set by
+// set_fused_dot_host_shape, s1 by default), else the per-output kernel.
+void fused_dot(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
+               const at::Tensor& y, int64_t block, int64_t s_emin, const FdParams& p);
+// For the tests: the kernel fused_dot() launches in tile shape `shape`, the shape a GPU of compute
+// capability `major` with `smem_optin` bytes per block gets, and the shim's shape.
+std::string fused_dot_kernel(const FdParams& p, bool scaled, const std::string& shape);
+std::string fused_dot_tile_shape(int64_t major, int64_t smem_optin, int64_t group);
+void set_fused_dot_host_shape(const std::string& shape);
+// Whether CPU tensors get the CUDA kernels through the host shim (ops.cpp set_cpu_kernels: under
+// cpd._shim.on_host); the fused dot's CPU kernel reads it.
+void set_host_kernels(bool on);
+bool host_kernels();
+
 // Python hands over, once: image(kernel_file, device_index) -> bytes (cpd._cuda.image_for: the
 // NVRTC cubin/PTX for the device, compiled and cached on disk), and shim(kernel_file) -> int (the
 // address of the host shim library's cpd_shim_launch, cpd._shim.entry).

@@ -398,6 +398,7 @@ void set_cpu_kernels(int64_t kind) {
   g_mx_cpu = kind == LOOPS ? cpd_mx_ops::loops(c10::DispatchKey::CPU)
            : kind == HOST_KERNELS ? cpd_mx_ops::kernels(c10::DispatchKey::CPU) : nullptr;
   g_cpu_kind = kind;
+  cpd_launch::set_host_kernels(kind == HOST_KERNELS);  // the fused dot's CPU kernel (fused_dot.cpp) reads it
 }
 
 // The CPU (loops) and autograd kernels of the core ops and cpd.mx's (once; the schemas must be
@@ -452,6 +453,15 @@ void bind(pybind11::module_& m) {
     cpd_launch::wire_decode(data, segs, out, f5_of(f), bits, raw32, static_cast<float>(inv));
   });
   m.def("set_host_geometry", &cpd_launch::set_host_geometry);
+  // the fused dot's launch (for the tests): the kernel for a spec [group, frac, out, a_emin, b_emin,
+  // zero_exp, algo, ftz, a_man, b_man] in a tile shape, a GPU's shape, the shim's shape
+  m.def("fused_dot_kernel", [](std::vector<int> p, bool scaled, const std::string& shape) {
+    TORCH_CHECK(p.size() == 10, "cpd: fused_dot_kernel takes 10 spec values, got ", p.size());
+    return cpd_launch::fused_dot_kernel({p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]}, scaled, shape);
+  });
+  m.def("fused_dot_tile_shape", &cpd_launch::fused_dot_tile_shape);
+  m.def("set_fused_dot_host_shape", &cpd_launch::set_fused_dot_host_shape);
+  m.def("host_kernels", &cpd_launch::host_kernels);
   m.def("matmul_kernel", [](bool has_mul, std::vector<int> mul, std::vector<int> acc, bool kahan, int block, int mode,
                             bool saturate) {
     TORCH_CHECK(mul.size() == 5 && acc.size() == 5, "cpd: matmul_kernel takes two 5-int formats");

@@ -1,0 +1,149 @@
+"""cpd::fused_dot_matmul's CUDA launch from C++ (cuda/cpu/launch.cpp cpd_launch::fused_dot), run
+on CPU tensors through the host shim under cpd._shim.on_host: the parameter block and grid the GPU
+gets, marshalled in C++, give the CPU extension's loops' bits (themselves checked against exact
+oracles in test_tensor_core.py).
+
+Invariants defended (no GPU needed):
+* the kernel choice is cuda/include/cpd/fused_dot_tiled.h's own (fd_tiled_applies, fd_tiled_wide)
+  and agrees with cpd/_tensor_core_op.py's Python mirror (tiled_kernel) on every model, scaled or
+  not; the tile shape per architecture agrees with _tensor_core_op.tile_shape;
+* under on_host the op's C++ CPU kernel launches the CUDA kernels through the shim (host_kernels
+  on), and outside it the loops again; the bits equal the loops' for Hopper e4m3, Ada e4m3, fp16,
+  Blackwell e4m3 (tiled, in every tile shape the shim can be given), a block-scaled MX kind and
+  NVFP4 (the per-output kernel), AMD (per-output), broadcast batch dims, NaN/inf operands;
+* a bad tile shape is a clear error.
+Shapes are small: the shim runs GPU threads one after another on one core (run with -n 0).
+"""
+
+import pytest
+import torch
+
+import cpd
+from cpd import _cpu, _shim, _tensor_core_op
+from cpd.tensor_core import FusedDot, tensor_core, tensor_core_matmul
+
+pytestmark = [pytest.mark.skipif(not _shim.available(), reason="no host C++ compiler for the shim"),
+              pytest.mark.skipif(_cpu.extension() is None or not hasattr(_cpu.extension(), "fused_dot_kernel"),
+                                 reason="no CPU extension with the C++ launches")]
+
+SHAPES = list(_tensor_core_op.TILE_SHAPES)
+MODELS = [("hopper", "e4m3"), ("hopper", "e5m2"), ("hopper", "fp16"), ("hopper", "bf16"), ("hopper", "tf32"),
+          ("ada", "e4m3"), ("ampere", "fp16"), ("blackwell", "bf16"), ("blackwell", "e4m3"), ("blackwell", "e2m1"),
+          ("blackwell", "tf32"), ("cdna3", "fp8"), ("cdna2", "fp16"), ("cdna1", "bf16"), ("volta", "fp16")]
+
+
+@pytest.fixture(scope="module")
+def ext():
+    e = _cpu.extension()
+    cpd.cast(torch.zeros(4), cpd.E5M2)  # a public call installs the core's C++ kernels
+    acc = tensor_core("hopper", a="e4m3")
+    tensor_core_matmul(torch.zeros(2, 2), torch.zeros(2, 2), acc=acc)  # ... and the fused dot's
+    assert _tensor_core_op._installed
+    yield e
+    e.set_fused_dot_host_shape("s1")
+
+
+def fields(acc):
+    return (acc.a.man, acc.a.emax, acc.b.man, acc.b.emax)
+
+
+def spec(acc):
+    return [*acc.params, acc.a.man, acc.b.man]
+
+
+def same(x, y):
+    return x.shape == y.shape and torch.equal(x.view(torch.int32), y.view(torch.int32))
+
+
+@pytest.mark.parametrize("arch,ka", MODELS)
+def test_kernel_choice_is_the_headers_and_agrees_with_python(ext, arch, ka):
+    acc = tensor_core(arch, a=ka)
+    for scaled in (False, True):
+        family = _tensor_core_op.tiled_kernel(acc.params, fields(acc), scaled)
+        for shape in SHAPES:
+            want = "cpd_fused_dot_matmul" if family is None else f"{family}_{shape}"
+            assert ext.fused_dot_kernel(spec(acc), scaled, shape) == want, (arch, ka, scaled, shape)
+    for frac in (23, 25, 26, 27):  # F > 26 leaves the tiled kernels
+        custom = FusedDot(group=32, frac_bits=frac, out="f32", a="e5m10", b="e5m10")
+        family = _tensor_core_op.tiled_kernel(custom.params, fields(custom), False)
+        assert ext.fused_dot_kernel(spec(custom), False, "s2") == (
+            "cpd_fused_dot_matmul" if family is None else family + "_s2")
+
+
+def test_tile_shape_per_architecture_agrees_with_python(ext):
+    kib = 1024
+    for major in (7, 8, 9, 10, 12):
+        for optin in (48 * kib, 64 * kib, 96 * kib, 99 * kib, 163 * kib, 227 * kib):
+            for group in (16, 32):
+                assert ext.fused_dot_tile_shape(major, optin, group) == _tensor_core_op.tile_shape(
+                    (major, 0), optin, group), (major, optin, group)
+    with pytest.raises(RuntimeError, match="shape=s3; allowed s1, s2, s2g2"):
+        ext.set_fused_dot_host_shape("s3")
+    with pytest.raises(RuntimeError, match="shape"):
+        ext.fused_dot_kernel(spec(tensor_core("hopper", a="e4m3")), False, "")
+
+
+def run_both(a, b, acc):
+    want = tensor_core_matmul(a, b, acc=acc)
+    with _shim.on_host():
+        assert _cpu.extension().host_kernels()
+        got = tensor_core_matmul(a, b, acc=acc)
+    assert not _cpu.extension().host_kernels()
+    return want, got
+
+
+@pytest.mark.parametrize("arch,ka", [("hopper", "e4m3"), ("ada", "e4m3"), ("hopper", "fp16"), ("blackwell", "e4m3"),
+                                     ("cdna3", "fp8"), ("hopper", "tf32")])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_shim_launch_matches_the_loops(ext, arch, ka, shape):
+    """Ragged M, N, K (not multiples of the 64 x 64 tile nor K of the group), a broadcast batch dim,
+    an inf and a NaN operand."""
+    acc = tensor_core(arch, a=ka)
+    if shape != "s1" and _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) is None:
+        pytest.skip("the per-output kernel has no tile shape")
+    gen = torch.Generator().manual_seed(11)
+    a = torch.randn(2, 1, 67, 45, generator=gen) * 4
+    b = torch.randn(3, 45, 70, generator=gen)
+    a[0, 0, 1, 3] = float("inf")
+    b[1, 7, 2] = float("nan")
+    ext.set_fused_dot_host_shape(shape)
+    want, got = run_both(a, b, acc)
+    assert want.shape == (2, 3, 67, 70)
+    assert same(got, want), (arch, ka, shape)
+
+
+@pytest.mark.parametrize("ka", ["mxfp8_e4m3", "nvfp4"])
+def test_block_scaled_kinds_on_the_per_output_kernel(ext, ka):
+    acc = tensor_core("blackwell", a=ka)
+    assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), True) is None
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(2, 9, 70, generator=gen) * 4
+    b = torch.randn(70, 11, generator=gen)
+    want, got = run_both(a, b, acc)
+    assert same(got, want), ka
+
+
+def test_direct_op_with_scales_and_broadcast(ext):
+    """torch.ops.cpd.fused_dot_matmul with block scales broadcast over a batch dim, straight to the op."""
+    acc = tensor_core("blackwell", a="mxfp8_e4m3")
+    gen = torch.Generator().manual_seed(4)
+    K, block = 64, 32
+    a = cpd.cast(torch.randn(3, 5, K, generator=gen), cpd.E4M3)
+    b = cpd.cast(torch.randn(K, 6, generator=gen), cpd.E4M3)
+    sa = torch.exp2(torch.randint(-3, 4, (3, 5, K // block), generator=gen).float())
+    sb = torch.exp2(torch.randint(-3, 4, (K // block, 6), generator=gen).float())
+    args = (block, -127, *acc.params, *fields(acc))
+    want = torch.ops.cpd.fused_dot_matmul(a, b, sa, sb, *args)
+    with _shim.on_host():
+        got = torch.ops.cpd.fused_dot_matmul(a, b, sa, sb, *args)
+    assert got.shape == (3, 5, 6) and same(got, want)
+
+
+def test_bad_block_scales_are_clear_errors(ext):
+    acc = tensor_core("blackwell", a="mxfp8_e4m3")
+    a, b = torch.ones(2, 64), torch.ones(64, 3)
+    sa, sb = torch.ones(2, 2), torch.ones(2, 3)
+    with _shim.on_host():
+        for block, s_emin in ((0, -127), (32, 1), (16, -127)):
+            with pytest.raises(RuntimeError, match="block scales want block >= 1"):
+                torch.ops.cpd.fused_dot_matmul(a, b, sa, sb, block, s_emin, *acc.params, *fields(acc))
