@@ -80,21 +80,48 @@ void sr_tile(const float* __restrict arow, const float* __restrict b, int64_t ld
 }
 
 // ------------------------------------------------------------------------------------------
-// Float32 lanes. The roundings of a step, each a pass over the tile's lanes into an array other
-// than its operands' (the redo reads them), then the flagged lanes redone:
-//   out[i] = add_bits(x[i], NEG ? -y[i] : y[i]) with word wd[i]
-template <bool NEG>
-inline void sr32_add(float* __restrict out, const float* __restrict x, const float* __restrict y,
-                     const uint32_t* __restrict wd, int64_t jt, const cpd::Format f, int srb) {
-  alignas(64) uint32_t redo[kLanes];
+// Float32 lanes. Each rounding of a step is a pass over the tile's lanes: hi = fl32(the exact
+// operation) into out, then out = cpd::sr_lane(hi) (region S's float work only when some lane is
+// below 2^emin), then the flagged lanes redone by the exact function on the same operands; out is
+// never an operand (the redo reads them). The format's conventions are the constants
+// sr_lane_applies implies (signed, a zero of each sign: plain_format.h), so that their selects
+// drop out of the loops.
+inline cpd::Format sr_lane_format(const cpd::Format& f) {
+  cpd::Format h = f;
+  h.is_signed = 1u;
+  h.uz = 0u;
+  h.no_zero = 0u;
+  return h;
+}
+
+// out[i] = sr_lane(out[i]) (out holds hi); returns whether any lane is flagged, flags in redo.
+template <int SUB>
+inline uint32_t sr32_round_v(float* __restrict out, uint32_t* __restrict redo, const uint32_t* __restrict wd,
+                             int64_t jt, const cpd::Format f, int srb) {
   uint32_t any = 0u;
   for (int64_t i = 0; i < jt; ++i) {
     uint32_t r;
-    out[i] = cpd::float_of(cpd::sr_lane(cpd::bits_of(cpd::fadd(x[i], NEG ? -y[i] : y[i])), f, wd[i], srb, r));
+    out[i] = cpd::float_of(cpd::sr_lane<SUB>(cpd::bits_of(out[i]), f, wd[i], srb, r));
     redo[i] = r;
     any |= r;
   }
-  if (any)
+  return any;
+}
+
+inline uint32_t sr32_round(float* __restrict out, uint32_t* __restrict redo, const uint32_t* __restrict wd,
+                           int64_t jt, const cpd::Format& f, int srb) {
+  uint32_t small = 0u;
+  for (int64_t i = 0; i < jt; ++i) small |= (uint32_t)((cpd::bits_of(out[i]) & ~cpd::SIGN) < f.min_normal_bits);
+  return small ? sr32_round_v<1>(out, redo, wd, jt, f, srb) : sr32_round_v<0>(out, redo, wd, jt, f, srb);
+}
+
+// out[i] = add_bits(x[i], NEG ? -y[i] : y[i]) with word wd[i]
+template <bool NEG>
+inline void sr32_add(float* __restrict out, const float* __restrict x, const float* __restrict y,
+                     const uint32_t* __restrict wd, int64_t jt, const cpd::Format& f, int srb) {
+  alignas(64) uint32_t redo[kLanes];
+  for (int64_t i = 0; i < jt; ++i) out[i] = cpd::fadd(x[i], NEG ? -y[i] : y[i]);
+  if (sr32_round(out, redo, wd, jt, f, srb))
     for (int64_t i = 0; i < jt; ++i)
       if (redo[i])
         out[i] = cpd::float_of(cpd::add_bits(cpd::bits_of(x[i]), cpd::bits_of(NEG ? -y[i] : y[i]), f,
@@ -103,16 +130,10 @@ inline void sr32_add(float* __restrict out, const float* __restrict x, const flo
 
 // p[i] = mul_bits(a, b[i]) (mf) with word wd[i]
 inline void sr32_mul(float* __restrict p, float av, const float* __restrict br, const uint32_t* __restrict wd,
-                     int64_t jt, const cpd::Format f, int srb) {
+                     int64_t jt, const cpd::Format& f, int srb) {
   alignas(64) uint32_t redo[kLanes];
-  uint32_t any = 0u;
-  for (int64_t i = 0; i < jt; ++i) {
-    uint32_t r;
-    p[i] = cpd::float_of(cpd::sr_lane(cpd::bits_of(cpd::fmul(av, br[i])), f, wd[i], srb, r));
-    redo[i] = r;
-    any |= r;
-  }
-  if (any)
+  for (int64_t i = 0; i < jt; ++i) p[i] = cpd::fmul(av, br[i]);
+  if (sr32_round(p, redo, wd, jt, f, srb))
     for (int64_t i = 0; i < jt; ++i)
       if (redo[i])
         p[i] = cpd::float_of(cpd::mul_bits(cpd::bits_of(av), cpd::bits_of(br[i]), f, cpd::STOCHASTIC, wd[i], srb));
@@ -121,16 +142,10 @@ inline void sr32_mul(float* __restrict p, float av, const float* __restrict br, 
 // out[i] = fma_bits(NEG ? -x[i] : x[i], a, b[i]) (the exact x + a * b rounded once) with word wd[i]
 template <bool NEG>
 inline void sr32_fma(float* __restrict out, const float* __restrict x, float av, const float* __restrict br,
-                     const uint32_t* __restrict wd, int64_t jt, const cpd::Format f, int srb) {
+                     const uint32_t* __restrict wd, int64_t jt, const cpd::Format& f, int srb) {
   alignas(64) uint32_t redo[kLanes];
-  uint32_t any = 0u;
-  for (int64_t i = 0; i < jt; ++i) {
-    uint32_t r;
-    out[i] = cpd::float_of(cpd::sr_lane(cpd::bits_of(cpd::ffma(av, br[i], NEG ? -x[i] : x[i])), f, wd[i], srb, r));
-    redo[i] = r;
-    any |= r;
-  }
-  if (any)
+  for (int64_t i = 0; i < jt; ++i) out[i] = cpd::ffma(av, br[i], NEG ? -x[i] : x[i]);
+  if (sr32_round(out, redo, wd, jt, f, srb))
     for (int64_t i = 0; i < jt; ++i)
       if (redo[i])
         out[i] = cpd::float_of(cpd::fma_bits(cpd::bits_of(NEG ? -x[i] : x[i]), cpd::bits_of(av), cpd::bits_of(br[i]),
@@ -153,7 +168,7 @@ inline void sr32_kahan_finish(float*& s, float* c, const float* y, float*& t, fl
 template <bool MUL, bool KAHAN, bool BLOCK>
 void sr32_tile(const float* __restrict arow, const float* __restrict b, int64_t ldb, float* __restrict out,
                const SrTile& d, const cpd::Format& mf0, const cpd::Format& af0, int srb) {
-  const cpd::Format mf = mf0, af = af0;
+  const cpd::Format mf = sr_lane_format(mf0), af = sr_lane_format(af0);
   alignas(64) float a0[kLanes], a1[kLanes], c[kLanes], a2[kLanes], p[kLanes], a3[kLanes], u[kLanes];
   alignas(64) uint32_t w[4][kLanes], w2[4][kLanes];
   for (int64_t i = 0; i < kLanes; ++i) a0[i] = a1[i] = c[i] = a2[i] = p[i] = a3[i] = u[i] = 0.0f;

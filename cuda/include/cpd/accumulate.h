@@ -337,21 +337,25 @@ CPD_FN int sr_lane_applies(const Format& f) {
 }
 
 // The stochastic cast of hi (float32 bits) to f with word rand, and in `redo` 1 where an exact
-// value v with hi = fl32(v) may round otherwise (see above).
+// value v with hi = fl32(v) may round otherwise (see above). SUB = 0 leaves region S out (as
+// cast_bits_fast_normal): for callers that checked |hi| >= 2^emin first, or redo the lanes below.
+template <int SUB>
 CPD_FN u32 sr_lane(u32 hi, const Format& f, u32 rand, int sr_bits, u32& redo) {
   u32 sign = hi & SIGN, a = hi ^ sign;
-  u32 small = (u32)(a < f.min_normal_bits);
-  u32 n_mag = round_normal_fast(a, sign, f, STOCHASTIC, rand, sr_bits);
-  u32 s_mag = round_sub_fast(a, sign, f, STOCHASTIC, rand, sr_bits);
-  // F_hi: region N's dropped bits at the top of a word; region S's frac as round_sub_fast forms it
-  float ax = float_of(a), v = fsub(fadd(ax, f.sub_c), f.sub_c);
-  u32 tz = sel((u32)(v > ax), bits_of(fsub(v, f.sub_q)), bits_of(v));
-  u32 rem = sel(small, bits_of(fsub(ax, float_of(tz))), 0u);
-  u32 fs = (u32)fmul(fmul(float_of(rem), f.sr_scale1), f.sr_scale2);
-  u32 x = sel(small, fs, a << f.sr_shift) + (rand & (~0u << (32 - sr_bits)));
+  u32 mag = round_normal_fast(a, sign, f, STOCHASTIC, rand, sr_bits);
+  u32 frac = a << f.sr_shift;  // F_hi: region N's dropped bits at the top of a word
+  if (SUB) {                   // region S: round_sub_fast, and its frac as that function forms it
+    u32 small = (u32)(a < f.min_normal_bits);
+    mag = sel(small, round_sub_fast(a, sign, f, STOCHASTIC, rand, sr_bits), mag);
+    float ax = float_of(a), v = fsub(fadd(ax, f.sub_c), f.sub_c);
+    u32 tz = sel((u32)(v > ax), bits_of(fsub(v, f.sub_q)), bits_of(v));
+    u32 rem = sel(small, bits_of(fsub(ax, float_of(tz))), 0u);
+    frac = sel(small, (u32)fmul(fmul(float_of(rem), f.sr_scale1), f.sr_scale2), frac);
+  }
+  u32 x = frac + (rand & (~0u << (32 - sr_bits)));
   u32 w = 2u << f.sr_shift;
   redo = (u32)(x + w < w + w) | (u32)(a >= f.max_bits);
-  return finish_cast(hi, a, sign, sel(small, s_mag, n_mag), f, STOCHASTIC, 1);
+  return finish_cast(hi, a, sign, mag, f, STOCHASTIC, 1);
 }
 
 }  // namespace cpd
