@@ -108,11 +108,14 @@ inline uint32_t sr32_round_v(float* __restrict out, uint32_t* __restrict redo, c
   return any;
 }
 
+// small: whether some lane of out is below 2^emin (region S)
 inline uint32_t sr32_round(float* __restrict out, uint32_t* __restrict redo, const uint32_t* __restrict wd,
-                           int64_t jt, const cpd::Format& f, int srb) {
-  uint32_t small = 0u;
-  for (int64_t i = 0; i < jt; ++i) small |= (uint32_t)((cpd::bits_of(out[i]) & ~cpd::SIGN) < f.min_normal_bits);
+                           int64_t jt, const cpd::Format& f, int srb, uint32_t small) {
   return small ? sr32_round_v<1>(out, redo, wd, jt, f, srb) : sr32_round_v<0>(out, redo, wd, jt, f, srb);
+}
+
+inline uint32_t below_emin(float h, const cpd::Format& f) {
+  return (uint32_t)((cpd::bits_of(h) & ~cpd::SIGN) < f.min_normal_bits);
 }
 
 // out[i] = add_bits(x[i], NEG ? -y[i] : y[i]) with word wd[i]
@@ -120,8 +123,12 @@ template <bool NEG>
 inline void sr32_add(float* __restrict out, const float* __restrict x, const float* __restrict y,
                      const uint32_t* __restrict wd, int64_t jt, const cpd::Format& f, int srb) {
   alignas(64) uint32_t redo[kLanes];
-  for (int64_t i = 0; i < jt; ++i) out[i] = cpd::fadd(x[i], NEG ? -y[i] : y[i]);
-  if (sr32_round(out, redo, wd, jt, f, srb))
+  uint32_t small = 0u;
+  for (int64_t i = 0; i < jt; ++i) {
+    out[i] = cpd::fadd(x[i], NEG ? -y[i] : y[i]);
+    small |= below_emin(out[i], f);
+  }
+  if (sr32_round(out, redo, wd, jt, f, srb, small))
     for (int64_t i = 0; i < jt; ++i)
       if (redo[i])
         out[i] = cpd::float_of(cpd::add_bits(cpd::bits_of(x[i]), cpd::bits_of(NEG ? -y[i] : y[i]), f,
@@ -132,8 +139,12 @@ inline void sr32_add(float* __restrict out, const float* __restrict x, const flo
 inline void sr32_mul(float* __restrict p, float av, const float* __restrict br, const uint32_t* __restrict wd,
                      int64_t jt, const cpd::Format& f, int srb) {
   alignas(64) uint32_t redo[kLanes];
-  for (int64_t i = 0; i < jt; ++i) p[i] = cpd::fmul(av, br[i]);
-  if (sr32_round(p, redo, wd, jt, f, srb))
+  uint32_t small = 0u;
+  for (int64_t i = 0; i < jt; ++i) {
+    p[i] = cpd::fmul(av, br[i]);
+    small |= below_emin(p[i], f);
+  }
+  if (sr32_round(p, redo, wd, jt, f, srb, small))
     for (int64_t i = 0; i < jt; ++i)
       if (redo[i])
         p[i] = cpd::float_of(cpd::mul_bits(cpd::bits_of(av), cpd::bits_of(br[i]), f, cpd::STOCHASTIC, wd[i], srb));
@@ -144,8 +155,12 @@ template <bool NEG>
 inline void sr32_fma(float* __restrict out, const float* __restrict x, float av, const float* __restrict br,
                      const uint32_t* __restrict wd, int64_t jt, const cpd::Format& f, int srb) {
   alignas(64) uint32_t redo[kLanes];
-  for (int64_t i = 0; i < jt; ++i) out[i] = cpd::ffma(av, br[i], NEG ? -x[i] : x[i]);
-  if (sr32_round(out, redo, wd, jt, f, srb))
+  uint32_t small = 0u;
+  for (int64_t i = 0; i < jt; ++i) {
+    out[i] = cpd::ffma(av, br[i], NEG ? -x[i] : x[i]);
+    small |= below_emin(out[i], f);
+  }
+  if (sr32_round(out, redo, wd, jt, f, srb, small))
     for (int64_t i = 0; i < jt; ++i)
       if (redo[i])
         out[i] = cpd::float_of(cpd::fma_bits(cpd::bits_of(NEG ? -x[i] : x[i]), cpd::bits_of(av), cpd::bits_of(br[i]),

@@ -336,8 +336,9 @@ CPD_FN int sr_lane_applies(const Format& f) {
   return (int)(f.fast && f.man <= 10 && plain_convention(f));
 }
 
-// The stochastic cast of hi (float32 bits) to f with word rand, and in `redo` 1 where an exact
-// value v with hi = fl32(v) may round otherwise (see above). SUB = 0 leaves region S out (as
+// For f with sr_lane_applies: the stochastic cast of hi (float32 bits) to f with word rand, and in
+// `redo` 1 where an exact value v with hi = fl32(v) may round otherwise (see above; the result is
+// garbage there). SUB = 0 leaves region S out (as
 // cast_bits_fast_normal): for callers that checked |hi| >= 2^emin first, or redo the lanes below.
 template <int SUB>
 CPD_FN u32 sr_lane(u32 hi, const Format& f, u32 rand, int sr_bits, u32& redo) {
@@ -355,7 +356,9 @@ CPD_FN u32 sr_lane(u32 hi, const Format& f, u32 rand, int sr_bits, u32& redo) {
   u32 x = frac + (rand & (~0u << (32 - sr_bits)));
   u32 w = 2u << f.sr_shift;
   redo = (u32)(x + w < w + w) | (u32)(a >= f.max_bits);
-  return finish_cast(hi, a, sign, mag, f, STOCHASTIC, 1);
+  // finish_cast where no redo is due: a < max_bits, so no NaN, inf or overflow (steps 1, 2, 3a);
+  // the flush (3b); and the plain convention's sign (4)
+  return sign | sel((u32)(f.subnormals == 0) & (u32)(mag < f.min_normal_bits), 0u, mag);
 }
 
 }  // namespace cpd
