@@ -291,7 +291,6 @@ CPD_FN void kahan_d_sr(double& s, double& c, double p, const FormatD& g, const u
   kahan_step(s, c, p, [&g, w](double x, double y, int j) { return add_d_sr(x, y, g, w[j]); });
 }
 
-
 // ------------------------------------------------------------------------------------------
 // Stochastic rounding on float32 lanes (the CPU matmul, cuda/cpu/matmul_sr.h), for a format f
 // with sr_lane_applies(f): the fast cast (f.fast: emin >= -126, so every quantum of f is at least
@@ -311,8 +310,8 @@ CPD_FN void kahan_d_sr(double& s, double& c, double p, const FormatD& g, const u
 //   float32 value hi the cast applies the same rule: F_hi = (a & qmask) << sr_shift in region N
 //   (a = |hi|'s bits >= 2^emin), round_sub_fast's frac below (both floor(F_hi') for hi's exact
 //   fraction F_hi', truncated below 2^-32 of a quantum).
-//   hi and v have the same sign (or hi = ±0 for v = ±0 exactly, with IEEE 754's sign of an exact
-//   zero sum, which is zero_sum_sign's to nearest and in stochastic rounding), and
+//   hi and v have the same sign (hi = ±0 for a tiny v keeps v's; for v = 0 exactly hi has IEEE
+//   754's sign of an exact zero sum, which is zero_sum_sign's to nearest and stochastic), and
 //   |v - hi| <= ulp32(hi) / 2 (|v - hi| <= 2^-150 below 2^-126). In units of 2^-32 quanta of U
 //   that is e' <= 2^(man + 8) = 2^(sr_shift - 1): 2^(E - 24) / 2^(E - man) * 2^32 in region N;
 //   smaller below 2^emin, where U = 2^(emin - man) is fixed and ulp32 <= 2^(emin - 24), also on
@@ -329,8 +328,9 @@ CPD_FN void kahan_d_sr(double& s, double& c, double p, const FormatD& g, const u
 //   So SR(v) = SR(hi) unless X is within W = 2^(sr_shift + 1) of 0 mod 2^32 (twice the bound, and
 //   then some): redo iff (X + W) mod 2^32 < 2 W, about 2^(man - 20) of the lanes for sr_bits = 32.
 //   Also redone: |hi| >= max (a >= f.max_bits: overflow and saturation, inf, NaN, whose payloads
-//   and signs are the exact functions' own). Below max both SR(hi) and SR(v) are at most max
-//   (max is on the grid: r U < max gives (r + 1) U <= max), so no overflow rule is left to apply.
+//   and signs are the exact functions' own). Below max, |v| < max too (max is a float32 value:
+//   |v| >= max would give |hi| >= max), and both round to at most max (max is on the grid:
+//   r U < max gives (r + 1) U <= max), so no overflow rule is left to apply.
 // The lanes' float32 operations need float32 subnormals (no FTZ/DAZ), as the fast cast does.
 CPD_FN int sr_lane_applies(const Format& f) {
   return (int)(f.fast && f.man <= 10 && plain_convention(f));
@@ -338,8 +338,8 @@ CPD_FN int sr_lane_applies(const Format& f) {
 
 // For f with sr_lane_applies: the stochastic cast of hi (float32 bits) to f with word rand, and in
 // `redo` 1 where an exact value v with hi = fl32(v) may round otherwise (see above; the result is
-// garbage there). SUB = 0 leaves region S out (as
-// cast_bits_fast_normal): for callers that checked |hi| >= 2^emin first, or redo the lanes below.
+// garbage there). SUB = 0 leaves region S out (as cast_bits_fast_normal), for callers that checked
+// that |hi| >= 2^emin.
 template <int SUB>
 CPD_FN u32 sr_lane(u32 hi, const Format& f, u32 rand, int sr_bits, u32& redo) {
   u32 sign = hi & SIGN, a = hi ^ sign;
