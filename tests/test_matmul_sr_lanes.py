@@ -9,6 +9,7 @@ Invariants defended:
   for bit: every binade of inputs, subnormal sums, overflow with and without saturation, signed
   zeros, NaN and infinite operands, ragged shapes (K = 1, N not a multiple of the tile), several
   seeds and ``sr_bits`` (32, 23, 8, 1), plain, Kahan and blocked;
+* the same for any float32 operands (hypothesis);
 * lanes built to sit in the redo window (``cpd::sr_lane``: the exact value's decision differs from
   its float32 rounding's; a hair below a power of two; dropped part a hair above 0 or below it)
   give the exact oracle's result (tests/test_matmul.py ``ref_matmul``: exact rationals and the
@@ -20,6 +21,8 @@ from fractions import Fraction
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cpd
 from cpd import _cpu
@@ -123,6 +126,20 @@ def test_overflow_and_nan_payloads(mul, acc):
     for kw in (dict(), dict(saturate=True), dict(kahan=True), dict(kahan=True, block=7, saturate=True)):
         out = _agree(a, b, mul, acc, **kw)
         assert not kw.get("saturate") or out[~torch.isnan(out)].abs().max() <= float(acc.max)
+
+
+_F32 = st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True)
+
+
+@settings(max_examples=60)
+@given(st.sampled_from(ROUTED), st.lists(_F32, min_size=6, max_size=6), st.lists(_F32, min_size=6, max_size=6),
+       st.integers(-(2**63), 2**63 - 1), st.sampled_from([32, 23, 8, 1]), st.booleans(), st.sampled_from([0, 2]))
+def test_hypothesis_values(pair, av, bv, seed, sr_bits, kahan, block):
+    """Any float32 operands (every binade, subnormals, zeros, inf, NaN), a 2 x 3 by 3 x 2 product."""
+    mul, acc = pair
+    a = torch.tensor(av, dtype=torch.float32).reshape(1, 2, 3)
+    b = torch.tensor(bv, dtype=torch.float32).reshape(1, 3, 2)
+    _agree(a, b, mul, acc, kahan=kahan, block=block, seed=(seed, seed // 3), sr_bits=sr_bits)
 
 
 # ------------------------------------------------------------------------------------ the window
