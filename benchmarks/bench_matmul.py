@@ -5,8 +5,8 @@
 
 The first line names the CPU and the ISA level the extension was built for. Each line gives the
 loop cuda/cpu/matmul.cpp picks (plan_for): "h16" binary16 lanes (AVX512-FP16 adds, or float32
-lanes rounded by the F16C / FCVT conversion), "f32" float32 lanes, "f64" float64 lanes,
-"generic" one output at a time.
+lanes rounded by the F16C / FCVT conversion), "f32" float32 lanes, "f32 sr" stochastic float32
+lanes (matmul_sr.h), "f64" float64 lanes, "generic" one output at a time.
 
 Prints one line per (mul, acc, options): the best of ``repeat`` runs of cpd.matmul, the best of
 many runs of torch.mm (timed before and after, to be robust to a busy machine), and the ratio.
@@ -30,7 +30,7 @@ from cpd import _cpu
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: the shared table format
 from _figures import Table  # noqa: E402
 
-LANES = {0: "generic", 16: "h16", 32: "f32", 64: "f64"}
+LANES = {0: "generic", 16: "h16", 32: "f32", 33: "f32 sr", 64: "f64"}
 
 
 def lanes(kw) -> str:

@@ -69,6 +69,7 @@ PROBE = """#include <string_view>
 #include "matmul_f32.h"
 #include "matmul_h16.h"
 #include "matmul_fchain.h"
+#include "matmul_sr.h"
 #include "philox_simd.h"
 static_assert(std::string_view(cpd_cpu::isa_name()) == "%s", "vector ISA");
 static_assert(CPD_CPU_H16_CHAIN == %d, "the binary16 register chain: x86 (AVX2 + F16C or AVX-512F) only");
@@ -101,8 +102,8 @@ def test_vector_paths_chosen_for(machine, arch, cxx, isa, tmp_path):
 def _vector_sources():
     """The extension's sources with code per ISA (they include the vector headers or intrinsics);
     the others are the same code on every target and compile in the host's build."""
-    marks = ("philox_simd.h", "matmul_f32.h", "matmul_chain.h", "matmul_h16.h", "matmul_fchain.h", "immintrin.h",
-             "arm_neon.h", "__AVX", "__ARM_NEON")
+    marks = ("philox_simd.h", "matmul_f32.h", "matmul_sr.h", "matmul_chain.h", "matmul_h16.h", "matmul_fchain.h",
+             "immintrin.h", "arm_neon.h", "__AVX", "__ARM_NEON")
     return [p for p in sorted((ROOT / "cuda/cpu").glob("*.cpp")) if any(m in p.read_text() for m in marks)]
 
 

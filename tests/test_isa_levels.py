@@ -70,6 +70,7 @@ SELECTION = [
     "tests/test_matmul.py::test_thread_count_independent",
     "tests/test_matmul_guard.py::test_guarded_kahan_equals_generic_path",
     "tests/test_matmul_b32.py",
+    "tests/test_matmul_sr_lanes.py",
 ]
 LEVELS = [("x86-64-v2", "0"), ("x86-64-v3", "1"), ("x86-64-v4", "1")]  # (CPD_CPU_ARCH, CPD_CPU_OPENMP)
 ISA_OF = {"x86-64-v2": "sse4.2", "x86-64-v3": "avx2+fma", "x86-64-v4": "avx512"}

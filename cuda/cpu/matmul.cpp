@@ -19,8 +19,10 @@
 //     row (i, j0 .. j0 + kTile) keeps its accumulators as doubles in arrays; for each k the loop
 //     over j reads row k of b (contiguous) and applies round_d / add_d (branch-free, so GCC
 //     vectorizes it);
-//   * stochastic rounding with formats of man <= 19: the same tiles, round_d_sr / add_d_sr, the
-//     step's Philox words of all the tile's lanes at once (philox_simd.h, philox_strided);
+//   * stochastic rounding (matmul_sr.h): the same tiles, the step's Philox words of all the tile's
+//     lanes at once (philox_simd.h, philox_strided); float32 lanes for formats of at most 11 bits
+//     (cpd::sr_lane_applies: each rounding the stochastic cast of the float32 result, the few lanes
+//     near a decision's edge redone exactly), else float64 lanes for man <= 19 (round_d_sr);
 //   * any mode (directed rounding, wide formats, and the reference for the tests): one output
 //     at a time, dot_step on float32 bits, the step's random words from dot_words.
 // Work is split over (batch, row, tile) or over outputs with cpd_cpu::parallel_for; an output's
@@ -42,6 +44,7 @@
 #include "matmul_f32.h"
 #include "matmul_fchain.h"
 #include "matmul_h16.h"
+#include "matmul_sr.h"
 #include "matmul_tasks.h"
 #include "parallel.h"
 #include "philox_simd.h"
@@ -352,61 +355,35 @@ void h16_matmul(const float* a, const float* b, float* y, const Dims& d, const c
 bool h16_applies(bool, const cpd::Format&, const cpd::Format&, int) { return false; }
 #endif
 
-// Stochastic rounding on float64 carriers (formats with man <= 19, see round_d_sr): the same
-// loop as fast_tile; lane jj is output o0 + jj (o0 = the flat index of column j0). The same
-// tiles, each lane drawing its step's words (numerics.h dot_words: words 0-3 are
-// Philox block 2 * (o * K + k), words 4-7 the next block) with the Philox rounds vectorized
-// across lanes.
-template <bool MUL, bool KAHAN, bool BLOCK>
-void sr_tile(const float* __restrict arow, const float* __restrict b, float* __restrict out, int64_t o0, int64_t j0,
-             int64_t jt, const Dims& d, const cpd::FormatD& mg, const cpd::FormatD& ag, uint64_t seed,
-             uint64_t offset) {
-  double s[kTile], c[kTile], bs[kTile];
-  alignas(64) uint32_t w[4][kTile], w2[4][kTile];  // words j of the step's blocks, one run per j
-  for (int64_t jj = 0; jj < kTile; ++jj) s[jj] = c[jj] = bs[jj] = 0.0;
-  const uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32), c2 = (uint32_t)offset,
-                 c3 = (uint32_t)(offset >> 32);
-  const uint64_t K = (uint64_t)d.K, stride = 2u * K;  // lane jj's blocks: ((o0 + jj) * K + k) * 2 (+ 1)
-  for (int64_t k = 0; k < d.K; ++k) {
-    const double av = (double)arow[k];
-    const float* __restrict br = b + k * d.N + j0;
-    const bool run_end = BLOCK && ((k + 1) % d.L == 0 || k + 1 == d.K);
-    const uint64_t blk = ((uint64_t)o0 * K + (uint64_t)k) * 2u;
-    cpd_cpu::philox_strided(blk, stride, jt, c2, c3, k0, k1, &w[0][0], kTile);
-    if ((KAHAN && !BLOCK) || run_end) cpd_cpu::philox_strided(blk + 1u, stride, jt, c2, c3, k0, k1, &w2[0][0], kTile);
-    for (int64_t jj = 0; jj < jt; ++jj) {
-      double p = av * (double)br[jj];
-      if (MUL) p = cpd::round_d_sr(p, mg, w[0][jj]);
-      if (BLOCK) {
-        bs[jj] = cpd::add_d_sr(bs[jj], p, ag, w[1][jj]);
-      } else if (KAHAN) {
-        const uint32_t wk[4] = {w[1][jj], w[2][jj], w[3][jj], w2[0][jj]};
-        cpd::kahan_d_sr(s[jj], c[jj], p, ag, wk);
-      } else {
-        s[jj] = cpd::add_d_sr(s[jj], p, ag, w[1][jj]);
-      }
-    }
-    if (run_end) {
-      for (int64_t jj = 0; jj < jt; ++jj) {
-        if (KAHAN) {
-          const uint32_t wk[4] = {w2[0][jj], w2[1][jj], w2[2][jj], w2[3][jj]};
-          cpd::kahan_d_sr(s[jj], c[jj], bs[jj], ag, wk);
-        } else {
-          s[jj] = cpd::add_d_sr(s[jj], bs[jj], ag, w2[0][jj]);
-        }
-        bs[jj] = 0.0;
-      }
-    }
-  }
-  for (int64_t jj = 0; jj < jt; ++jj) out[j0 + jj] = (float)s[jj];
+// Stochastic rounding (matmul_sr.h): float32 lanes for formats of sr_lane_applies (F32), float64
+// lanes for man <= 19; a tile on a thread that flushes float32 subnormals takes the float64 lanes.
+template <bool F32, bool MUL, bool KAHAN, bool BLOCK>
+void sr_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::Format& mf,
+               const cpd::Format& af, int sr_bits, uint64_t seed, uint64_t offset) {
+  cpd::FormatD mg = cpd::make_format_d(mf), ag = cpd::make_format_d(af);
+  mg.sr_mask = ag.sr_mask = (0xffffffffull << (32 - sr_bits)) & 0xffffffffull;
+  for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t o0, int64_t j0, int64_t jt) {
+    const cpd_cpu::SrTile t{d.K, d.L, jt, (uint64_t)o0, seed, offset};
+    if (F32 && cpd_cpu::float32_subnormals_kept())
+      cpd_cpu::sr32_tile<MUL, KAHAN, BLOCK>(ar, bm + j0, d.N, yr + j0, t, mf, af, sr_bits);
+    else
+      cpd_cpu::sr_tile<MUL, KAHAN, BLOCK>(ar, bm + j0, d.N, yr + j0, t, mg, ag);
+  });
 }
 
-template <bool MUL, bool KAHAN, bool BLOCK>
-void sr_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatD& mg,
-               const cpd::FormatD& ag, uint64_t seed, uint64_t offset) {
-  for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t o0, int64_t j0, int64_t jt) {
-    sr_tile<MUL, KAHAN, BLOCK>(ar, bm, yr, o0, j0, jt, d, mg, ag, seed, offset);
-  });
+template <bool F32>
+void sr_dispatch(const float* a, const float* b, float* y, const Dims& d, bool has_mul, bool kahan,
+                 const cpd::Format& mf, const cpd::Format& af, int sr_bits, uint64_t s, uint64_t o) {
+  switch ((has_mul ? 4 : 0) | (kahan ? 2 : 0) | (d.L ? 1 : 0)) {
+    case 0: sr_matmul<F32, false, false, false>(a, b, y, d, mf, af, sr_bits, s, o); break;
+    case 1: sr_matmul<F32, false, false, true>(a, b, y, d, mf, af, sr_bits, s, o); break;
+    case 2: sr_matmul<F32, false, true, false>(a, b, y, d, mf, af, sr_bits, s, o); break;
+    case 3: sr_matmul<F32, false, true, true>(a, b, y, d, mf, af, sr_bits, s, o); break;
+    case 4: sr_matmul<F32, true, false, false>(a, b, y, d, mf, af, sr_bits, s, o); break;
+    case 5: sr_matmul<F32, true, false, true>(a, b, y, d, mf, af, sr_bits, s, o); break;
+    case 6: sr_matmul<F32, true, true, false>(a, b, y, d, mf, af, sr_bits, s, o); break;
+    default: sr_matmul<F32, true, true, true>(a, b, y, d, mf, af, sr_bits, s, o); break;
+  }
 }
 
 void generic_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::DotSpec& spec,
@@ -427,7 +404,7 @@ bool h16_bounded(uint32_t top_a, uint32_t top_b, const cpd::FormatF& mg) {
 }
 #endif
 
-enum { LANES_GENERIC = 0, LANES_H16 = 16, LANES_F32 = 32, LANES_F64 = 64 };
+enum { LANES_GENERIC = 0, LANES_H16 = 16, LANES_F32 = 32, LANES_SR32 = 33, LANES_F64 = 64 };
 
 struct Plan {
   int lanes;     // LANES_*
@@ -439,8 +416,9 @@ struct Plan {
 // Which loop runs. path: 0 automatic; 1 generic; 2 float64 lanes (no float32 or binary16 lanes);
 // 3 float32 lanes without binary16 rounding (round_f where it applies, else integer lanes);
 // 4 float32 lanes on integer-lane rounding only; 5 as 3, Kahan's steps on guarded lanes where
-// they apply. Then binary16 lanes, float32 lanes, float64 lanes (nearest; stochastic with formats
-// of man <= 19), or the generic one, whichever applies first (paths 2-5 are for the tests, which
+// they apply. Then binary16 lanes, float32 lanes, stochastic float32 lanes (automatic only),
+// float64 lanes (nearest; stochastic with formats of man <= 19), or the generic one, whichever
+// applies first (paths 2-5 are for the tests, which
 // compare every loop with the generic one). Automatic takes the guarded lanes for Kahan's steps
 // where they apply, except into binary16 (F16C's conversion is the faster rounding there).
 Plan plan_for(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode, int64_t path) {
@@ -450,6 +428,8 @@ Plan plan_for(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mo
     const bool guard = (path == 5 || (path == 0 && kind != ACC_H)) && cpd::add_lane_guard_applies(af, mode);
     if (kind != ACC_NONE) return {kind == ACC_H ? LANES_H16 : LANES_F32, kind, guard};
   }
+  if (path == 0 && mode == cpd::STOCHASTIC && cpd::sr_lane_applies(af) && (!has_mul || cpd::sr_lane_applies(mf)))
+    return {LANES_SR32, ACC_NONE, false};
   if (path != 1 && (mode == cpd::NEAREST || (mode == cpd::STOCHASTIC && af.man <= 19 && (!has_mul || mf.man <= 19))))
     return {LANES_F64, ACC_NONE, false};
   return {LANES_GENERIC, ACC_NONE, false};
@@ -558,21 +538,9 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
     }
     return;
   }
-  if (lanes == LANES_F64) {  // stochastic
-    cpd::FormatD mg = cpd::make_format_d(mf), ag = cpd::make_format_d(af);
-    mg.sr_mask = ag.sr_mask = (0xffffffffull << (32 - sr_bits)) & 0xffffffffull;
-    const uint64_t s = (uint64_t)seed, o = (uint64_t)offset;
-    const int key = (has_mul ? 4 : 0) | (kahan ? 2 : 0) | (block ? 1 : 0);
-    switch (key) {
-      case 0: sr_matmul<false, false, false>(ap, bp, yp, d, mg, ag, s, o); break;
-      case 1: sr_matmul<false, false, true>(ap, bp, yp, d, mg, ag, s, o); break;
-      case 2: sr_matmul<false, true, false>(ap, bp, yp, d, mg, ag, s, o); break;
-      case 3: sr_matmul<false, true, true>(ap, bp, yp, d, mg, ag, s, o); break;
-      case 4: sr_matmul<true, false, false>(ap, bp, yp, d, mg, ag, s, o); break;
-      case 5: sr_matmul<true, false, true>(ap, bp, yp, d, mg, ag, s, o); break;
-      case 6: sr_matmul<true, true, false>(ap, bp, yp, d, mg, ag, s, o); break;
-      default: sr_matmul<true, true, true>(ap, bp, yp, d, mg, ag, s, o); break;
-    }
+  if (lanes == LANES_SR32 || lanes == LANES_F64) {  // stochastic
+    if (lanes == LANES_SR32) sr_dispatch<true>(ap, bp, yp, d, has_mul, kahan, mf, af, (int)sr_bits, seed, offset);
+    else sr_dispatch<false>(ap, bp, yp, d, has_mul, kahan, mf, af, (int)sr_bits, seed, offset);
     return;
   }
   const cpd::DotSpec spec =

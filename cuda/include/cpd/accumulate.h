@@ -291,6 +291,76 @@ CPD_FN void kahan_d_sr(double& s, double& c, double p, const FormatD& g, const u
   kahan_step(s, c, p, [&g, w](double x, double y, int j) { return add_d_sr(x, y, g, w[j]); });
 }
 
+// ------------------------------------------------------------------------------------------
+// Stochastic rounding on float32 lanes (the CPU matmul, cuda/cpu/matmul_sr.h), for a format f
+// with sr_lane_applies(f): the fast cast (f.fast: emin >= -126, so every quantum of f is at least
+// 2^(emin - man) >= 2^-136), at most 11 significant bits, a signed classic convention (IEEE, FN,
+// FINITE; subnormals on or flushed, saturating or not).
+//
+// Every rounding of a step rounds an exact real v (x + y, a * b or x + a * b of float32 values:
+// add_bits, mul_bits, fma_bits). The lane computes hi = fl32(v) to nearest (one float32 add,
+// multiply or FMA) and returns SR(hi), the stochastic cast of the float32 value hi (cast_bits_fast
+// with the step's word), with `redo` set where SR(v) may differ; the caller redoes those lanes with
+// add_bits / mul_bits / fma_bits. Why SR(v) = SR(hi) elsewhere:
+//   The rule (round_wide, round_mag): with U the quantum at |v| (2^(max(E, emin) - man)),
+//   r = floor(|v| / U) and F = floor(frac(|v| / U) * 2^32), v rounds to (r + up) * U, with up iff
+//   (F & m) + (rand & m) >= 2^32 (m: the top sr_bits bits; sr_carry), i.e. iff F >= T with
+//   T = 2^32 - (rand & m), a multiple of 2^(32 - sr_bits) (so F & m >= T iff F >= T); then the
+//   overflow, flush and sign rules (finish_cast) act on that magnitude and v's sign alone. For a
+//   float32 value hi the cast applies the same rule: F_hi = (a & qmask) << sr_shift in region N
+//   (a = |hi|'s bits >= 2^emin), round_sub_fast's frac below (both floor(F_hi') for hi's exact
+//   fraction F_hi', truncated below 2^-32 of a quantum).
+//   hi and v have the same sign (hi = ±0 for a tiny v keeps v's; for v = 0 exactly hi has IEEE
+//   754's sign of an exact zero sum, which is zero_sum_sign's to nearest and stochastic), and
+//   |v - hi| <= ulp32(hi) / 2 (|v - hi| <= 2^-150 below 2^-126). In units of 2^-32 quanta of U
+//   that is e' <= 2^(man + 8) = 2^(sr_shift - 1): 2^(E - 24) / 2^(E - man) * 2^32 in region N;
+//   smaller below 2^emin, where U = 2^(emin - man) is fixed and ulp32 <= 2^(emin - 24), also on
+//   float32 subnormals (2^-150 / 2^(emin - man) * 2^32 <= 2^(man + 8) for emin >= -126).
+//   Cases, with A = F_hi (in [0, 2^32)) and X = (A + (rand & m)) mod 2^32 = (A - T) mod 2^32:
+//   * |v| in hi's cell [r U, (r + 1) U): F = floor(F_hi' + e'), so up(v) = [F_hi' + e' >= T] and
+//     up(hi) = [F_hi' >= T] (T an integer); they differ only if |T - F_hi'| <= |e'|, so
+//     |A - T| <= 2^(sr_shift - 1) + 1: X within 2^(sr_shift - 1) + 1 of 0 (mod 2^32).
+//   * |v| below hi's cell (hi on the grid, A = 0, v just under it): v's cell is the one below,
+//     with F >= 2^32 - 2^(sr_shift - 1) - 1 in its own quantum's units (the same U, or U / 2 when
+//     hi = 2^E with E > emin: then |hi - v| <= 2^(E - 25) = 2^(man - 24) * (U / 2), the same
+//     bound). v rounds to hi unless F < T, which needs rand & m < 2^(sr_shift - 1) + 1: X = rand & m.
+//   (|v| above hi's cell is impossible: (r + 1) U is a float32 value, and hi = fl32(v) <= it.)
+//   So SR(v) = SR(hi) unless X is within W = 2^(sr_shift + 1) of 0 mod 2^32 (twice the bound, and
+//   then some): redo iff (X + W) mod 2^32 < 2 W, about 2^(man - 20) of the lanes for sr_bits = 32.
+//   Also redone: |hi| >= max (a >= f.max_bits: overflow and saturation, inf, NaN, whose payloads
+//   and signs are the exact functions' own). Below max, |v| < max too (max is a float32 value:
+//   |v| >= max would give |hi| >= max), and both round to at most max (max is on the grid:
+//   r U < max gives (r + 1) U <= max), so no overflow rule is left to apply.
+// The lanes' float32 operations need float32 subnormals (no FTZ/DAZ), as the fast cast does.
+CPD_FN int sr_lane_applies(const Format& f) {
+  return (int)(f.fast && f.man <= 10 && plain_convention(f));
+}
+
+// For f with sr_lane_applies: the stochastic cast of hi (float32 bits) to f with word rand, and in
+// `redo` 1 where an exact value v with hi = fl32(v) may round otherwise (see above; the result is
+// garbage there). SUB = 0 leaves region S out (as cast_bits_fast_normal), for callers that checked
+// that |hi| >= 2^emin.
+template <int SUB>
+CPD_FN u32 sr_lane(u32 hi, const Format& f, u32 rand, int sr_bits, u32& redo) {
+  u32 sign = hi & SIGN, a = hi ^ sign;
+  u32 mag = round_normal_fast(a, sign, f, STOCHASTIC, rand, sr_bits);
+  u32 frac = a << f.sr_shift;  // F_hi: region N's dropped bits at the top of a word
+  if (SUB) {                   // region S: round_sub_fast, and its frac as that function forms it
+    u32 small = (u32)(a < f.min_normal_bits);
+    mag = sel(small, round_sub_fast(a, sign, f, STOCHASTIC, rand, sr_bits), mag);
+    float ax = float_of(a), v = fsub(fadd(ax, f.sub_c), f.sub_c);
+    u32 tz = sel((u32)(v > ax), bits_of(fsub(v, f.sub_q)), bits_of(v));
+    u32 rem = sel(small, bits_of(fsub(ax, float_of(tz))), 0u);
+    frac = sel(small, (u32)fmul(fmul(float_of(rem), f.sr_scale1), f.sr_scale2), frac);
+  }
+  u32 x = frac + (rand & (~0u << (32 - sr_bits)));
+  u32 w = 2u << f.sr_shift;
+  redo = (u32)(x + w < w + w) | (u32)(a >= f.max_bits);
+  // finish_cast where no redo is due: a < max_bits, so no NaN, inf or overflow (steps 1, 2, 3a);
+  // the flush (3b); and the plain convention's sign (4)
+  return sign | sel((u32)(f.subnormals == 0) & (u32)(mag < f.min_normal_bits), 0u, mag);
+}
+
 }  // namespace cpd
 
 #endif  // CPD_ACCUMULATE_H
