@@ -382,14 +382,15 @@ def test_preset_docstring_names_sources():
     assert "hopper" in str(tensor_core("hopper", a="e4m3"))
 
 
-def test_cuda_kernel_compiles(tmp_path, monkeypatch):
+def test_cuda_kernel_compiles():
+    """fused_dot.cu compiles for Hopper (through the NVRTC cache, which the spill tests of
+    tests/test_cuda.py and test_fused_dot_tiled.py share: the file takes about a minute to compile;
+    test_cuda.py test_kernels_compile compiles it afresh at both ends of NVRTC's range)."""
     from cpd import _cuda
 
-    if not _cuda.available():
-        pytest.skip("cuda-bindings NVRTC not installed")
-    monkeypatch.setenv("CPD_CACHE_DIR", str(tmp_path))
-    for arch in ("sm_70", "sm_90"):
-        assert _cuda.compile_source("fused_dot.cu", arch, use_cache=False)[:4] == b"\x7fELF"
+    if not _cuda.available() or 90 not in _cuda.supported_archs():
+        pytest.skip("cuda-bindings NVRTC with sm_90 not installed")
+    assert _cuda.compile_source("fused_dot.cu", "sm_90")[:4] == b"\x7fELF"
 
 
 @pytest.mark.cuda

@@ -19,7 +19,6 @@
 // Light torch headers (torch/extension.h takes about 30 s of CPU to parse per source file).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -33,6 +32,7 @@
 #include "cpd/numerics.h"
 #include "launch.h"  // cpd_launch::fused_dot: the CUDA kernels' launch (a GPU, or the host shim)
 #include "matmul_backward.h"
+#include "matmul_batch.h"
 #include "parallel.h"  // cpd_cpu::parallel_for: threaded with or without OpenMP
 
 namespace {
@@ -335,22 +335,15 @@ at::Tensor fused_dot_op(const at::Tensor& a, const at::Tensor& b, const at::Tens
   TORCH_CHECK(a.dim() >= 2 && b.dim() >= 2 && a.size(-1) == b.size(-2), "cpd: fused_dot_matmul shapes ", a.sizes(),
               " and ", b.sizes(), " do not match");
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
-  std::vector<int64_t> batch = at::infer_size(a.sizes().slice(0, a.dim() - 2), b.sizes().slice(0, b.dim() - 2));
-  int64_t B = 1;
-  for (int64_t n : batch) B *= n;
-  auto as3 = [&](const at::Tensor& t, int64_t r, int64_t c) {
-    std::vector<int64_t> shape(batch);
-    shape.insert(shape.end(), {r, c});
-    return t.expand(shape).reshape({B, r, c}).contiguous();
-  };
+  const cpd_cpu::MatmulBatch batch(a, b);
   at::Tensor sa3 = sa, sb3 = sb;
   if (sa.numel()) {
     TORCH_CHECK(sa.dim() >= 2 && sb.dim() >= 2, "cpd: fused_dot_matmul block scales want sa (..., M, nb), sb (..., nb, N)");
     const int64_t nb = sa.size(-1);
-    sa3 = as3(sa, M, nb);
-    sb3 = as3(sb, nb, N);
+    sa3 = batch.as3(sa, M, nb);
+    sb3 = batch.as3(sb, nb, N);
   }
-  const at::Tensor a3 = as3(a, M, K), b3 = as3(b, K, N);
+  const at::Tensor a3 = batch.as3(a, M, K), b3 = batch.as3(b, K, N);
   at::Tensor y;
   if (kernels) {  // the CUDA kernels (cuda/kernels/fused_dot.cu) on the GPU, or through the host shim
     TORCH_CHECK(a3.scalar_type() == at::kFloat && b3.scalar_type() == at::kFloat && a3.device() == b3.device(),
@@ -360,7 +353,7 @@ at::Tensor fused_dot_op(const at::Tensor& a, const at::Tensor& b, const at::Tens
                 "cpd: fused_dot block scales want block >= 1, s_emin in -127..0, float32 sa (..., M, ceil(K/block)) "
                 "and sb (..., ceil(K/block), N)");
     spec_of(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz);  // the range checks
-    y = at::empty({B, M, N}, a3.options());
+    y = at::empty({batch.B, M, N}, a3.options());
     const cpd_launch::FdParams p{int(group), int(frac), int(out), int(a_emin), int(b_emin), int(zero_exp), int(algo),
                                  int(ftz),   int(a_man), int(b_man)};
     cpd_launch::fused_dot(a3, b3, sa3, sb3, y, block, s_emin, p);
@@ -368,8 +361,7 @@ at::Tensor fused_dot_op(const at::Tensor& a, const at::Tensor& b, const at::Tens
     y = fused_dot_matmul(a3, b3, sa3, sb3, block, s_emin, group, frac, out, a_emin, b_emin, zero_exp, algo, ftz, a_man,
                          a_emax, b_man, b_emax, 0);
   }
-  batch.insert(batch.end(), {M, N});
-  return y.view(batch);
+  return y.view(batch.shape(M, N));
 }
 
 // The CPU kernel: the loops, or under cpd._shim.on_host (ops.cpp set_cpu_kernels) the CUDA

@@ -19,7 +19,6 @@
 // tensors the CUDA op bodies, launched through the host shim (cpd._shim.on_host: the GPU's
 // marshalling tested on any machine), set_cpu_kernels(LOOPS) puts the loops back.
 #include <ATen/core/Tensor.h>
-#include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -39,6 +38,7 @@
 
 #include "launch.h"
 #include "matmul_backward.h"
+#include "matmul_batch.h"
 #include "mx_ops.h"
 
 // cuda/cpu/cast.cpp, arith.cpp, matmul.cpp
@@ -238,18 +238,11 @@ at::Tensor matmul_k(const at::Tensor& a, const at::Tensor& b, const at::Tensor& 
               rounding, saturate, sr_bits, s, o);
     return out.view({M, N});
   }
-  std::vector<int64_t> batch = at::infer_size(a.sizes().slice(0, a.dim() - 2), b.sizes().slice(0, b.dim() - 2));
-  int64_t B = 1;
-  for (int64_t n : batch) B *= n;
-  std::vector<int64_t> ea(batch), eb(batch), shape(batch);
-  ea.insert(ea.end(), {M, K});
-  eb.insert(eb.end(), {K, N});
-  shape.insert(shape.end(), {M, N});
-  const at::Tensor a3 = a.expand(ea).reshape({B, M, K}).contiguous();
-  const at::Tensor b3 = b.expand(eb).reshape({B, K, N}).contiguous();
-  at::Tensor out = at::empty({B, M, N}, a.options());
-  E::matmul(a3, b3, out, mf.given, m, af, kahan, block, rounding, saturate, sr_bits, s, o);
-  return out.view(shape);
+  const cpd_cpu::MatmulBatch batch(a, b);
+  at::Tensor out = at::empty({batch.B, M, N}, a.options());
+  E::matmul(batch.as3(a, M, K), batch.as3(b, K, N), out, mf.given, m, af, kahan, block, rounding, saturate, sr_bits,
+            s, o);
+  return out.view(batch.shape(M, N));
 }
 
 // ------------------------------------------------------------------------------ autograd

@@ -202,7 +202,8 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 1)
 // (groups of four neighbours, 64 apart: each float4 load from shared memory is conflict-free).
 // K is walked in slices of CPD_FK staged in shared memory, double-buffered: while the block
 // computes slice s from one buffer, the copies of slice s + 1 fill the other (cp.async on sm_80
-// and later, plain copies elsewhere and in the host shim: cpd/launch.h copy_async4).
+// and later; elsewhere and in the host shim staged in registers: loaded before the compute,
+// stored after it).
 //   As[buf][kk][m] (A's slice transposed), Bs[buf][kk][n]; rows of T + 4 floats: 16-byte aligned,
 //   and the transposing store (kk = e % 8 fastest, 4 rows per warp) hits 32 distinct banks.
 // Full slices run with kk unrolled; the last partial slice (K % CPD_FK steps) runs after them, so
@@ -411,17 +412,46 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
       ap[r] = ab + (akk[r] < CPD_FK ? (m0 + e / CPD_FK) * K + akk[r] : 0);
       bp[r] = bb + (bkk[r] < CPD_FK ? bkk[r] * N + n0 + e % T : 0);
     }
+    // Where cp.async is missing (before sm_80, and the host shim: cpd/launch.h CPD_COPY_ASYNC) the
+    // next slice is staged in registers: loaded by stage() before the compute of this slice, stored
+    // to its buffer by publish() after it, so the loads' latency overlaps the compute as cp.async's
+    // does. `staged` is the staged slice's lim (kk < staged were loaded; 0: nothing staged).
+#if !CPD_COPY_ASYNC
+    float ra[PER], rb[PER];
+#endif
+    int staged = 0;
     auto stage = [&](int buf, long long left) {
       const int lim = left < CPD_FK ? (int)left : CPD_FK;  // kk < lim are inside A and B
 #pragma unroll
       for (int r = 0; r < PER; ++r) {
         const int e = (int)threadIdx.x + r * CPD_THREADS;
+#if CPD_COPY_ASYNC
         if (akk[r] < lim) cpd::copy_async4(&sh.a[buf][e % CPD_FK][e / CPD_FK], ap[r]);
         if (bkk[r] < lim) cpd::copy_async4(&sh.b[buf][e / T][e % T], bp[r]);
+#else
+        (void)buf, (void)e;
+        ra[r] = akk[r] < lim ? *ap[r] : 0.0f;
+        rb[r] = bkk[r] < lim ? *bp[r] : 0.0f;
+#endif
         ap[r] += CPD_FK;
         bp[r] += CPD_FK * N;
       }
+      staged = lim;
       cpd::copy_commit();
+    };
+    auto publish = [&](int buf) {  // the staged slice in buffer buf, once every thread waits at a barrier
+#if !CPD_COPY_ASYNC
+#pragma unroll
+      for (int r = 0; r < PER; ++r) {
+        const int e = (int)threadIdx.x + r * CPD_THREADS;
+        if (akk[r] < staged) sh.a[buf][e % CPD_FK][e / CPD_FK] = ra[r];
+        if (bkk[r] < staged) sh.b[buf][e / T][e % T] = rb[r];
+      }
+#else
+      (void)buf;
+#endif
+      staged = 0;
+      cpd::copy_wait_all();
     };
     typename Step::template Row<R> acc[R];
 #pragma unroll
@@ -441,14 +471,14 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
       for (int i = 0; i < R; ++i) st.step(acc[i], av[i], bv, bp);
     };
     stage(0, K);
-    cpd::copy_wait_all();
+    publish(0);
     __syncthreads();
     for (long long s = 0; s < full; ++s) {
       const int cb = (int)(s & 1);
       if ((s + 1) * CPD_FK < K) stage(cb ^ 1, K - (s + 1) * CPD_FK);  // the next slice, full or partial
 #pragma unroll
       for (int kk = 0; kk < CPD_FK; ++kk) compute(cb, kk);
-      cpd::copy_wait_all();
+      publish(cb ^ 1);  // (buffer cb ^ 1 was last read before the previous barrier)
       __syncthreads();  // the next slice is in; this one is read by all before it is overwritten
     }
     for (int kk = 0; kk < tail; ++kk) compute((int)(full & 1), kk);

@@ -28,13 +28,23 @@ CPD_FN long long grid_stride(u32 block_dim, u32 grid_dim) { return (long long)bl
 // Number of items of `per` elements covering n elements (the last item may be partial).
 CPD_FN long long items_of(long long n, int per) { return (n + per - 1) / per; }
 
+// Whether copy_async4 is asynchronous (cp.async: sm_80 and later). Where it is not (older GPUs and
+// the host shim), double-buffered tiles stage the next slice in registers instead (loaded before
+// the compute of the current slice, stored after it), so that the loads' latency still overlaps
+// the compute: cuda/kernels/matmul.cu family_gemm.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define CPD_COPY_ASYNC 1
+#else
+#define CPD_COPY_ASYNC 0
+#endif
+
 // Staging a 4-byte word of global memory into shared memory, for double-buffered tiles: on
 // sm_80 and later an asynchronous copy (cp.async, the copy engine writes shared memory while the
 // threads compute on the other buffer), completed by copy_wait_all(); elsewhere (older GPUs, and
 // the host shim, which defines no __CUDA_ARCH__) a plain load and store, already complete. Either
 // way the caller's __syncthreads() after copy_wait_all() publishes the tile to the block.
 CPD_FN void copy_async4(float* smem, const float* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if CPD_COPY_ASYNC
   const u32 s = (u32)__cvta_generic_to_shared(smem);  // folds to the shared address (no generic round trip)
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
 #else
@@ -43,14 +53,14 @@ CPD_FN void copy_async4(float* smem, const float* gmem) {
 }
 
 CPD_FN void copy_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if CPD_COPY_ASYNC
   asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
 #endif
 }
 
 // Issue the copies of a stage (asynchronous ones are grouped and may still be in flight).
 CPD_FN void copy_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if CPD_COPY_ASYNC
   asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
