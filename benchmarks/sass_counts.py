@@ -35,6 +35,7 @@ FAMILIES = {
     "cpd_matmul_kahanbf": ("Kahan, E5M2/E4M3 -> BF16", 8 * 4 * 4, None),
     "cpd_matmul_fusedbf": ("mul=None -> BF16 (fused, round to odd)", 8 * 4 * 4, None),
     "cpd_matmul_fkahanbf": ("Kahan BF16, mul=None (the issue's row)", 8 * 4 * 4, 30.0),
+    "cpd_matmul_sr": ("stochastic <= 11 bits (all variants, static)", 8 * 4 * 4, None),
 }
 
 #: The tiled fused-dot kernels (cuda/kernels/fused_dot.cu): family -> (what it runs, L, goal per MAC).

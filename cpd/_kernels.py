@@ -47,7 +47,7 @@ FAMILY_KERNELS = {"chain": ("cpd_matmul_chain", 128), "lanes": ("cpd_matmul_lane
                   "kahan": ("cpd_matmul_kahan", 64), "lanes16": ("cpd_matmul_lanes16", 64),
                   "kahan16": ("cpd_matmul_kahan16", 64), "lanesbf": ("cpd_matmul_lanesbf", 64),
                   "kahanbf": ("cpd_matmul_kahanbf", 64), "fusedbf": ("cpd_matmul_fusedbf", 64),
-                  "fkahanbf": ("cpd_matmul_fkahanbf", 64)}
+                  "fkahanbf": ("cpd_matmul_fkahanbf", 64), "sr": ("cpd_matmul_sr", 64)}
 
 
 @dataclass(frozen=True)
@@ -219,11 +219,17 @@ def _values_within(m, f) -> bool:  # cpd/arith.h values_within
             and (f.subnormals or m_min_exp >= f.emin))
 
 
+def _sr_lane(spec) -> bool:  # cpd/accumulate.h sr_lane_applies
+    return _fast(FloatFormat.from_core(*spec)) and spec[1] <= 10 and _plain_convention(spec[3])
+
+
 def matmul_family(mul, acc, kahan: bool, block: int, mode: int, saturate: bool) -> str:
     """Which kernel of matmul.cu runs a spec: "chain", "lanes16", "kahan16", "lanes", "kahan",
-    "lanesbf", "kahanbf", "fusedbf", "fkahanbf" (the family kernels) or "tiled" (the generic steps). The conditions are
+    "lanesbf", "kahanbf", "fusedbf", "fkahanbf", "sr" (the family kernels) or "tiled" (the generic steps). The conditions are
     cpd/gemm.h's gemm_family, whose kernels also check them on the device (a spec outside a
     kernel's family gets the generic steps' bits there, only slower)."""
+    if mode == 1:  # STOCHASTIC: gemm_sr_applies (any Kahan / blocks)
+        return "sr" if _sr_lane(acc) and (mul is None or _sr_lane(mul)) else "tiled"
     if mode != 0 or block:  # NEAREST, no blocks
         return "tiled"
     af = FloatFormat.from_core(*acc)

@@ -98,9 +98,7 @@ def test_gemm_family_kernels_do_not_spill(arch):
     if int(arch[3:]) not in _cuda.supported_archs():
         pytest.skip(f"NVRTC lacks {arch}")
     usage = _usage("matmul.cu", arch)
-    for name in ("cpd_matmul_chain", "cpd_matmul_lanes", "cpd_matmul_kahan", "cpd_matmul_lanes16",
-                 "cpd_matmul_kahan16", "cpd_matmul_lanesbf", "cpd_matmul_kahanbf", "cpd_matmul_fusedbf",
-                 "cpd_matmul_fkahanbf"):
+    for name, _ in _kernels.FAMILY_KERNELS.values():
         u = usage[name]
         assert u["stack"] == 0 and u["spill_stores"] == 0 and u["spill_loads"] == 0, (arch, name, u)
         assert u["registers"] <= 128, (arch, name, u)

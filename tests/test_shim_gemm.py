@@ -41,6 +41,9 @@ FAMILY_CASES = {
     "fkahanbf": [dict(acc=cpd.BF16, kahan=True)],
 }
 SEED = (0x123456789ABCDEF, 7)
+#: (mul, acc) pairs of the SR family (stochastic rounding: cpd/gemm.h gemm_sr_applies)
+SR_FORMATS = [(None, cpd.FP16), (None, cpd.BF16), (cpd.E4M3, cpd.BF16), (cpd.E5M2, F510), (cpd.E4M3FN, cpd.FP16),
+              (cpd.FloatFormat(4, 3, subnormals=False), cpd.FloatFormat(6, 9))]
 
 
 def exact(a, b):
@@ -113,18 +116,27 @@ def test_matmul_family_routes_by_the_headers_predicates():
     assert fam(cpd.E5M2, cpd.BF16) == "lanesbf"        # BF16's quantum 2^-133: not add_fast_applies, its own family
     # BF16 lanes: an 8-bit-like mul with subnormals and nearest_f_applies; mul=None: the fused families
     assert fam(None, cpd.BF16) == "fusedbf" and fam(None, cpd.BF16, kahan=True) == "fkahanbf"
-    assert fam(None, cpd.BF16, sat=True) == "tiled" and fam(None, cpd.BF16, mode=1) == "tiled"
+    assert fam(None, cpd.BF16, sat=True) == "tiled" and fam(None, cpd.BF16, mode=1) == "sr"
     assert fam(None, cpd.BF16, block=4) == "tiled" and fam(None, cpd.FloatFormat(8, 7, subnormals=False)) == "tiled"
     assert fam(cpd.FloatFormat(4, 3, subnormals=False), cpd.BF16) == "tiled"
     assert fam(cpd.FP16, cpd.BF16) == "tiled"          # FP16 values are not BF16 values
     assert fam(cpd.E5M2, cpd.BF16, sat=True) == "tiled"
-    assert fam(cpd.E5M2, cpd.BF16, mode=1) == "tiled" and fam(cpd.E5M2, cpd.BF16, block=4) == "tiled"
+    assert fam(cpd.E5M2, cpd.BF16, mode=1) == "sr" and fam(cpd.E5M2, cpd.BF16, block=4) == "tiled"
     assert fam(cpd.BF16, cpd.FP16) == "tiled"          # BF16 values are not FP16 values
     assert fam(cpd.E5M2, cpd.E4M3) == "tiled"          # E5M2's range exceeds E4M3's
     assert fam(cpd.E4M3, cpd.FloatFormat(8, 12)) == "tiled"  # 13 bits: Figueroa's bound fails
     assert fam(cpd.E4M3FNUZ, cpd.FP16) == "tiled"      # not a plain convention
     assert fam(cpd.E5M2, F510, mode=2) == "tiled"
     assert fam(cpd.E5M2, F510, block=2) == "tiled"
+    # SR: stochastic rounding, formats within sr_lane_applies (<= 11 bits, fast cast, plain convention),
+    # with or without Kahan, blocks and saturation; the directed modes stay generic
+    for mul, acc in SR_FORMATS:
+        for kahan, block, sat in ((False, 0, False), (True, 0, False), (False, 4, True), (True, 3, False)):
+            assert fam(mul, acc, kahan, block, 1, sat) == "sr", (mul, acc, kahan, block)
+    assert fam(None, cpd.FP32, mode=1) == "tiled" and fam(None, cpd.TF32, mode=1) == "sr"
+    assert fam(cpd.E4M3FNUZ, cpd.FP16, mode=1) == "tiled" and fam(cpd.E4M3, cpd.FloatFormat(8, 12), mode=1) == "tiled"
+    assert fam(None, cpd.FloatFormat(5, 10, bias=140), mode=1) == "tiled"  # emin -139 < -126: not the fast cast
+    assert fam(cpd.E5M2, F510, mode=3) == "tiled"
 
 
 def test_kernel_name_is_checked():
@@ -311,3 +323,68 @@ def test_fused_bf16_families_round_once(kahan):
     v[2] = b[0]
     want, got = run(u[None], v[None], kw, fam)
     assert exact(got, want)
+
+
+# ------------------------------------------------------------------------------ stochastic (SR)
+def run_sr(a, b, mul, acc, kahan=False, block=0, saturate=False, sr_bits=32, kernel="sr", geometry=G(256, 3)):
+    """(CPU generic steps, shim kernel) of one stochastic matmul: the same (seed, offset), so the
+    same words; the kernel's bits are also the simple kernel's (the generic steps on the device),
+    NaN aside: the simple kernel's NaN from inf - inf in Kahan's steps can carry another sign than
+    the CPU loops' (the family kernel's redo gives the CPU's here; same_bits's note)."""
+    B, M, _ = a.shape
+    m = None if mul is None else _fmt_args(mul)
+    want = torch.empty(B, M, b.shape[2])
+    _cpu.extension().matmul_out(a, b, want, mul is not None, *_fmt_args(mul or acc), *_fmt_args(acc), kahan, block,
+                                1, saturate, sr_bits, *SEED, 1)
+
+    def go(kern, geo):
+        out = torch.full_like(want, 3.0)
+        _kernels.matmul(a, b, out, m, _fmt_args(acc), kahan, block, 1, saturate, sr_bits, *SEED, _shim.launch, geo,
+                        kernel=kern)
+        return out
+
+    got = go(kernel, geometry)
+    assert same_bits(got, go("simple", G())), (mul, acc, kahan, block)
+    return want, got
+
+
+SR_MODES = [dict(), dict(kahan=True), dict(block=4), dict(kahan=True, block=3), dict(sr_bits=8, saturate=True),
+            dict(sr_bits=1), dict(sr_bits=23, kahan=True)]
+
+
+@pytest.mark.parametrize("mode", SR_MODES, ids=lambda m: "-".join(f"{k}={v}" for k, v in m.items()) or "plain")
+@pytest.mark.parametrize("fmts", SR_FORMATS, ids=lambda f: f"{getattr(f[0], 'name', f[0])}-{f[1].name}")
+def test_sr_family_matches_the_generic_steps(fmts, mode):
+    """Every rounding stochastic: on ragged shapes (K = 1, a partial slice, tiles cut in M and N,
+    batches) over binades -40..40 (subnormal and overflowing products and sums in the narrow
+    formats), and on operands that are values of mul (sums landing on and near the grid, where
+    sr_lane's window flags lanes for the exact redo)."""
+    mul, acc = fmts
+    g = torch.Generator().manual_seed(3)
+    for (B, M, K, N), lo, hi in (((1, 1, 1, 1), -8, 8), ((2, 5, 9, 7), -40, 40), ((1, 66, 19, 70), -12, 12)):
+        a, b = spread((B, M, K), K + lo, lo, hi), spread((B, K, N), K - lo, lo, hi)
+        want, got = run_sr(a, b, mul, acc, **mode)
+        assert same_bits(got, want), ((B, M, K, N), mode)
+    fmt = mul or acc
+    a = cpd.cast(torch.randn(1, 9, 150, generator=g) * 4, fmt)
+    b = cpd.cast(torch.randn(1, 150, 11, generator=g), fmt)
+    want, got = run_sr(a, b, mul, acc, **mode)
+    assert same_bits(got, want), mode
+
+
+@pytest.mark.parametrize("fmts", SR_FORMATS[:4], ids=lambda f: f"{getattr(f[0], 'name', f[0])}-{f[1].name}")
+def test_sr_family_specials(fmts):
+    """Signed zeros, exact cancellation, inf and NaN operands, overflow mid-sum, float32-subnormal
+    products: the lanes at or above max, inf and NaN are redone by the exact functions."""
+    mul, acc = fmts
+    B, M, K, N = 2, 9, 21, 10
+    a, b = spread((B, M, K), 1, -75, 64), spread((B, K, N), 2, -75, 64)
+    a[0, 0] = torch.exp2(torch.arange(-149.0, -149.0 + K))
+    a[0, 1], a[0, 2] = 0.0, -0.0
+    b[0, :, 3] = -b[0, :, 4]
+    a[0, 3, 5], a[0, 4, 6], a[0, 5, 7] = float("inf"), -float("inf"), float("nan")
+    a[0, 6, 1], b[0, 1, 2] = float("inf"), 0.0
+    a[1, 7] = 3e38
+    for mode in (dict(), dict(kahan=True), dict(block=5, saturate=True)):
+        want, got = run_sr(a, b, mul, acc, **mode)
+        assert same_bits(got, want), mode

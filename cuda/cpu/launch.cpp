@@ -306,13 +306,14 @@ Family family_kernel(int family) {
     case cpd::GEMM_KAHANBF: return {"cpd_matmul_kahanbf", 64};
     case cpd::GEMM_FUSEDBF: return {"cpd_matmul_fusedbf", 64};
     case cpd::GEMM_FKAHANBF: return {"cpd_matmul_fkahanbf", 64};
+    case cpd::GEMM_SR: return {"cpd_matmul_sr", 64};
     default: return {nullptr, 0};
   }
 }
 
 Family matmul_family(bool has_mul, const F5& m, const F5& acc, bool kahan, int block, int mode, bool saturate,
                      int sr_bits) {
-  if (mode != 0 || block != 0) return {nullptr, 0};  // NEAREST, no blocks: maybe a family kernel
+  if (mode != cpd::NEAREST && mode != cpd::STOCHASTIC) return {nullptr, 0};  // directed modes: the generic steps
   const cpd::Format mf = cpd::make_format(m.exp, m.man, m.bias, m.specials, m.subnormals, saturate);
   const cpd::Format af = cpd::make_format(acc.exp, acc.man, acc.bias, acc.specials, acc.subnormals, saturate);
   return family_kernel(cpd::gemm_family(cpd::make_dot_spec(mf, has_mul, af, kahan, block, mode, sr_bits)));

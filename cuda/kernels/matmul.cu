@@ -292,6 +292,7 @@ struct Rows : S {
   template <int R>
   __device__ __forceinline__ float value(const Row<R>& r, int j) const { return r.x[j].s; }
   static constexpr bool FROM_VALUE = true;
+  static constexpr bool KEYED = false;  // step(), not step_keyed() (SrStep)
   __device__ __forceinline__ bool redo_value(float s) const { return S::REDO && S::redo(s); }
 };
 
@@ -328,6 +329,7 @@ struct Binary16Step {
     return cpd::gemm_f16_redo(r.s[j / 2], r.mx[j / 2], j & 1, g);
   }
   static constexpr bool FROM_VALUE = false;
+  static constexpr bool KEYED = false;
   __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
@@ -366,6 +368,7 @@ struct BF16Step {
     return cpd::gemm_bf16_redo(r.w[j], r.top[KAHAN ? j : 0], g);
   }
   static constexpr bool FROM_VALUE = false;
+  static constexpr bool KEYED = false;
   __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
@@ -374,6 +377,44 @@ using FusedKahanBF16Step = BF16Step<true, true>;
 
 // Row (column) of the i-th output of thread t along M (N): groups of 4, 64 apart.
 __device__ __forceinline__ int own(int t, int i) { return (i >> 2) * 64 + t * 4 + (i & 3); }
+
+// SR: stochastic rounding (cpd/gemm.h gemm_sr_step), a row of R outputs as float32 bits: sums s,
+// Kahan's compensations c, block sums bs. The step is keyed: output o's step k draws dot_words(o, K,
+// k) (one Philox4x32-10 block, or two), computed in registers for each output and step.
+struct SrStep {
+  static constexpr int FAMILY = cpd::GEMM_SR;
+  static constexpr bool KEYED = true;
+  cpd::DotSpec d;
+  unsigned long long seed, offset, K;
+  template <int R>
+  struct Row {
+    cpd::u32 s[R], c[R], bs[R];
+  };
+  __device__ __forceinline__ float prep(float b) const { return b; }
+  template <int R>
+  __device__ __forceinline__ void init(Row<R>& r) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) r.s[j] = r.c[j] = r.bs[j] = 0u;
+  }
+  // Step k of the row's outputs o_row + own(tx, j).
+  template <int R>
+  __device__ __forceinline__ void step_keyed(Row<R>& r, float a, const float (&b)[R], unsigned long long k,
+                                             unsigned long long o_row, int tx) const {
+    const int high = cpd::dot_needs_high(d, k, K);
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      cpd::u32 w[cpd::DOT_WORDS];
+      cpd::dot_words(o_row + (unsigned long long)own(tx, j), K, k, seed, offset, cpd::STOCHASTIC, high, w);
+      cpd::gemm_sr_step(d, cpd::bits_of(a), cpd::bits_of(b[j]), k, K, r.s[j], r.c[j], r.bs[j], w);
+    }
+  }
+  template <int R>
+  __device__ __forceinline__ float value(const Row<R>& r, int j) const { return cpd::float_of(r.s[j]); }
+  template <int R>
+  __device__ __forceinline__ bool redo(const Row<R>&, int) const { return false; }  // exact in the step
+  static constexpr bool FROM_VALUE = false;
+  __device__ __forceinline__ bool redo_value(float) const { return false; }
+};
 
 template <int R>
 struct alignas(16) Tiles {  // 16-byte rows: float4 loads
@@ -456,7 +497,7 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
     typename Step::template Row<R> acc[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) st.init(acc[i]);
-    auto compute = [&](int buf, int kk) {
+    auto compute = [&](int buf, int kk, long long k) {
       float av[R], bv[R], bp[R];
 #pragma unroll
       for (int q = 0; q < R / 4; ++q) {
@@ -468,7 +509,13 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
 #pragma unroll
       for (int j = 0; j < R; ++j) bp[j] = st.prep(bv[j]);  // per operand of B, once per load
 #pragma unroll
-      for (int i = 0; i < R; ++i) st.step(acc[i], av[i], bv, bp);
+      for (int i = 0; i < R; ++i) {
+        if constexpr (Step::KEYED)
+          st.step_keyed(acc[i], av[i], bv, (unsigned long long)k,
+                        (unsigned long long)((bi * M + m0 + own(ty, i)) * N + n0), tx);
+        else
+          st.step(acc[i], av[i], bv, bp);
+      }
     };
     stage(0, K);
     publish(0);
@@ -477,11 +524,11 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
       const int cb = (int)(s & 1);
       if ((s + 1) * CPD_FK < K) stage(cb ^ 1, K - (s + 1) * CPD_FK);  // the next slice, full or partial
 #pragma unroll
-      for (int kk = 0; kk < CPD_FK; ++kk) compute(cb, kk);
+      for (int kk = 0; kk < CPD_FK; ++kk) compute(cb, kk, s * CPD_FK + kk);
       publish(cb ^ 1);  // (buffer cb ^ 1 was last read before the previous barrier)
       __syncthreads();  // the next slice is in; this one is read by all before it is overwritten
     }
-    for (int kk = 0; kk < tail; ++kk) compute((int)(full & 1), kk);
+    for (int kk = 0; kk < tail; ++kk) compute((int)(full & 1), kk, full * CPD_FK + kk);
     __syncthreads();  // the next tile's first stage overwrites buffer 0
     // The outputs to redo: from the accumulators (a bit each, before the stores), or from the stored
     // values (Rows: y holds this thread's own stores); no accumulator lives across dot_output.
@@ -538,3 +585,4 @@ CPD_FAMILY_KERNEL(cpd_matmul_lanesbf, BF16Step<false>, 4, 2, (st.g = cpd::make_g
 CPD_FAMILY_KERNEL(cpd_matmul_kahanbf, BF16Step<true>, 4, 2, (st.g = cpd::make_gemm_bf16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_fusedbf, FusedBF16Step, 4, 2, (st.g = cpd::make_gemm_fbf16(af)))
 CPD_FAMILY_KERNEL(cpd_matmul_fkahanbf, FusedKahanBF16Step, 4, 2, (st.g = cpd::make_gemm_fbf16(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_sr, SrStep, 4, 2, (st.d = d, st.seed = seed, st.offset = offset, st.K = (unsigned long long)K))

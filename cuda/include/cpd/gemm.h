@@ -464,13 +464,89 @@ CPD_FN void gemm_fkahanbf_step(float& s, float& c, float& w, float& top, float a
   s = t;
 }
 
+// SR (gemm_sr_applies): stochastic rounding, the formats within sr_lane's reach (accumulate.h
+// sr_lane_applies: at most 11 significant bits, the fast cast, a plain signed convention), plain,
+// Kahan or blocked. Each rounding of dot_step (the same order, operands and words: dot_term_add,
+// kahan_add, the blocks' ends) is hi = the float32 operation to nearest (FMUL, FADD or FFMA) and
+// sr_lane(hi), the stochastic cast of hi, which is the exact value's stochastic rounding except on
+// the lanes sr_lane flags (about 2^(man - 20) of them, and every |hi| >= the format's max, inf
+// and NaN); those are rounded by the exact function (mul_bits, add_bits, fma_bits) on the same
+// operands and word, in the step, so an output needs no redo afterwards. The random words are
+// the step's dot_words (one Philox4x32-10 block, two with Kahan or at a block's end), in registers.
+CPD_FN int gemm_sr_applies(const DotSpec& d) {
+  return (int)(d.mode == STOCHASTIC && sr_lane_applies(d.af) && (!d.has_mul || sr_lane_applies(d.mf)));
+}
+
+// The exact redo of a flagged lane, out of line on the device: the kernel's code holds one copy of
+// each exact function instead of one per output and step of its unrolled loop (the cold path must
+// not crowd the hot one out of the instruction cache).
+#if CPD_DEVICE
+#define CPD_COLD_FN __device__ __noinline__
+#else
+#define CPD_COLD_FN static inline
+#endif
+CPD_COLD_FN u32 sr_redo_add(const Format& f, u32 x, u32 y, u32 w, int sr_bits) {
+  return add_bits(x, y, f, STOCHASTIC, w, sr_bits);
+}
+CPD_COLD_FN u32 sr_redo_mul(const Format& f, u32 a, u32 b, u32 w, int sr_bits) {
+  return mul_bits(a, b, f, STOCHASTIC, w, sr_bits);
+}
+CPD_COLD_FN u32 sr_redo_fma(const Format& f, u32 x, u32 a, u32 b, u32 w, int sr_bits) {
+  return fma_bits(x, a, b, f, STOCHASTIC, w, sr_bits);
+}
+
+CPD_FN u32 sr_add(const Format& f, u32 x, u32 y, u32 w, int sr_bits) {
+  u32 redo;
+  const u32 v = sr_lane<1>(bits_of(fadd(float_of(x), float_of(y))), f, w, sr_bits, redo);
+  return redo ? sr_redo_add(f, x, y, w, sr_bits) : v;
+}
+
+CPD_FN u32 sr_term_add(const DotSpec& d, u32 x, u32 ua, u32 ub, const u32* w) {  // dot_term_add
+  u32 redo;
+  if (d.has_mul) {
+    u32 p = sr_lane<1>(bits_of(fmul(float_of(ua), float_of(ub))), d.mf, w[0], d.sr_bits, redo);
+    if (redo) p = sr_redo_mul(d.mf, ua, ub, w[0], d.sr_bits);
+    return sr_add(d.af, x, p, w[1], d.sr_bits);
+  }
+  const u32 v = sr_lane<1>(bits_of(ffma(float_of(ua), float_of(ub), float_of(x))), d.af, w[1], d.sr_bits, redo);
+  return redo ? sr_redo_fma(d.af, x, ua, ub, w[1], d.sr_bits) : v;
+}
+
+CPD_FN void sr_kahan_add(const DotSpec& d, u32& s, u32& c, u32 y, const u32* w) {  // kahan_add
+  const u32 t = sr_add(d.af, s, y, w[0], d.sr_bits);
+  const u32 ts = sr_add(d.af, t, s ^ SIGN, w[1], d.sr_bits);
+  c = sr_add(d.af, ts, y ^ SIGN, w[2], d.sr_bits);
+  s = t;
+}
+
+// Step k of one output (SR): dot_step's, every rounding as above.
+CPD_FN void gemm_sr_step(const DotSpec& d, u32 ua, u32 ub, u64 k, u64 K, u32& s, u32& c, u32& bs, const u32* w) {
+  if (d.block) {
+    bs = sr_term_add(d, bs, ua, ub, w);
+    if ((k + 1) % (u64)d.block == 0 || k + 1 == K) {
+      if (d.kahan) {
+        const u32 y = sr_add(d.af, bs, c ^ SIGN, w[4], d.sr_bits);
+        sr_kahan_add(d, s, c, y, w + 5);
+      } else {
+        s = sr_add(d.af, s, bs, w[4], d.sr_bits);
+      }
+      bs = 0u;
+    }
+  } else if (d.kahan) {
+    const u32 y = sr_term_add(d, c ^ SIGN, ua, ub, w);
+    sr_kahan_add(d, s, c, y, w + 2);
+  } else {
+    s = sr_term_add(d, s, ua, ub, w);
+  }
+}
+
 // Whether a family's output s must be redone by dot_step (a NaN: see CHAIN and LANES).
 CPD_FN int gemm_redo(float s) { return (int)((bits_of(s) & ~SIGN) > INF_BITS); }
 
 // The family of a spec: which kernel of matmul.cu runs it (GEMM_GENERIC: cpd_matmul_tiled).
 enum {
   GEMM_GENERIC = 0, GEMM_CHAIN = 1, GEMM_LANES = 2, GEMM_KAHAN = 3, GEMM_LANES16 = 4, GEMM_KAHAN16 = 5,
-  GEMM_LANESBF = 6, GEMM_KAHANBF = 7, GEMM_FUSEDBF = 8, GEMM_FKAHANBF = 9
+  GEMM_LANESBF = 6, GEMM_KAHANBF = 7, GEMM_FUSEDBF = 8, GEMM_FKAHANBF = 9, GEMM_SR = 10
 };
 
 CPD_FN int gemm_family(const DotSpec& d) {
@@ -479,6 +555,7 @@ CPD_FN int gemm_family(const DotSpec& d) {
   if (gemm_lanes_applies(d)) return d.kahan ? GEMM_KAHAN : GEMM_LANES;
   if (gemm_bf16_applies(d)) return d.kahan ? GEMM_KAHANBF : GEMM_LANESBF;
   if (gemm_fbf16_applies(d)) return d.kahan ? GEMM_FKAHANBF : GEMM_FUSEDBF;
+  if (gemm_sr_applies(d)) return GEMM_SR;
   return GEMM_GENERIC;
 }
 
