@@ -102,6 +102,7 @@ GEMM_FAMILIES = (
     ("float32 chain (mul=None, acc=FP32)", lambda: dict(acc=cpd.FP32)),
     ("Hopper e4m3 model", lambda: dict(acc=cpd.tensor_core("hopper", a="e4m3"))),
     ("Kahan BF16", lambda: dict(acc=cpd.BF16, kahan=True)),
+    ("E4M3 x BF16 stochastic", lambda: dict(mul=cpd.E4M3, acc=cpd.BF16, rounding="stochastic")),
 )
 
 

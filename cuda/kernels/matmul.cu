@@ -196,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 1)
 
 // ------------------------------------------------------------------------------------------
 // The family kernels: one per family of cpd/gemm.h (CHAIN, LANES, KAHAN, LANES16, KAHAN16, LANESBF,
-// KAHANBF, FUSEDBF, FKAHANBF), each with its step fixed at compile time, so that the inner loop is the step's
+// KAHANBF, FUSEDBF, FKAHANBF, SR), each with its step fixed at compile time, so that the inner loop is the step's
 // instructions and two shared-memory loads per four outputs. A block of 256 threads (16 x 16)
 // owns T x T outputs, T = 16 R; thread (tx, ty) owns the R x R outputs in rows own(ty, i) and columns own(tx, j)
 // (groups of four neighbours, 64 apart: each float4 load from shared memory is conflict-free).
