@@ -55,7 +55,8 @@ def test_kernels_compile(kernel_file, tmp_path, monkeypatch):
             usage = _cuda.resource_usage(kernel_file, arch)  # compiles (fresh cache), keeps the cubin
             for name, _ in _kernels.FAMILY_KERNELS.values():
                 u = usage[name]
-                assert u["stack"] == 0 and u["spill_stores"] == 0 and u["registers"] <= 128, (arch, name, u)
+                assert u["stack"] == 0 and u["spill_stores"] == 0, (arch, name, u)
+                assert u["registers"] <= (255 if name == "cpd_matmul_sr" else 128), (arch, name, u)
             cubin = _cuda.compile_source(kernel_file, arch)
         else:
             cubin = _cuda.compile_source(kernel_file, arch, use_cache=False)
@@ -94,14 +95,14 @@ def test_no_local_memory(kernel_file):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_gemm_family_kernels_do_not_spill(arch):
     """The GEMM family kernels' register tiles (matmul.cu: R x R outputs per thread, 2 blocks of 256
-    per SM, i.e. at most 128 registers) fit without local memory on Ampere and Hopper."""
+    per SM, i.e. at most 128 registers; SR one block, 255) fit without local memory on Ampere and Hopper."""
     if int(arch[3:]) not in _cuda.supported_archs():
         pytest.skip(f"NVRTC lacks {arch}")
     usage = _usage("matmul.cu", arch)
     for name, _ in _kernels.FAMILY_KERNELS.values():
         u = usage[name]
         assert u["stack"] == 0 and u["spill_stores"] == 0 and u["spill_loads"] == 0, (arch, name, u)
-        assert u["registers"] <= 128, (arch, name, u)
+        assert u["registers"] <= (255 if name == "cpd_matmul_sr" else 128), (arch, name, u)  # SR: 1 block per SM
 
 
 

@@ -585,4 +585,6 @@ CPD_FAMILY_KERNEL(cpd_matmul_lanesbf, BF16Step<false>, 4, 2, (st.g = cpd::make_g
 CPD_FAMILY_KERNEL(cpd_matmul_kahanbf, BF16Step<true>, 4, 2, (st.g = cpd::make_gemm_bf16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_fusedbf, FusedBF16Step, 4, 2, (st.g = cpd::make_gemm_fbf16(af)))
 CPD_FAMILY_KERNEL(cpd_matmul_fkahanbf, FusedKahanBF16Step, 4, 2, (st.g = cpd::make_gemm_fbf16(af)))
-CPD_FAMILY_KERNEL(cpd_matmul_sr, SrStep, 4, 2, (st.d = d, st.seed = seed, st.offset = offset, st.K = (unsigned long long)K))
+// SR keeps three words per output (s, c, bs: Kahan and blocks are run-time choices) and the Philox
+// state: one block of 256 per SM, up to 255 registers (128 spill at sm_90).
+CPD_FAMILY_KERNEL(cpd_matmul_sr, SrStep, 4, 1, (st.d = d, st.seed = seed, st.offset = offset, st.K = (unsigned long long)K))
