@@ -1,7 +1,7 @@
 """Every CUDA kernel file compiles through NVRTC, afresh (no cache), at both ends of the installed
 NVRTC's range. A file of its own: these compiles are the suite's longest (about a minute each for
-matmul.cu and fused_dot.cu), and pytest-xdist's --dist loadfile runs them beside tests/test_cuda.py's
-spill checks instead of after them.
+matmul.cu and fused_dot.cu), so that pytest-xdist's --dist loadfile may run them on the other worker
+than tests/test_cuda.py's spill checks (on a 2-core host this did not shorten the suite measurably).
 """
 
 import pytest
