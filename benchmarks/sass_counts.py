@@ -24,7 +24,9 @@ from pathlib import Path
 
 #: kernel -> (what it runs, MACs of one output per iteration of its inner loop: CPD_FK x R x R,
 #: the issue's goal per MAC or None).
-#: CPD_FK = 8 (matmul.cu); R = 8 for the chain, 4 for the rounding families.
+#: CPD_FK = 8 (matmul.cu); R = 8 for the chain, 4 for the rounding families. The SR kernel's kk loop
+#: is not unrolled (matmul.cu family_gemm), so one iteration of its inner loop is one step of each of
+#: its 16 outputs, every variant's code (plain, Kahan, blocks, the exact redo calls) counted.
 FAMILIES = {
     "cpd_matmul_chain": ("float32 chain (mul=None, acc=FP32)", 8 * 8 * 8, 1.5),
     "cpd_matmul_lanes16": ("E5M2/E4M3 -> binary16 (5,10)", 8 * 4 * 4, 12.0),
@@ -35,7 +37,7 @@ FAMILIES = {
     "cpd_matmul_kahanbf": ("Kahan, E5M2/E4M3 -> BF16", 8 * 4 * 4, None),
     "cpd_matmul_fusedbf": ("mul=None -> BF16 (fused, round to odd)", 8 * 4 * 4, None),
     "cpd_matmul_fkahanbf": ("Kahan BF16, mul=None (the issue's row)", 8 * 4 * 4, 30.0),
-    "cpd_matmul_sr": ("stochastic <= 11 bits (all variants, static)", 8 * 4 * 4, None),
+    "cpd_matmul_sr": ("stochastic <= 11 bits (all variants, static)", 4 * 4, None),
 }
 
 #: The tiled fused-dot kernels (cuda/kernels/fused_dot.cu): family -> (what it runs, L, goal per MAC).

@@ -40,7 +40,8 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 #: tutorials run as scripts, NVRTC compiles). With pytest-xdist (pyproject.toml: `-n 2 --dist
 #: loadfile --no-loadscope-reorder`) each worker takes one of them at the start while the other
 #: works through the rest, instead of a long file starting last.
-FIRST = ("test_isa_levels.py", "test_distributed.py", "test_isa_compile.py", "test_tutorials.py", "test_cuda.py")
+FIRST = ("test_isa_levels.py", "test_distributed.py", "test_isa_compile.py", "test_tutorials.py", "test_cuda.py",
+         "test_cuda_compile.py")
 
 
 def pytest_sessionstart(session):

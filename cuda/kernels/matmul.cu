@@ -400,12 +400,12 @@ struct SrStep {
   template <int R>
   __device__ __forceinline__ void step_keyed(Row<R>& r, float a, const float (&b)[R], unsigned long long k,
                                              unsigned long long o_row, int tx) const {
-    const int high = cpd::dot_needs_high(d, k, K);
+    const int high = cpd::dot_needs_high(d, k, K), run_end = d.block && high;
 #pragma unroll
     for (int j = 0; j < R; ++j) {
       cpd::u32 w[cpd::DOT_WORDS];
       cpd::dot_words(o_row + (unsigned long long)own(tx, j), K, k, seed, offset, cpd::STOCHASTIC, high, w);
-      cpd::gemm_sr_step(d, cpd::bits_of(a), cpd::bits_of(b[j]), k, K, r.s[j], r.c[j], r.bs[j], w);
+      cpd::gemm_sr_step(d, cpd::bits_of(a), cpd::bits_of(b[j]), run_end, r.s[j], r.c[j], r.bs[j], w);
     }
   }
   template <int R>
@@ -520,16 +520,32 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
     stage(0, K);
     publish(0);
     __syncthreads();
-    for (long long s = 0; s < full; ++s) {
-      const int cb = (int)(s & 1);
-      if ((s + 1) * CPD_FK < K) stage(cb ^ 1, K - (s + 1) * CPD_FK);  // the next slice, full or partial
+    if constexpr (Step::KEYED) {
+      // SR: every slice, the partial last one too, in one loop with kk not unrolled, so that the
+      // kernel holds one copy of its long step per output of the tile (not one per kk and another
+      // for the tail: NVRTC's time grows with that code), at a loop overhead small beside a
+      // Philox block per output and step.
+      const long long slices = full + (tail > 0);
+      for (long long s = 0; s < slices; ++s) {
+        const int cb = (int)(s & 1), lim = s < full ? CPD_FK : tail;
+        if ((s + 1) * CPD_FK < K) stage(cb ^ 1, K - (s + 1) * CPD_FK);
+#pragma unroll 1
+        for (int kk = 0; kk < lim; ++kk) compute(cb, kk, s * CPD_FK + kk);
+        publish(cb ^ 1);
+        __syncthreads();  // also the barrier before the next tile's first stage
+      }
+    } else {
+      for (long long s = 0; s < full; ++s) {
+        const int cb = (int)(s & 1);
+        if ((s + 1) * CPD_FK < K) stage(cb ^ 1, K - (s + 1) * CPD_FK);  // the next slice, full or partial
 #pragma unroll
-      for (int kk = 0; kk < CPD_FK; ++kk) compute(cb, kk, s * CPD_FK + kk);
-      publish(cb ^ 1);  // (buffer cb ^ 1 was last read before the previous barrier)
-      __syncthreads();  // the next slice is in; this one is read by all before it is overwritten
+        for (int kk = 0; kk < CPD_FK; ++kk) compute(cb, kk, s * CPD_FK + kk);
+        publish(cb ^ 1);  // (buffer cb ^ 1 was last read before the previous barrier)
+        __syncthreads();  // the next slice is in; this one is read by all before it is overwritten
+      }
+      for (int kk = 0; kk < tail; ++kk) compute((int)(full & 1), kk, full * CPD_FK + kk);
+      __syncthreads();  // the next tile's first stage overwrites buffer 0
     }
-    for (int kk = 0; kk < tail; ++kk) compute((int)(full & 1), kk, full * CPD_FK + kk);
-    __syncthreads();  // the next tile's first stage overwrites buffer 0
     // The outputs to redo: from the accumulators (a bit each, before the stores), or from the stored
     // values (Rows: y holds this thread's own stores); no accumulator lives across dot_output.
     unsigned long long redo = 0ull;

@@ -519,25 +519,29 @@ CPD_FN void sr_kahan_add(const DotSpec& d, u32& s, u32& c, u32 y, const u32* w) 
   s = t;
 }
 
-// Step k of one output (SR): dot_step's, every rounding as above.
-CPD_FN void gemm_sr_step(const DotSpec& d, u32 ua, u32 ub, u64 k, u64 K, u32& s, u32& c, u32& bs, const u32* w) {
-  if (d.block) {
-    bs = sr_term_add(d, bs, ua, ub, w);
-    if ((k + 1) % (u64)d.block == 0 || k + 1 == K) {
-      if (d.kahan) {
-        const u32 y = sr_add(d.af, bs, c ^ SIGN, w[4], d.sr_bits);
-        sr_kahan_add(d, s, c, y, w + 5);
-      } else {
-        s = sr_add(d.af, s, bs, w[4], d.sr_bits);
-      }
-      bs = 0u;
-    }
-  } else if (d.kahan) {
-    const u32 y = sr_term_add(d, c ^ SIGN, ua, ub, w);
-    sr_kahan_add(d, s, c, y, w + 2);
-  } else {
-    s = sr_term_add(d, s, ua, ub, w);
+// Step k of one output (SR): dot_step's, every rounding as above. run_end: dot_needs_high's block
+// end (k + 1 a multiple of the block length, or K), computed once per k by the caller. Written so
+// that each rounding appears once (the term's, the block end's, Kahan's three), not once per
+// branch of dot_step: the kernel inlines this step for every output of its register tile, and
+// NVRTC's time grows with that code (about a minute per architecture for the SR kernel alone when
+// each branch had its own copies).
+//   term t = round(x + P) with x = bs (blocks), -c (Kahan's y = P - c) or s;
+//   blocks, mid-run: bs = t;
+//   blocks, run end: y = round(s + t) (plain: that is s), or round(t - c) (Kahan), words 4, ...;
+//   Kahan: kahan_add(s, c, y) with words 2.. (no blocks) or 5.. (run end).
+CPD_FN void gemm_sr_step(const DotSpec& d, u32 ua, u32 ub, int run_end, u32& s, u32& c, u32& bs, const u32* w) {
+  const u32 t = sr_term_add(d, d.block ? bs : (d.kahan ? c ^ SIGN : s), ua, ub, w);
+  if (d.block && !run_end) {
+    bs = t;
+    return;
   }
+  u32 y = t;
+  if (d.block) {
+    bs = 0u;  // the operands' order is dot_step's: (s, bs), (bs, -c)
+    y = sr_add(d.af, d.kahan ? t : s, d.kahan ? c ^ SIGN : t, w[4], d.sr_bits);
+  }
+  if (d.kahan) sr_kahan_add(d, s, c, y, w + (d.block ? 5 : 2));
+  else s = y;
 }
 
 // Whether a family's output s must be redone by dot_step (a NaN: see CHAIN and LANES).
