@@ -157,16 +157,45 @@ def _nvrtc_compile(kernel_file: str, arch: str, src: bytes, headers, opts) -> tu
     return image, log.decode(errors="replace").replace("\x00", "")
 
 
+@contextlib.contextmanager
+def _one_compile(path: Path):
+    """Held while one process compiles the image cached at ``path``: an exclusive ``flock`` on
+    ``<path>.lock``, so that processes that need the same image at once (the ranks of a job on one
+    GPU host, pytest-xdist workers) compile it once and the others wait for it and read the cache,
+    instead of each running NVRTC (a minute or more for matmul.cu). Where ``fcntl`` is missing
+    (Windows) there is no lock: each process compiles, and the atomic writes keep the cache whole."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _cached(path: Path) -> bool:
+    return path.exists() and path.stat().st_size > 0
+
+
 def compile_source(kernel_file: str = "cast.cu", arch: str = "sm_80", *, use_cache: bool = True) -> bytes:
     """Compile one kernel file for ``arch``: a cubin for ``sm_XY``, NUL-terminated PTX for
-    ``compute_XY``. Raises RuntimeError with NVRTC's log when the source does not compile."""
+    ``compute_XY``. Raises RuntimeError with NVRTC's log when the source does not compile.
+    ``use_cache=False`` compiles afresh (and refreshes the cached image)."""
     src, headers = (source_dir() / "kernels" / kernel_file).read_bytes(), _headers()
     opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
     path = _cache_path(kernel_file, arch, src, headers, opts)
-    if use_cache and path.exists() and path.stat().st_size > 0:
+    if use_cache and _cached(path):
         return path.read_bytes()
-    image, _ = _nvrtc_compile(kernel_file, arch, src, headers, opts)
-    _write_atomic(path, image)
+    with _one_compile(path):
+        if use_cache and _cached(path):  # another process compiled it while this one waited
+            return path.read_bytes()
+        image, _ = _nvrtc_compile(kernel_file, arch, src, headers, opts)
+        _write_atomic(path, image)
     return image
 
 
@@ -196,14 +225,25 @@ def resource_usage(kernel_file: str, arch: str) -> dict[str, dict[str, int]]:
     cubin for ``compile_source`` (``--ptxas-options=-v`` only adds the report), so a test suite
     compiles a large kernel file once per architecture, not once per question asked of it."""
     import json
-    import re
 
     src, headers = (source_dir() / "kernels" / kernel_file).read_bytes(), _headers()
     opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
     path = _cache_path(kernel_file, arch, src, headers, opts)
     report = path.with_suffix(".ptxas.json")
-    if report.exists() and report.stat().st_size > 0:
+    if _cached(report):
         return json.loads(report.read_text())
+    with _one_compile(path):
+        if _cached(report):
+            return json.loads(report.read_text())
+        return _ptxas_report(kernel_file, arch, src, headers, opts, path, report)
+
+
+def _ptxas_report(kernel_file, arch, src, headers, opts, path: Path, report: Path) -> dict:
+    """One compile with ptxas's report: the report parsed and cached at ``report``, the cubin at
+    ``path`` (resource_usage, under the compile's lock)."""
+    import json
+    import re
+
     image, log = _nvrtc_compile(kernel_file, arch, src, headers, [*opts, b"--ptxas-options=-v"])
     out: dict = {}
     name = None

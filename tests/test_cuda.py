@@ -101,6 +101,36 @@ def test_compile_is_cached(tmp_path, monkeypatch):
 
 
 @nvrtc
+def test_concurrent_requests_compile_once(tmp_path, monkeypatch):
+    """Callers that need the same image at once (ranks of a job on one GPU host, the suite's
+    workers) run NVRTC once: the others wait on the image's lock and read the cache. Threads here,
+    each with its own lock file description (flock excludes them as it does processes); a
+    resource_usage request shares the compile_source one's lock and cubin."""
+    import threading
+    import time
+
+    monkeypatch.setenv("CPD_CACHE_DIR", str(tmp_path))
+    real, calls = _cuda._nvrtc_compile, []
+
+    def slow(*args):
+        calls.append(args[1])
+        time.sleep(0.5)  # the others arrive while this compile runs
+        return real(*args)
+
+    monkeypatch.setattr(_cuda, "_nvrtc_compile", slow)
+    images = []
+    threads = [threading.Thread(target=lambda: images.append(_cuda.compile_source("hop.cu", "sm_80")))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == ["sm_80"] and len(images) == 3 and len(set(images)) == 1
+    assert _cuda.resource_usage("hop.cu", "sm_80") and calls == ["sm_80", "sm_80"]  # the report: one more
+    assert _cuda.compile_source("hop.cu", "sm_80") == images[0] and len(calls) == 2
+
+
+@nvrtc
 def test_compile_error_is_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("CPD_CACHE_DIR", str(tmp_path))
     with pytest.raises(RuntimeError, match="invalid value|gpu-architecture|NVRTC"):
