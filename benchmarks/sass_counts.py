@@ -141,8 +141,9 @@ def counts(arch: str = "sm_90") -> dict[str, dict]:
         for op in body:
             key = op.split(".")[0]
             ops[key] = ops.get(key, 0) + 1
+        local = sum(n for op, n in ops.items() if op in ("STL", "LDL"))  # local memory in the loop
         out[name] = {"label": label, "insns": len(body), "macs": macs, "per_mac": len(body) / macs, "goal": goal,
-                     "ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
+                     "local": local, "ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
     return out
 
 

@@ -1,8 +1,8 @@
 """Lazy build of the CPU extension (torch.utils.cpp_extension + ninja), cached on disk.
 
 The first call compiles ``cuda/cpu/*.cpp`` against the numerics core ``cuda/include/cpd/*.h``
-(about a minute on two cores, announced by one line on stderr); later calls, in any process, load
-the cached library from torch's extension directory (``TORCH_EXTENSIONS_DIR``, default
+(about three minutes on two cores, announced by one line on stderr); later calls, in any process,
+load the cached library from torch's extension directory (``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``). If no compiler is available, :func:`extension` returns None once
 with a warning, and cpd falls back to its pure-torch path.
 
@@ -420,7 +420,7 @@ def _build(flags: BuildFlags):
             (build_dir / f"{name}{_LIB_EXT}").unlink(missing_ok=True)  # one that does not import: link it again
             omp = "" if flags.openmp else ", without OpenMP"
             core = " (core only)" if _core_only() else ""
-            print(f"cpd: building cpd's CPU extension{core} for {describe(flags)}{omp} (one time, about a minute)…",
+            print(f"cpd: building cpd's CPU extension{core} for {describe(flags)}{omp} (one time, a few minutes)…",
                   file=sys.stderr, flush=True)
             return load(
                 name=name,

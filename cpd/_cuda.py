@@ -217,11 +217,48 @@ def cpu_twin(g) -> torch.Generator:
         return entry[1]
 
 
+def parse_ptxas_report(log: str) -> dict[str, dict[str, int]]:
+    """ptxas -v's report per entry function (kernel): ``{kernel: {"registers", "stack",
+    "spill_stores", "spill_loads", "smem"}}``. ptxas prints, per kernel, "Compiling entry function
+    'K'", then "Function properties for K" with K's stack frame and spills, K's registers, and then
+    the properties of each non-inlined device function it calls ("Function properties for f": f's
+    own frame). A stack or spill line belongs to the function named by the "Function properties"
+    line above it: only a kernel's own are its figures (reading the last one before the next kernel
+    took a called function's zeros for the kernel's, and hid the kernels' frames and spills)."""
+    import re
+
+    out: dict = {}
+    kernel = props = None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            kernel, props = m.group(1), None
+            out.setdefault(kernel, {"registers": 0, "stack": 0, "spill_stores": 0, "spill_loads": 0, "smem": 0})
+            continue
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            props = m.group(1)
+            continue
+        if kernel is None:
+            continue
+        if props == kernel:
+            for key, pat in (("stack", r"(\d+) bytes stack frame"), ("spill_stores", r"(\d+) bytes spill stores"),
+                             ("spill_loads", r"(\d+) bytes spill loads")):
+                m = re.search(pat, line)
+                if m:
+                    out[kernel][key] = int(m.group(1))
+        for key, pat in (("registers", r"Used (\d+) registers"), ("smem", r"(\d+) bytes smem")):
+            m = re.search(pat, line)
+            if m:
+                out[kernel][key] = int(m.group(1))
+    return out
+
+
 def resource_usage(kernel_file: str, arch: str) -> dict[str, dict[str, int]]:
     """ptxas's report for every kernel of ``kernel_file`` compiled for ``arch`` (``sm_XY``):
     ``{kernel: {"registers", "stack", "spill_stores", "spill_loads", "smem"}}``, in bytes but the
     registers. For tests and tuning (tests/test_cuda.py keeps the kernels free of local memory).
-    Cached beside the cubin (``.ptxas.json``); the compile that makes the report also stores the
+    Cached beside the cubin (``.ptxas2.json``); the compile that makes the report also stores the
     cubin for ``compile_source`` (``--ptxas-options=-v`` only adds the report), so a test suite
     compiles a large kernel file once per architecture, not once per question asked of it."""
     import json
@@ -229,7 +266,7 @@ def resource_usage(kernel_file: str, arch: str) -> dict[str, dict[str, int]]:
     src, headers = (source_dir() / "kernels" / kernel_file).read_bytes(), _headers()
     opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
     path = _cache_path(kernel_file, arch, src, headers, opts)
-    report = path.with_suffix(".ptxas.json")
+    report = path.with_suffix(".ptxas2.json")  # 2: parse_ptxas_report's reading (a kernel's own lines)
     if _cached(report):
         return json.loads(report.read_text())
     with _one_compile(path):
@@ -242,25 +279,9 @@ def _ptxas_report(kernel_file, arch, src, headers, opts, path: Path, report: Pat
     """One compile with ptxas's report: the report parsed and cached at ``report``, the cubin at
     ``path`` (resource_usage, under the compile's lock)."""
     import json
-    import re
 
     image, log = _nvrtc_compile(kernel_file, arch, src, headers, [*opts, b"--ptxas-options=-v"])
-    out: dict = {}
-    name = None
-    for line in log.splitlines():
-        m = re.search(r"Compiling entry function '(\w+)'", line)
-        if m:
-            name = out.setdefault(m.group(1), {"registers": 0, "stack": 0, "spill_stores": 0, "spill_loads": 0,
-                                                "smem": 0}) and m.group(1)
-            continue
-        if name is None:
-            continue
-        for key, pat in (("stack", r"(\d+) bytes stack frame"), ("spill_stores", r"(\d+) bytes spill stores"),
-                         ("spill_loads", r"(\d+) bytes spill loads"), ("registers", r"Used (\d+) registers"),
-                         ("smem", r"(\d+) bytes smem")):
-            m = re.search(pat, line)
-            if m:
-                out[name][key] = int(m.group(1))
+    out = parse_ptxas_report(log)
     if not path.exists():
         _write_atomic(path, image)
     _write_atomic(report, json.dumps(out).encode())

@@ -290,7 +290,7 @@ def main(args: argparse.Namespace) -> int:
           f"seed {args.seed}" + (", fc in float32" if args.fp32_last else ""))
     print("gradient communication: fp32 (reference), and per format: APS (per-layer power-of-two scaling) "
           "or none (unscaled)\n", flush=True)
-    print("loading cpd's CPU extension (compiled on first use: about a minute; cached after) ...", flush=True)
+    print("loading cpd's CPU extension (compiled on first use: a few minutes; cached after) ...", flush=True)
     print(f"ready in {prepare_extension():.1f} s (not counted in the table's seconds)\n", flush=True)
     bar = tqdm(total=epochs * len(configs), desc="training", unit="epoch") if tqdm else None
     results = []

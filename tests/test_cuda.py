@@ -14,6 +14,7 @@ import torch
 import cpd
 from cpd import _cuda, _kernels
 from cpd._cuda import cpu_twin as _cpu_twin
+from kernel_limits import check_local_memory
 
 nvrtc = pytest.mark.skipif(not _cuda.available(), reason="cuda-bindings NVRTC not installed")
 #: Every kernel source of the package: each keeps out of local memory (and compiles for the ends of
@@ -51,13 +52,37 @@ def _usage(kernel_file: str, arch: str) -> dict:
     return _cuda.resource_usage(kernel_file, arch)
 
 
+def test_ptxas_report_reads_each_kernels_own_lines():
+    """A kernel's stack and spills are those under its own "Function properties" line, not a called
+    function's that ptxas prints after it."""
+    log = """ptxas info    : Compiling entry function 'k1' for 'sm_90'
+ptxas info    : Function properties for k1
+ptxas         .     256 bytes stack frame, 40 bytes spill stores, 52 bytes spill loads
+ptxas info    : Used 128 registers, used 1 barriers, 256 bytes cumulative stack size, 8704 bytes smem
+ptxas info    : Compile time = 3.5 ms
+ptxas info    : Function properties for _ZN3cpd10dot_outputE
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function 'k2' for 'sm_90'
+ptxas info    : Function properties for k2
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 64 registers, used 0 barriers
+"""
+    got = _cuda.parse_ptxas_report(log)
+    assert got["k1"] == {"registers": 128, "stack": 256, "spill_stores": 40, "spill_loads": 52, "smem": 8704}
+    assert got["k2"] == {"registers": 64, "stack": 0, "spill_stores": 0, "spill_loads": 0, "smem": 0}
+    with pytest.raises(AssertionError):
+        check_local_memory(got, "synthetic")
+
+
 @nvrtc
 @pytest.mark.parametrize("kernel_file", KERNEL_FILES)
 def test_no_local_memory(kernel_file):
     """No kernel spills or keeps arrays in local memory (a register tile indexed at run time, an
-    array in a scalar tail loop): ptxas's report at sm_90 (register counts are in docs/gpu.md)."""
-    usage = _usage(kernel_file, "sm_90" if 90 in _cuda.supported_archs() else f"sm_{max(_cuda.supported_archs())}")
-    assert usage and all(u["stack"] == 0 and u["spill_stores"] == 0 for u in usage.values()), usage
+    array in a scalar tail loop), but those of LOCAL_ALLOWED: ptxas's report at sm_90 (register
+    counts are in docs/gpu.md)."""
+    arch = "sm_90" if 90 in _cuda.supported_archs() else f"sm_{max(_cuda.supported_archs())}"
+    usage = _usage(kernel_file, arch)
+    check_local_memory(usage, (kernel_file, arch))
     assert all(u["registers"] <= 255 for u in usage.values()), usage
 
 
@@ -65,14 +90,14 @@ def test_no_local_memory(kernel_file):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_gemm_family_kernels_do_not_spill(arch):
     """The GEMM family kernels' register tiles (matmul.cu: R x R outputs per thread, 2 blocks of 256
-    per SM, i.e. at most 128 registers; SR one block, 255) fit without local memory on Ampere and Hopper."""
+    per SM, i.e. at most 128 registers; SR one block, 255) fit without local memory on Ampere and
+    Hopper, but LOCAL_ALLOWED's."""
     if int(arch[3:]) not in _cuda.supported_archs():
         pytest.skip(f"NVRTC lacks {arch}")
     usage = _usage("matmul.cu", arch)
+    check_local_memory({name: usage[name] for name, _ in _kernels.FAMILY_KERNELS.values()}, arch)
     for name, _ in _kernels.FAMILY_KERNELS.values():
-        u = usage[name]
-        assert u["stack"] == 0 and u["spill_stores"] == 0 and u["spill_loads"] == 0, (arch, name, u)
-        assert u["registers"] <= (255 if name == "cpd_matmul_sr" else 128), (arch, name, u)  # SR: 1 block per SM
+        assert usage[name]["registers"] <= (255 if name == "cpd_matmul_sr" else 128), (arch, name, usage[name])
 
 
 

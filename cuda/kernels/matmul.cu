@@ -426,7 +426,8 @@ struct alignas(16) Tiles {  // 16-byte rows: float4 loads
 template <class Step, int R>
 __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const float* __restrict__ b,
                                             float* __restrict__ y, long long B, long long M, long long K, long long N,
-                                            const cpd::DotSpec& d, const Step& st, unsigned long long seed,
+                                            const cpd::DotSpec& d, const cpd::DotSpec& spec, const Step& st,
+                                            unsigned long long seed,
                                             unsigned long long offset, Tiles<R>& sh) {
   constexpr int T = 16 * R, PER = T * CPD_FK / CPD_THREADS;  // copies per thread and operand
   const int tx = (int)(threadIdx.x % 16u), ty = (int)(threadIdx.x / 16u);
@@ -568,7 +569,7 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
         const long long gm = m0 + own(ty, i), gn = n0 + own(tx, j), o = (bi * M + gm) * N + gn;
         if (gm < M && gn < N &&
             (!mine || (Step::FROM_VALUE ? st.redo_value(y[o]) : (bool)((redo >> (i * R + j)) & 1ull))))
-          y[o] = dot_output(ab + gm * K, bb + gn, N, K, (unsigned long long)o, d, seed, offset);
+          y[o] = dot_output(ab + gm * K, bb + gn, N, K, (unsigned long long)o, spec, seed, offset);
       }
   }
 }
@@ -587,9 +588,12 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
     const cpd::Format af = cpd::make_format(aexp, aman, abias, aspecials, asubnormals, saturate);               \
     const cpd::DotSpec d = cpd::make_dot_spec(mf, has_mul, af, kahan, block, mode, sr_bits);                    \
     __shared__ Tiles<R> sh;                                                                                     \
+    __shared__ cpd::DotSpec spec; /* dot_output's by reference: shared, not a stack copy per thread */        \
+    if (threadIdx.x == 0) spec = d;                                                                             \
+    __syncthreads();                                                                                            \
     STEP st;                                                                                                    \
     MAKE;                                                                                                       \
-    family_gemm<STEP, R>(a, b, y, B, M, K, N, d, st, seed, offset, sh);                                         \
+    family_gemm<STEP, R>(a, b, y, B, M, K, N, d, spec, st, seed, offset, sh);                                   \
   }
 
 CPD_FAMILY_KERNEL(cpd_matmul_chain, Rows<ChainStep>, 8, 2, (void)0)

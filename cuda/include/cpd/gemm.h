@@ -540,8 +540,12 @@ CPD_FN void gemm_sr_step(const DotSpec& d, u32 ua, u32 ub, int run_end, u32& s, 
     bs = 0u;  // the operands' order is dot_step's: (s, bs), (bs, -c)
     y = sr_add(d.af, d.kahan ? t : s, d.kahan ? c ^ SIGN : t, w[4], d.sr_bits);
   }
-  if (d.kahan) sr_kahan_add(d, s, c, y, w + (d.block ? 5 : 2));
-  else s = y;
+  if (d.kahan) {  // the words picked by value: an offset chosen at run time would put w in local memory
+    const u32 wk[3] = {d.block ? w[5] : w[2], d.block ? w[6] : w[3], d.block ? w[7] : w[4]};
+    sr_kahan_add(d, s, c, y, wk);
+  } else {
+    s = y;
+  }
 }
 
 // Whether a family's output s must be redone by dot_step (a NaN: see CHAIN and LANES).
