@@ -45,6 +45,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._filelock import held
+
 __all__ = ["extension", "loaded", "forced_fallback", "source_dir", "build_flags", "BuildFlags", "target", "host_level",
            "X86_LEVELS", "CFLAGS"]
 
@@ -360,25 +362,11 @@ def _build_lock(build_dir: Path, shared: bool = False):
     dies), so a ``lock`` file found while holding the flock belongs to a dead build and is removed.
     ``shared``: the flock of a load of a finished library: loads do not wait for each other, only
     for a build."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: torch's lock file alone
-        yield
-        return
-    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-    fd = os.open(build_dir / "cpd.flock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        except OSError:
-            print("cpd: waiting for another process that is building cpd's CPU extension…", file=sys.stderr,
-                  flush=True)
-            fcntl.flock(fd, mode)
-        if not shared:
+    with held(build_dir / "cpd.flock", shared=shared,
+              waiting="cpd: waiting for another process that is building cpd's CPU extension…") as locked:
+        if locked and not shared:
             (build_dir / "lock").unlink(missing_ok=True)  # a dead build's: nobody else holds the flock
         yield
-    finally:
-        os.close(fd)  # releases the flock
 
 
 def _import_library(name: str, build_dir: Path):

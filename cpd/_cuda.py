@@ -35,6 +35,7 @@ import torch
 
 from . import _kernels
 from ._cpu import source_dir
+from ._filelock import held
 
 __all__ = ["available", "nvrtc_version", "supported_archs", "target_for", "compile_source", "launch",
            "geometry", "unusable_reason", "cpu_twin", "resource_usage", "NVRTC_OPTIONS"]
@@ -157,25 +158,15 @@ def _nvrtc_compile(kernel_file: str, arch: str, src: bytes, headers, opts) -> tu
     return image, log.decode(errors="replace").replace("\x00", "")
 
 
-@contextlib.contextmanager
-def _one_compile(path: Path):
-    """Held while one process compiles the image cached at ``path``: an exclusive ``flock`` on
-    ``<path>.lock``, so that processes that need the same image at once (the ranks of a job on one
-    GPU host, pytest-xdist workers) compile it once and the others wait for it and read the cache,
-    instead of each running NVRTC (a minute or more for matmul.cu). Where ``fcntl`` is missing
-    (Windows) there is no lock: each process compiles, and the atomic writes keep the cache whole."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
+def _one_compile(path: Path, what: str):
+    """Held while one process compiles the image cached at ``path`` (an exclusive flock on
+    ``<path>.lock``: :func:`cpd._filelock.held`), so that processes that need the same image at once
+    (the ranks of a job on one GPU host, pytest-xdist workers) compile it once and the others wait
+    for it, saying so, and read the cache, instead of each running NVRTC (a minute or more for
+    matmul.cu). Without ``fcntl`` (Windows) each process compiles; the atomic writes keep the cache
+    whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return held(path.with_name(path.name + ".lock"), waiting=f"cpd: waiting for another process compiling {what}…")
 
 
 def _cached(path: Path) -> bool:
@@ -191,7 +182,7 @@ def compile_source(kernel_file: str = "cast.cu", arch: str = "sm_80", *, use_cac
     path = _cache_path(kernel_file, arch, src, headers, opts)
     if use_cache and _cached(path):
         return path.read_bytes()
-    with _one_compile(path):
+    with _one_compile(path, f"{kernel_file} for {arch}"):
         if use_cache and _cached(path):  # another process compiled it while this one waited
             return path.read_bytes()
         image, _ = _nvrtc_compile(kernel_file, arch, src, headers, opts)
@@ -269,7 +260,7 @@ def resource_usage(kernel_file: str, arch: str) -> dict[str, dict[str, int]]:
     report = path.with_suffix(".ptxas2.json")  # 2: parse_ptxas_report's reading (a kernel's own lines)
     if _cached(report):
         return json.loads(report.read_text())
-    with _one_compile(path):
+    with _one_compile(path, f"{kernel_file} for {arch}"):
         if _cached(report):
             return json.loads(report.read_text())
         return _ptxas_report(kernel_file, arch, src, headers, opts, path, report)

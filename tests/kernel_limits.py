@@ -1,6 +1,8 @@
 """The GPU kernels' local-memory budget, shared by tests/test_cuda.py and tests/test_cuda_compile.py
 (ptxas's report through cpd._cuda.resource_usage)."""
 
+from cpd import _kernels
+
 #: The kernels allowed some local memory (bytes, ptxas's report), and why. Every other kernel has
 #: none. (Until 27 Nov the report was read wrong: a kernel's figures were taken from the last
 #: "Function properties" line before the next kernel, which is a called function's; that hid these.)
@@ -19,3 +21,14 @@ def check_local_memory(usage: dict, where) -> None:
     for name, u in usage.items():
         lim = LOCAL_ALLOWED.get(name, {"stack": 0, "spill": 0})
         assert u["stack"] <= lim["stack"] and max(u["spill_stores"], u["spill_loads"]) <= lim["spill"], (where, name, u)
+
+
+def check_family_kernels(usage: dict, arch: str, local: bool = True) -> None:
+    """matmul.cu's GEMM family kernels in ``usage`` (ptxas's report of the file at ``arch``): at
+    most 128 registers (two blocks of 256 per SM; SR one block, 255), and with ``local`` within
+    LOCAL_ALLOWED."""
+    family = {name: usage[name] for name, _ in _kernels.FAMILY_KERNELS.values()}
+    if local:
+        check_local_memory(family, arch)
+    for name, u in family.items():
+        assert u["registers"] <= (255 if name == "cpd_matmul_sr" else 128), (arch, name, u)

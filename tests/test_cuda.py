@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import cpd
-from cpd import _cuda, _kernels
+from cpd import _cuda
 from cpd._cuda import cpu_twin as _cpu_twin
-from kernel_limits import check_local_memory
+from kernel_limits import check_family_kernels, check_local_memory
 
 nvrtc = pytest.mark.skipif(not _cuda.available(), reason="cuda-bindings NVRTC not installed")
 #: Every kernel source of the package: each keeps out of local memory (and compiles for the ends of
@@ -94,10 +94,7 @@ def test_gemm_family_kernels_do_not_spill(arch):
     Hopper, but LOCAL_ALLOWED's."""
     if int(arch[3:]) not in _cuda.supported_archs():
         pytest.skip(f"NVRTC lacks {arch}")
-    usage = _usage("matmul.cu", arch)
-    check_local_memory({name: usage[name] for name, _ in _kernels.FAMILY_KERNELS.values()}, arch)
-    for name, _ in _kernels.FAMILY_KERNELS.values():
-        assert usage[name]["registers"] <= (255 if name == "cpd_matmul_sr" else 128), (arch, name, usage[name])
+    check_family_kernels(_usage("matmul.cu", arch), arch)
 
 
 

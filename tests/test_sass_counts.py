@@ -39,8 +39,8 @@ def test_inner_loop_counts(capsys):
     chain = counts["cpd_matmul_chain"]["ops"]
     assert chain.get("FFMA") == counts["cpd_matmul_chain"]["macs"]  # one FFMA per step, nothing else per step
     # No local memory in any family's K loop, but for the chain's staging values, reloaded once per
-    # slice (its 8 x 8 tile at 128 registers spills a few: 3 LDL per 512 FFMA at sm_90; test_cuda.py
-    # LOCAL_ALLOWED).
+    # slice (its 8 x 8 tile at 128 registers spills a few: 3 LDL per 512 FFMA at sm_90;
+    # tests/kernel_limits.py LOCAL_ALLOWED).
     for name, c in counts.items():
         assert c["local"] <= (4 if name == "cpd_matmul_chain" else 0), (name, c["local"], c["ops"])
 
