@@ -7,12 +7,10 @@ from cpd import _kernels
 #: none. (Until 27 Nov the report was read wrong: a kernel's figures were taken from the last
 #: "Function properties" line before the next kernel, which is a called function's; that hid these.)
 #: * cpd_matmul_sr: a stack frame for its out-of-line exact redo calls (their formats are passed by
-#:   reference); no spills, and no local memory in its K loop (tests/test_sass_counts.py);
-#: * cpd_matmul_chain: its 8 x 8 register tile at 128 registers (2 blocks per SM) spills staging
-#:   values: 72 / 56 bytes stored / loaded at sm_90 (3 LDL per 512 FFMA in the K loop:
-#:   test_sass_counts.py), 76 / 64 at sm_80, 112 / 108 at sm_75 and 228 / 328 at sm_70 (NVRTC 12.9),
-#:   where it costs more; a smaller tile or one block per SM before sm_80 is the fix, to be timed.
-LOCAL_ALLOWED = {"cpd_matmul_sr": {"stack": 320, "spill": 0}, "cpd_matmul_chain": {"stack": 192, "spill": 336}}
+#:   reference); no spills, and no local memory in its K loop (tests/test_sass_counts.py).
+#: (cpd_matmul_chain spilled 56-328 bytes of staging values with its 8 x 8 tile at 128 registers,
+#: until it asked for one block per SM: matmul.cu CPD_FAMILY_KERNEL.)
+LOCAL_ALLOWED = {"cpd_matmul_sr": {"stack": 320, "spill": 0}}
 
 
 def check_local_memory(usage: dict, where) -> None:
@@ -25,10 +23,10 @@ def check_local_memory(usage: dict, where) -> None:
 
 def check_family_kernels(usage: dict, arch: str, local: bool = True) -> None:
     """matmul.cu's GEMM family kernels in ``usage`` (ptxas's report of the file at ``arch``): at
-    most 128 registers (two blocks of 256 per SM; SR one block, 255), and with ``local`` within
-    LOCAL_ALLOWED."""
+    most 128 registers (two blocks of 256 per SM; the chain and SR one block, 255), and with
+    ``local`` within LOCAL_ALLOWED."""
     family = {name: usage[name] for name, _ in _kernels.FAMILY_KERNELS.values()}
     if local:
         check_local_memory(family, arch)
     for name, u in family.items():
-        assert u["registers"] <= (255 if name == "cpd_matmul_sr" else 128), (arch, name, u)
+        assert u["registers"] <= (255 if name in ("cpd_matmul_sr", "cpd_matmul_chain") else 128), (arch, name, u)

@@ -19,6 +19,12 @@ nothing hung (issue 32). So the time of a group is cut in three:
 
 A rank's result (or ``{"harness_error": traceback}``) comes back through a file; the rank ends
 with ``os._exit`` (no teardown: a failed group must not hang at exit).
+
+Ranks are forks of a ``forkserver`` that has imported torch and cpd once (:data:`PRELOAD`), with
+the spawning process's environment, stdout and stderr as they are at the spawn: a fresh
+interpreter per rank (``spawn``) took about 5 s of CPU for those imports, three quarters of the
+distributed tests' time (380 s of CPU against 97 s for tests/test_distributed.py and
+tests/test_ranks.py on a 2-core EPYC).
 """
 
 from __future__ import annotations
@@ -95,9 +101,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, fn, out: str, args, conn) -> None:
+#: What the ranks' fork server imports once (each rank is a fork of it: a spawned interpreter took
+#: about 5 s of CPU per rank for these imports, most of the distributed tests' time): modules only,
+#: no extension load and no op call (no threads, no OpenMP pool before the fork); warm_up does those
+#: in each rank.
+PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "cpd", "cpd.compressors",
+           "cpd.distributed.kernels"]
+
+
+def _context():
+    """The ranks' start method: ``forkserver`` with :data:`PRELOAD` imported in the server (one
+    per process that spawns groups, started at its first group). A rank is a fresh fork of that
+    server, not of this process (no state of the test process, no threads), and takes this
+    process's environment as it is at the spawn (:func:`_entry`), not the server's."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+class _ParentFd:
+    """A file descriptor of the spawning process (its stdout or stderr, pytest's capture of the
+    test at hand), which the rank writes to: a fork server's ranks would inherit the server's, from
+    its start (an earlier test's capture)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return _detach, (reduction.DupFd(self.fd),)  # pickled as the process starts: sent with it
+
+
+def _detach(dup) -> int:
+    return dup.detach()  # in the rank: its descriptor of the spawning process's file
+
+
+def _entry(rank: int, world: int, port: int, fn, out: str, args, conn, env: dict, fds) -> None:
     global _conn
     _conn = conn
+    os.environ.clear()
+    os.environ.update(env)  # the spawning process's, now (the fork server has its own from its start)
+    for fd, std in zip(fds, (1, 2)):
+        os.dup2(fd, std)
+        os.close(fd)
     torch.set_num_threads(1)
     backend = os.environ.get("CPD_TEST_BACKEND", "gloo")
     try:
@@ -164,19 +213,18 @@ class _Group:
 
 def spawn(fn, world: int, out: Path, *args, name: str | None = None, deadline: float = DEADLINE,
           setup_limit: float = SETUP_LIMIT, watch=None) -> list:
-    """Run ``fn(rank, world, *args)`` in ``world`` spawned gloo processes (``fn`` importable by
-    name: a module-level function); their results, in rank order. ``out``: a new folder for them.
+    """Run ``fn(rank, world, *args)`` in ``world`` gloo processes (forks of the fork server: ``fn``
+    importable by name, a module-level function); their results, in rank order. ``out``: a new folder for them.
     ``watch(rank, kind, text)``, if given, sees every message of a rank (``kind``: 'step' or
     'ready') as it arrives."""
-    import torch.multiprocessing as mp
-
     name = name or fn.__name__
     ensure_extension()
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     out.mkdir()
     port = _free_port()
     pipes = [ctx.Pipe() for _ in range(world)]
-    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, str(out), args, pipes[r][1]), daemon=True)
+    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, str(out), args, pipes[r][1], dict(os.environ),
+                                                 (_ParentFd(1), _ParentFd(2))), daemon=True)
              for r in range(world)]
     t0 = time.monotonic()
     for p in procs:

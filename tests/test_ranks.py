@@ -105,7 +105,7 @@ def test_a_set_up_that_never_ends_fails_naming_the_ranks(library_folder, tmp_pat
     fd = _hold(library_folder)
     try:
         with pytest.raises(AssertionError, match=r"tiny \(W=2\): not every rank was ready after 3\.0 s of set-up.*"
-                                                 r"rank 0 \(in step '.*'\), rank 1 \(in step"):
+                                                 r"rank 0 \(in step ['\"].*['\"]\), rank 1 \(in step"):
             ranks.spawn(job_tiny, 2, tmp_path / "never", name="tiny", setup_limit=3.0)
     finally:
         os.close(fd)

@@ -577,7 +577,18 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
 }  // namespace
 
 // The family kernels' parameters are cpd_matmul_tiled's; R: the register tile (R x R outputs per
-// thread), sized per family so that nothing spills (tests/test_cuda.py, ptxas at sm_80 and sm_90).
+// thread) and MINB: the blocks of 256 per SM that __launch_bounds__ asks for, sized per family and
+// architecture so that nothing spills (tests/test_cuda.py: ptxas at sm_75, sm_80 and sm_90):
+// * the 4 x 4 tiles: 2 blocks (at most 128 registers a thread); on Volta (sm_70, NVRTC 12 only) 1,
+//   where ptxas's code needs more (at 2 blocks every family spilled 36-164 bytes);
+// * the chain's 8 x 8 tile (64 sums): 1 block (186-197 registers from sm_80 on, 245 at sm_75; at 2
+//   blocks it spilled 56-328 bytes of staging values, 3 LDL per 512 FFMA in its K loop at sm_90);
+// * SR: 1 block (three words per output and the Philox state).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
+#define CPD_FAMILY_MINB 1
+#else
+#define CPD_FAMILY_MINB 2
+#endif
 #define CPD_FAMILY_KERNEL(NAME, STEP, R, MINB, MAKE)                                                             \
   extern "C" __global__ void __launch_bounds__(CPD_THREADS, MINB)                                              \
       NAME(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, long long B,         \
@@ -596,15 +607,15 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
     family_gemm<STEP, R>(a, b, y, B, M, K, N, d, spec, st, seed, offset, sh);                                   \
   }
 
-CPD_FAMILY_KERNEL(cpd_matmul_chain, Rows<ChainStep>, 8, 2, (void)0)
-CPD_FAMILY_KERNEL(cpd_matmul_lanes, Rows<LanesStep>, 4, 2, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
-CPD_FAMILY_KERNEL(cpd_matmul_kahan, Rows<KahanStep>, 4, 2, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
-CPD_FAMILY_KERNEL(cpd_matmul_lanes16, Binary16Step<false>, 4, 2, (st.g = cpd::make_gemm_f16(mf, af)))
-CPD_FAMILY_KERNEL(cpd_matmul_kahan16, Binary16Step<true>, 4, 2, (st.g = cpd::make_gemm_f16(mf, af)))
-CPD_FAMILY_KERNEL(cpd_matmul_lanesbf, BF16Step<false>, 4, 2, (st.g = cpd::make_gemm_bf16(mf, af)))
-CPD_FAMILY_KERNEL(cpd_matmul_kahanbf, BF16Step<true>, 4, 2, (st.g = cpd::make_gemm_bf16(mf, af)))
-CPD_FAMILY_KERNEL(cpd_matmul_fusedbf, FusedBF16Step, 4, 2, (st.g = cpd::make_gemm_fbf16(af)))
-CPD_FAMILY_KERNEL(cpd_matmul_fkahanbf, FusedKahanBF16Step, 4, 2, (st.g = cpd::make_gemm_fbf16(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_chain, Rows<ChainStep>, 8, 1, (void)0)
+CPD_FAMILY_KERNEL(cpd_matmul_lanes, Rows<LanesStep>, 4, CPD_FAMILY_MINB, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_kahan, Rows<KahanStep>, 4, CPD_FAMILY_MINB, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_lanes16, Binary16Step<false>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_f16(mf, af)))
+CPD_FAMILY_KERNEL(cpd_matmul_kahan16, Binary16Step<true>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_f16(mf, af)))
+CPD_FAMILY_KERNEL(cpd_matmul_lanesbf, BF16Step<false>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_bf16(mf, af)))
+CPD_FAMILY_KERNEL(cpd_matmul_kahanbf, BF16Step<true>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_bf16(mf, af)))
+CPD_FAMILY_KERNEL(cpd_matmul_fusedbf, FusedBF16Step, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_fbf16(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_fkahanbf, FusedKahanBF16Step, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_fbf16(af)))
 // SR keeps three words per output (s, c, bs: Kahan and blocks are run-time choices) and the Philox
-// state: one block of 256 per SM, up to 255 registers (128 spill at sm_90).
+// state: one block of 256 per SM, up to 255 registers (at 128 it spills at sm_90).
 CPD_FAMILY_KERNEL(cpd_matmul_sr, SrStep, 4, 1, (st.d = d, st.seed = seed, st.offset = offset, st.K = (unsigned long long)K))
