@@ -1,5 +1,5 @@
-"""The GPU kernels' local-memory budget, shared by tests/test_cuda.py and tests/test_cuda_compile.py
-(ptxas's report through cpd._cuda.resource_usage)."""
+"""The GPU kernels' local-memory and register budget, checked by tests/test_cuda.py on ptxas's report
+(cpd._cuda.resource_usage)."""
 
 from cpd import _kernels
 

@@ -116,6 +116,8 @@ def _context():
     process's environment as it is at the spawn (:func:`_entry`), not the server's."""
     import torch.multiprocessing as mp
 
+    if "forkserver" not in mp.get_all_start_methods():  # Windows: a fresh interpreter per rank
+        return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx

@@ -90,11 +90,11 @@ def test_no_local_memory(kernel_file):
 @pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90"])
 def test_gemm_family_kernels_do_not_spill(arch):
     """The GEMM family kernels' register tiles (matmul.cu: R x R outputs per thread, 2 blocks of 256
-    per SM, i.e. at most 128 registers; SR one block, 255) fit without local memory on Turing,
-    Ampere and Hopper, but LOCAL_ALLOWED's. sm_75 has no cp.async: its kernels stage the next K
-    slice in registers (matmul.cu family_gemm, cpd/launch.h CPD_COPY_ASYNC), which fit too. At
-    sm_70 (NVRTC 12 only; tests/test_cuda_compile.py compiles it) several families spill (60 bytes
-    for LANES, 228 for the chain): not checked, open."""
+    per SM, i.e. at most 128 registers; the chain and SR one block, 255) fit without local memory
+    on Turing, Ampere and Hopper, but LOCAL_ALLOWED's. sm_75 has no cp.async: its kernels stage the
+    next K slice in registers (matmul.cu family_gemm, cpd/launch.h CPD_COPY_ASYNC), which fit too.
+    Volta (sm_70, NVRTC 12 only: every family one block per SM there) is compiled by
+    tests/test_cuda_compile.py, its registers not checked here."""
     if int(arch[3:]) not in _cuda.supported_archs():
         pytest.skip(f"NVRTC lacks {arch}")
     check_family_kernels(_usage("matmul.cu", arch), arch)

@@ -32,7 +32,7 @@ def _fast_options() -> list[bytes]:
 @pytest.mark.parametrize("kernel_file", KERNEL_FILES)
 def test_kernels_compile(kernel_file):
     """Every kernel file compiles at both ends of NVRTC's range into a cubin (Volta's sm_70 where
-    NVRTC 12 has it: compiled here, its registers not checked, several families spill there)."""
+    NVRTC 12 has it: compiled here only, its registers not checked)."""
     src = (_cuda.source_dir() / "kernels" / kernel_file).read_bytes()
     for arch in _archs():
         opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in _cuda.NVRTC_OPTIONS), *_fast_options()]
