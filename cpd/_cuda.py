@@ -158,6 +158,12 @@ def _nvrtc_compile(kernel_file: str, arch: str, src: bytes, headers, opts) -> tu
     return image, log.decode(errors="replace").replace("\x00", "")
 
 
+def _program(kernel_file: str, arch: str) -> tuple[bytes, list[tuple[bytes, bytes]], list[bytes]]:
+    """(source, headers, options) of one NVRTC compile of ``cuda/kernels/<kernel_file>`` for ``arch``."""
+    src = (source_dir() / "kernels" / kernel_file).read_bytes()
+    return src, _headers(), [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
+
+
 def _one_compile(path: Path, what: str):
     """Held while one process compiles the image cached at ``path`` (an exclusive flock on
     ``<path>.lock``: :func:`cpd._filelock.held`), so that processes that need the same image at once
@@ -177,8 +183,7 @@ def compile_source(kernel_file: str = "cast.cu", arch: str = "sm_80", *, use_cac
     """Compile one kernel file for ``arch``: a cubin for ``sm_XY``, NUL-terminated PTX for
     ``compute_XY``. Raises RuntimeError with NVRTC's log when the source does not compile.
     ``use_cache=False`` compiles afresh (and refreshes the cached image)."""
-    src, headers = (source_dir() / "kernels" / kernel_file).read_bytes(), _headers()
-    opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
+    src, headers, opts = _program(kernel_file, arch)
     path = _cache_path(kernel_file, arch, src, headers, opts)
     if use_cache and _cached(path):
         return path.read_bytes()
@@ -254,8 +259,7 @@ def resource_usage(kernel_file: str, arch: str) -> dict[str, dict[str, int]]:
     compiles a large kernel file once per architecture, not once per question asked of it."""
     import json
 
-    src, headers = (source_dir() / "kernels" / kernel_file).read_bytes(), _headers()
-    opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in NVRTC_OPTIONS)]
+    src, headers, opts = _program(kernel_file, arch)
     path = _cache_path(kernel_file, arch, src, headers, opts)
     report = path.with_suffix(".ptxas2.json")  # 2: parse_ptxas_report's reading (a kernel's own lines)
     if _cached(report):

@@ -33,8 +33,7 @@ def _fast_options() -> list[bytes]:
 def test_kernels_compile(kernel_file):
     """Every kernel file compiles at both ends of NVRTC's range into a cubin (Volta's sm_70 where
     NVRTC 12 has it: compiled here only, its registers not checked)."""
-    src = (_cuda.source_dir() / "kernels" / kernel_file).read_bytes()
     for arch in _archs():
-        opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in _cuda.NVRTC_OPTIONS), *_fast_options()]
-        cubin, _ = _cuda._nvrtc_compile(kernel_file, arch, src, _cuda._headers(), opts)
+        src, headers, opts = _cuda._program(kernel_file, arch)
+        cubin, _ = _cuda._nvrtc_compile(kernel_file, arch, src, headers, [*opts, *_fast_options()])
         assert cubin[:4] == b"\x7fELF", arch  # a cubin is an ELF image

@@ -101,10 +101,10 @@ def _main_in_process(argv: list[str], capsys) -> tuple[int, str]:
 
     try:
         code = main(argv)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+    except SystemExit as e:  # as the interpreter ends on it: None is 0, a message is printed and 1
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
         if not isinstance(e.code, int) and e.code is not None:
-            print(e.code, file=sys.stderr)  # as the interpreter prints a SystemExit message
+            print(e.code, file=sys.stderr)
     return code, capsys.readouterr().err
 
 
