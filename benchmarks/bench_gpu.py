@@ -101,6 +101,8 @@ GEMM_FAMILIES = (
     ("E4M3 x FP16", lambda: dict(mul=cpd.E4M3, acc=cpd.FP16)),
     ("float32 chain (mul=None, acc=FP32)", lambda: dict(acc=cpd.FP32)),
     ("Hopper e4m3 model", lambda: dict(acc=cpd.tensor_core("hopper", a="e4m3"))),
+    ("Ampere bf16 model (L 8)", lambda: dict(acc=cpd.tensor_core("ampere", a="bf16"))),
+    ("Hopper tf32 model (L 8, 64-bit sums)", lambda: dict(acc=cpd.tensor_core("hopper", a="tf32"))),
     ("Kahan BF16", lambda: dict(acc=cpd.BF16, kahan=True)),
     ("E4M3 x BF16 stochastic", lambda: dict(mul=cpd.E4M3, acc=cpd.BF16, rounding="stochastic")),
 )

@@ -48,9 +48,18 @@ FUSED_DOT = {
     "cpd_fused_dot_tiled_l16": ("Ada FP8 model (L 16, F 13, 32-bit sums)", 16, None),
     "cpd_fused_dot_tiled_l16w": ("Hopper/Blackwell FP16/BF16 (L 16, F 25, 64-bit sums)", 16, None),
     "cpd_fused_dot_tiled_l32w": ("Blackwell FP8/FP4 (L 32, F 25, 64-bit sums)", 32, None),
+    "cpd_fused_dot_tiled_l8": ("Turing/Ampere/Ada FP16/BF16 (L 8, F 24, 32-bit sums)", 8, None),
+    "cpd_fused_dot_tiled_l8w": ("Hopper/Blackwell TF32 (L 8, F 25, 64-bit sums)", 8, None),
+    "cpd_fused_dot_tiled_l4": ("Volta FP16, Ampere/Ada TF32 (L 4, F 23-24, 32-bit sums)", 4, None),
 }
-#: suffix -> (stages, groups per K slice): fused_dot.cu CPD_FD_TILED_SHAPES (and cpd/_tensor_core_op.py).
+#: suffix -> (stages, K slice depth): fused_dot.cu CPD_FD_TILED_SHAPES (and cpd/_tensor_core_op.py,
+#: whose slice_groups gives the groups of L per slice).
 SHAPES = {"s1": (1, 1), "s2": (2, 1), "s2g2": (2, 2)}
+
+
+def pass_chunk(L: int) -> int:
+    """k per trip of the passes' loops (fused_dot.cu fd_tiled's C): 8, or L / 2 at L 4 / 8."""
+    return L // 2 if L <= 8 else 8
 #: The architectures --all-archs prints (each with the shape cpd/_tensor_core_op.py tile_shape picks
 #: there by cp.async and the shared memory per block: sm_80/sm_90 163/227 KiB, sm_86/sm_89 99 KiB).
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100")
@@ -149,7 +158,8 @@ def counts(arch: str = "sm_90") -> dict[str, dict]:
 
 def _loop_count(insns, lo, hi, L, G) -> int:
     """Instructions one thread issues in loop (lo, hi) per trip, loops nested in it times their
-    trip counts: the passes over k (innermost, shared loads only, unrolled by 8) L / 8; a loop
+    trip counts: the passes over k (innermost, shared loads only, unrolled by 8 or L / 2:
+    :func:`pass_chunk`) two or L / 8; a loop
     holding passes is the group loop (G trips); a loop that stores shared memory (staging,
     decomposition, where not unrolled) L / 4; any other loop that reads global memory (fd_step for
     flagged outputs and the rare roundings the 32-bit form leaves: not run on the fast path) 0."""
@@ -171,13 +181,13 @@ def _loop_count(insns, lo, hi, L, G) -> int:
         if any(is_pass(e, f) for e, f in inside(c, d)):
             trips = G
         elif is_pass(c, d):
-            trips = L // 8
+            trips = L // pass_chunk(L)
         elif any(op.startswith("LDG") and not op.startswith("LDGSTS") for op in o):
             continue
         elif any(op.startswith(("STS", "LDGSTS")) for op in o):
-            trips = L // 4
+            trips = max(L // 4, 1)
         else:
-            trips = L // 8
+            trips = L // pass_chunk(L)
         total += trips * _loop_count(insns, c, d, L, G)
     return total
 
@@ -188,13 +198,13 @@ def fused_dot_counts(arch: str = "sm_90", shapes=None) -> dict[str, dict]:
     groups of L; 4 x 4 outputs, so 16 L G MACs) on the fast path: the slice loop's straight-line
     code plus each loop nested in it times its trip count (:func:`_loop_count`). The straight-line
     code counts every instruction, branches not taken on the fast path included."""
-    from cpd import _cuda
+    from cpd import _cuda, _tensor_core_op
 
     functions = sass(_cuda.compile_source("fused_dot.cu", arch))
     out = {}
     for family, (label, L, goal) in FUSED_DOT.items():
         for shape in shapes or SHAPES:
-            G = SHAPES[shape][1]
+            G = _tensor_core_op.slice_groups(L, shape)
             insns = functions[f"{family}_{shape}"]
             a, b = inner_loop(insns)
             total = _loop_count(insns, a, b, L, G)

@@ -186,32 +186,41 @@ def tiled_kernel(p: _fused_dot_ref.Params, fields, scaled: bool) -> str | None:
     ``cpd::fd_tiled_wide`` of cuda/include/cpd/fused_dot_tiled.h (mirrored here;
     tests/test_fused_dot_tiled.py checks both choices on the host shim)."""
     a_man, b_man = fields[0], fields[2]
-    if not (p.algo == 0 and not scaled and p.group in (16, 32) and p.frac >= a_man + b_man and p.frac <= 26
-            and p.zero_exp >= -255 and a_man <= 23 and b_man <= 23):
-        return None
     wide = p.frac + 2 + (p.group + 1 - 1).bit_length() > 30
+    if not (p.algo == 0 and not scaled and p.group in (4, 8, 16, 32) and p.frac >= a_man + b_man and p.frac <= 26
+            and p.zero_exp >= -255 and a_man <= 23 and b_man <= 23 and (p.group > 4 or not wide)):
+        return None
     return f"cpd_fused_dot_tiled_l{p.group}{'w' if wide else ''}"
 
 
 #: The tiled kernels' shapes (fused_dot.cu FdShape and CPD_FD_TILED_SHAPES; the comment there says
-#: why): suffix -> (stages, groups per K slice). Every family is built in every shape.
+#: why): suffix -> (stages, K slice depth in groups of 16 or more elements: slice_groups). Every
+#: family is built in every shape.
 TILE_SHAPES = {"s1": (1, 1), "s2": (2, 1), "s2g2": (2, 2)}
+
+
+def slice_groups(group: int, shape: str) -> int:
+    """Groups of ``group`` per K slice of a shape (fused_dot.cu CPD_FD_GROUPS): its depth times
+    one group of 16 or 32, or times 16 / L groups of 4 or 8."""
+    depth = TILE_SHAPES[shape][1]
+    return depth if group >= 16 else depth * (16 // group)
 
 
 def tile_smem(group: int, shape: str) -> int:
     """Bytes of dynamic shared memory of a tiled kernel (fused_dot.cu FdShape<L, S, G>::BYTES): rows
     of 64 words, 4 L G of exponents and words, 4 G of sign and flag words, and 2 S L G of raw stages
     when S > 1 (one stage is decomposed in place)."""
-    stages, groups = TILE_SHAPES[shape]
+    stages = TILE_SHAPES[shape][0]
+    groups = slice_groups(group, shape)
     ks = group * groups
     return (4 * ks + 4 * groups + (2 * stages * ks if stages > 1 else 0)) * 64 * 4
 
 
 def tile_shape(capability: tuple[int, int], smem_optin: int, group: int) -> str:
     """The tile shape for a GPU of compute ``capability`` whose blocks may take ``smem_optin``
-    bytes of shared memory: two stages where cp.async exists (sm_80+), two groups per slice where
-    they fit (sm_80, sm_87, sm_90, sm_100: 163-227 KiB; L 16 on sm_86, sm_89, sm_120: 99 KiB),
-    else one; one stage before sm_80 (no cp.async). Chosen by capacity; not yet timed on a GPU."""
+    bytes of shared memory: two stages where cp.async exists (sm_80+), slices of twice the depth
+    where they fit (sm_80, sm_87, sm_90, sm_100: 163-227 KiB; L <= 16 on sm_86, sm_89, sm_120:
+    99 KiB), else one; one stage before sm_80 (no cp.async). Chosen by capacity; not yet timed on a GPU."""
     if capability[0] < 8:
         return "s1"
     for shape in ("s2g2", "s2"):

@@ -63,18 +63,19 @@ def test_kernel_choice_is_the_headers_and_agrees_with_python(ext, arch, ka):
         for shape in SHAPES:
             want = "cpd_fused_dot_matmul" if family is None else f"{family}_{shape}"
             assert ext.fused_dot_kernel(spec(acc), scaled, shape) == want, (arch, ka, scaled, shape)
-    for frac in (23, 25, 26, 27):  # F > 26 leaves the tiled kernels
-        custom = FusedDot(group=32, frac_bits=frac, out="f32", a="e5m10", b="e5m10")
+    for group, frac in [(32, 23), (32, 25), (32, 26), (32, 27), (4, 25), (4, 26), (8, 26), (2, 23)]:
+        # F > 26 leaves the tiled kernels, and so do L 4 with 64-bit sums (F 26) and L 2
+        custom = FusedDot(group=group, frac_bits=frac, out="f32", a="e5m10", b="e5m10")
         family = _tensor_core_op.tiled_kernel(custom.params, fields(custom), False)
         assert ext.fused_dot_kernel(spec(custom), False, "s2") == (
-            "cpd_fused_dot_matmul" if family is None else family + "_s2")
+            "cpd_fused_dot_matmul" if family is None else family + "_s2"), (group, frac)
 
 
 def test_tile_shape_per_architecture_agrees_with_python(ext):
     kib = 1024
     for major in (7, 8, 9, 10, 12):
         for optin in (48 * kib, 64 * kib, 96 * kib, 99 * kib, 163 * kib, 227 * kib):
-            for group in (16, 32):
+            for group in (4, 8, 16, 32):
                 assert ext.fused_dot_tile_shape(major, optin, group) == _tensor_core_op.tile_shape(
                     (major, 0), optin, group), (major, optin, group)
     with pytest.raises(RuntimeError, match="shape=s3; allowed s1, s2, s2g2"):
@@ -93,7 +94,7 @@ def run_both(a, b, acc):
 
 
 @pytest.mark.parametrize("arch,ka", [("hopper", "e4m3"), ("ada", "e4m3"), ("hopper", "fp16"), ("blackwell", "e4m3"),
-                                     ("cdna3", "fp8"), ("hopper", "tf32")])
+                                     ("cdna3", "fp8"), ("hopper", "tf32"), ("volta", "fp16"), ("ampere", "bf16")])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_shim_launch_matches_the_loops(ext, arch, ka, shape):
     """Ragged M, N, K (not multiples of the 64 x 64 tile nor K of the group), a broadcast batch dim,

@@ -3,18 +3,19 @@ integer step in cuda/include/cpd/fused_dot_tiled.h) executed on the host by the 
 extension's fused-dot matmul bits (itself checked against exact oracles in test_tensor_core.py).
 
 Invariants defended (no GPU needed):
-* every tiled kernel (L = 16, 32; 32- and 64-bit group sums) equals the CPU bit for bit, NaN
+* every tiled kernel (L = 4, 8, 16, 32; 32- and 64-bit group sums) equals the CPU bit for bit, NaN
   payloads included, on random codes of the input formats (every bit pattern: NaN, inf,
   subnormals, zeros of both signs), wide-range exponents, cancellation, dominant products,
   operands with more fraction bits than the format (the flagged fallback), ragged shapes
   (M, N, K not multiples of the 64 x 64 tile nor K of the group) and batches;
-* every tile shape (one stage; cp.async double buffering with one or two groups per K slice:
-  cpd/_tensor_core_op.py TILE_SHAPES) gives those bits, K running over several slices, a partial
-  last slice and a slice whose second group lies past K; the shim runs a block's threads in turn
+* every tile shape (one stage; cp.async double buffering with slices of one or two depths:
+  cpd/_tensor_core_op.py TILE_SHAPES; groups of 4 / 8 share a slice of 16 or 32) gives those
+  bits, K running over several slices, a partial last slice and a slice whose later groups lie
+  past K; the shim runs a block's threads in turn
   between barriers, so a stage written before the barrier that should guard it shows as wrong bits;
-* cpd/_tensor_core_op.py tiled_kernel routes the NVIDIA FP8/FP4/FP16/BF16 models of Ada, Hopper and
-  Blackwell (Blackwell FP8 and e2m1 too: L 32, F 25) to the tiled kernels and leaves the others
-  (block scales, AMD, L = 4 or 8) alone; tile_shape picks a shape per GPU from cp.async and its
+* cpd/_tensor_core_op.py tiled_kernel routes every NVIDIA model without block scales (Volta to
+  Blackwell: FP16/BF16/TF32/FP8/FP4, L 4 to 32, F 13 to 25) to the tiled kernels and leaves the
+  others (block scales, AMD, other group sizes, L 4 with 64-bit sums) alone; tile_shape picks a shape per GPU from cp.async and its
   shared memory.
 Shapes are small: the shim runs GPU threads one after another on one core.
 """
@@ -31,17 +32,23 @@ pytestmark = [pytest.mark.skipif(not _shim.available(), reason="no host C++ comp
 MODELS = [("hopper", "e4m3"), ("hopper", "e5m2"), ("hopper", "fp16"), ("hopper", "bf16"), ("ada", "e4m3"),
           ("blackwell", "bf16"), ("blackwell", "e4m3"), ("blackwell", "e5m2"), ("blackwell", "e2m1"),
           ("blackwell", "e4m3 x e5m2"), ("blackwell", "e4m3 f16"), ("custom", "fp16 L=32"),
-          ("custom", "fp16 L=32 F=26")]
+          ("custom", "fp16 L=32 F=26"), ("volta", "fp16"), ("volta", "fp16 f16"), ("turing", "fp16"),
+          ("ampere", "fp16 f16"), ("ampere", "bf16"), ("ampere", "tf32"), ("hopper", "tf32"),
+          ("custom", "fp16 L=4 F=25"), ("custom", "e4m3 L=8 F=6")]
 SHAPES = list(_tensor_core_op.TILE_SHAPES)
 
 
 def model(arch, ka):
+    if ka == "fp16 L=4 F=25":  # L = 4: the largest F of 32-bit sums (the largest taken at L 4)
+        return FusedDot(group=4, frac_bits=25, out="f32", a="e5m10", b="e5m10")
+    if ka == "e4m3 L=8 F=6":  # F = ma + mb: products kept exactly, nothing more (much is cut)
+        return FusedDot(group=8, frac_bits=6, out="f32", a="e4m3fn", b="e4m3fn")
     if arch == "custom":  # L = 32 with 64-bit group sums; F = 26: the largest taken
         return FusedDot(group=32, frac_bits=26 if ka.endswith("F=26") else 25, out="f32", a="e5m10", b="e5m10")
+    if ka.endswith(" f16"):  # an FP16 accumulator (RNE binary16 out)
+        return tensor_core(arch, a=ka.split()[0], out="f16")
     if ka == "e4m3 x e5m2":
         return tensor_core(arch, a="e4m3", b="e5m2")
-    if ka == "e4m3 f16":  # Blackwell's FP8 with an FP16 accumulator (L 32, F 25, RNE binary16 out)
-        return tensor_core(arch, a="e4m3", out="f16")
     return tensor_core(arch, a=ka)
 
 
@@ -49,7 +56,8 @@ def model(arch, ka):
 _E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 _E2M1 = torch.cat([_E2M1, -_E2M1])
 CODES = {"e4m3fn": (torch.uint8, torch.float8_e4m3fn), "e5m2": (torch.uint8, torch.float8_e5m2),
-         "e5m10": (torch.int16, torch.float16), "e8m7": (torch.int16, torch.bfloat16), "e2m1finite": None}
+         "e5m10": (torch.int16, torch.float16), "e8m7": (torch.int16, torch.bfloat16), "e2m1finite": None,
+         "e8m10": None}
 
 
 def fields(acc):
@@ -73,6 +81,10 @@ def codes(fmt, shape, gen, finite=True):
     """Random bit patterns of fmt (one of CODES) as float32 values."""
     if fmt.name.startswith("e2m1"):  # every code is finite
         return _E2M1[torch.randint(0, 16, shape, generator=gen)]
+    if fmt.name == "e8m10":  # TF32: float32 bit patterns with the low 13 fraction bits clear
+        x = (torch.randint(-(2 ** 31), 2 ** 31, shape, generator=gen, dtype=torch.int64) & ~0x1FFF)
+        x = x.to(torch.int32).view(torch.float32)
+        return torch.where(torch.isfinite(x), x, torch.zeros(())) if finite else x
     itype, ftype = CODES[fmt.name]
     bits = 8 * torch.empty((), dtype=itype).element_size()
     x = torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), shape, generator=gen).to(itype)
@@ -100,7 +112,8 @@ def test_random_codes_ragged_batched(arch, ka, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("arch,ka", [("hopper", "e4m3"), ("blackwell", "e4m3"), ("hopper", "fp16"), ("ada", "e4m3")])
+@pytest.mark.parametrize("arch,ka", [("hopper", "e4m3"), ("blackwell", "e4m3"), ("hopper", "fp16"), ("ada", "e4m3"),
+                                     ("volta", "fp16"), ("hopper", "tf32")])
 def test_many_slices(arch, ka, shape):
     """K = 200: several slices in every shape (double buffering alternates its stages more than
     once), the last one partial; two tiles per block (grid-stride: each tile starts its stages anew)."""
@@ -157,9 +170,22 @@ def test_routing():
     for ka in ("e4m3", "e5m2", "e2m1", "e4m3 x e5m2", "e4m3 f16"):  # Blackwell FP8/FP4: L 32, F 25: 64-bit sums
         assert routed[("blackwell", ka)] == "cpd_fused_dot_tiled_l32w", ka
     assert routed[("blackwell", "bf16")] == "cpd_fused_dot_tiled_l16w"
-    for arch, ka in [("blackwell", "tf32"), ("hopper", "tf32"), ("ampere", "fp16"), ("cdna3", "fp8"), ("cdna2", "fp16")]:
+    # L 4 / 8: Volta (F 23), Turing and Ampere (F 24: 32-bit sums), Hopper's TF32 (F 25: 64-bit at L 8)
+    assert routed[("volta", "fp16")] == routed[("volta", "fp16 f16")] == "cpd_fused_dot_tiled_l4"
+    assert routed[("ampere", "tf32")] == routed[("custom", "fp16 L=4 F=25")] == "cpd_fused_dot_tiled_l4"
+    assert routed[("turing", "fp16")] == routed[("ampere", "bf16")] == routed[("ampere", "fp16 f16")] \
+        == routed[("custom", "e4m3 L=8 F=6")] == "cpd_fused_dot_tiled_l8"
+    assert routed[("hopper", "tf32")] == "cpd_fused_dot_tiled_l8w"
+    for arch in ("ada", "ampere", "blackwell"):
+        acc = tensor_core(arch, a="tf32")
+        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) == \
+            ("cpd_fused_dot_tiled_l8w" if arch == "blackwell" else "cpd_fused_dot_tiled_l4"), arch
+    for arch, ka in [("cdna3", "fp8"), ("cdna2", "fp16"), ("cdna3", "xf32")]:
         acc = tensor_core(arch, a=ka)
         assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) is None, (arch, ka)
+    for group, frac, routed_to in [(4, 26, None), (2, 23, None), (12, 23, None), (8, 26, "cpd_fused_dot_tiled_l8w")]:
+        acc = FusedDot(group=group, frac_bits=frac, out="f32", a="e5m10", b="e5m10")  # L 4 takes 32-bit sums only
+        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) == routed_to, (group, frac)
     acc = tensor_core("hopper", a="e4m3")
     assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), True) is None  # block scales
     assert routed[("custom", "fp16 L=32 F=26")] == "cpd_fused_dot_tiled_l32w"
@@ -175,15 +201,20 @@ def test_block_scaled_blackwell_kinds_are_not_tiled():
 
 
 def test_tile_shape_per_architecture():
-    """Two stages where cp.async exists (sm_80+), two groups per slice where the block's shared
-    memory holds them; the sizes are fused_dot.cu's FdShape (S = 1: today's 17 / 33 KiB)."""
+    """Two stages where cp.async exists (sm_80+), slices of twice the depth where the block's shared
+    memory holds them (groups of 4 / 8: 16 / 32 elements per slice, several groups); the sizes are fused_dot.cu's FdShape (S = 1: today's 17 / 33 KiB)."""
     smem, shape = _tensor_core_op.tile_smem, _tensor_core_op.tile_shape
     assert [smem(32, s) for s in SHAPES] == [33 * 1024, 65 * 1024, 130 * 1024]
     assert [smem(16, s) for s in SHAPES] == [17 * 1024, 33 * 1024, 66 * 1024]
+    assert [smem(8, s) for s in SHAPES] == [18 * 1024, 34 * 1024, 68 * 1024]  # 2 / 2 / 4 groups of 8
+    assert [smem(4, s) for s in SHAPES] == [20 * 1024, 36 * 1024, 72 * 1024]  # 4 / 4 / 8 groups of 4
+    assert [_tensor_core_op.slice_groups(4, s) for s in SHAPES] == [4, 4, 8]
     kib = 1024
     assert shape((7, 0), 96 * kib, 32) == "s1" and shape((7, 5), 64 * kib, 16) == "s1"  # no cp.async
     assert shape((8, 0), 163 * kib, 32) == "s2g2" and shape((9, 0), 227 * kib, 32) == "s2g2"
     assert shape((8, 9), 99 * kib, 32) == "s2" and shape((8, 6), 99 * kib, 16) == "s2g2"
+    assert shape((8, 6), 99 * kib, 4) == shape((8, 6), 99 * kib, 8) == "s2g2" and shape((7, 0), 96 * kib, 4) == "s1"
+    assert shape((8, 0), 70 * kib, 4) == "s2" and shape((8, 0), 70 * kib, 8) == "s2g2"
     assert shape((8, 0), 48 * kib, 32) == "s1"  # nothing more than the default allowed
     acc = model("hopper", "e4m3")
     z = torch.zeros(1, 1, 1)

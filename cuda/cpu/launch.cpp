@@ -530,10 +530,10 @@ namespace {
 constexpr int kFdThreads = 256;  // fused_dot.cu CPD_FD_THREADS: the per-output kernel and the tiled ones
 constexpr int kFdTile = 64;      // the tiled kernels' output tile side
 // The tiled kernels' shapes (fused_dot.cu FdShape, CPD_FD_TILED_SHAPES; cpd/_tensor_core_op.py
-// TILE_SHAPES): suffix, stages, groups per K slice.
+// TILE_SHAPES): suffix, stages, K slice depth (groups of 16 or 32; 16 / L times as many of 4 or 8).
 struct FdShape {
   const char* suffix;
-  int stages, groups;
+  int stages, depth;
 };
 constexpr FdShape kFdShapes[] = {{"s1", 1, 1}, {"s2", 2, 1}, {"s2g2", 2, 2}};
 int g_fd_host_shape = 0;  // the shim's tile shape (an index of kFdShapes; guarded by g_mutex)
@@ -546,11 +546,11 @@ int fd_shape_index(const std::string& shape) {
 
 // fused_dot.cu FdShape<L, S, G>::BYTES (_tensor_core_op.tile_smem).
 unsigned fd_tile_smem(int group, const FdShape& sh) {
-  const int ks = group * sh.groups;
-  return unsigned(4 * ks + 4 * sh.groups + (sh.stages > 1 ? 2 * sh.stages * ks : 0)) * 64 * 4;
+  const int groups = group >= 16 ? sh.depth : sh.depth * (16 / group), ks = group * groups;
+  return unsigned(4 * ks + 4 * groups + (sh.stages > 1 ? 2 * sh.stages * ks : 0)) * 64 * 4;
 }
 
-// _tensor_core_op.tile_shape: two stages where cp.async exists (sm_80+), two groups per slice
+// _tensor_core_op.tile_shape: two stages where cp.async exists (sm_80+), slices of twice the depth
 // where they fit in the opt-in shared memory, else one; one stage before sm_80.
 int fd_tile_shape(int major, int smem_optin, int group) {
   if (major < 8) return 0;

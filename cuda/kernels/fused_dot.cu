@@ -49,32 +49,34 @@ extern "C" __global__ void cpd_fused_dot_matmul(const float* __restrict__ a, con
 // The tiled kernels (cpd/fused_dot_tiled.h: which specs, and the integer form of the step).
 // A block of 256 threads (16 x 16) owns a 64 x 64 tile of outputs of one batch element; thread
 // (tx, ty) owns rows ty * 4 + i and columns tx * 4 + j, each output's c, group exponent and group
-// sum in registers. K is walked one slice of G groups (L = 16 or 32 elements each) at a time: the
-// block copies the 64 x GL slice of A and the GL x 64 slice of B into shared memory (cp.async on
-// sm_80+; zeros outside the matrices: a zero product never raises emax nor adds to the sum),
-// decomposes every element once (fd_tiled_operand: exponent and signed word; each thread also
-// packs the sign bits and the flags of its L / 4 elements of a group of a row of A and a column
-// of B into one byte of that row's / column's sign and flag words), then, group by group, each
-// thread takes its outputs' group maximum exponent (pass 1) and exact integer sums (pass 2: a
-// multiply-high and a shift per product), and one rounding per output (fd_tiled_finish32 /
-// fd_tiled_finish). Outputs reached by a flagged operand (NaN/inf, or not a value of the format),
-// and those whose rounding the 32-bit form leaves (a float32-subnormal result, a non-finite c),
-// take fd_step from global memory for that group instead. Every output's groups run in k order
-// from c = +0: the bits of cpd_fused_dot_matmul and of the CPU, whatever the tile shape.
+// sum in registers. K is walked one slice of D = G L elements at a time (G groups of L = 4, 8, 16
+// or 32; D = 16 or 32, so that a group of 4 or 8 shares its slice with others): the block copies
+// the 64 x D slice of A and the D x 64 slice of B into shared memory (cp.async on sm_80+; zeros
+// outside the matrices: a zero product never raises emax nor adds to the sum), decomposes every
+// element once (fd_tiled_operand: exponent and signed word; each thread also packs the sign bits
+// and the flags of its L / 4 elements of a group of a row of A and a column of B into one byte of
+// that row's / column's sign and flag words), then, group by group, each thread takes its
+// outputs' group maximum exponent (pass 1) and exact integer sums (pass 2: a multiply-high and a
+// shift per product), and one rounding per output (fd_tiled_finish32 / fd_tiled_finish). Outputs
+// reached by a flagged operand (NaN/inf, or not a value of the format), and those whose rounding
+// the 32-bit form leaves (a float32-subnormal result, a non-finite c), take fd_step from global
+// memory for that group instead. Every output's groups run in k order from c = +0: the bits of
+// cpd_fused_dot_matmul and of the CPU, whatever the tile shape.
 //
 // Tile shapes (the kernel name's suffix; cpd/_tensor_core_op.py TILE_SHAPES mirrors them and picks
-// one per device at launch):
-//   s1    one stage (stage, decompose in place, compute): 16 L + 1 KiB of shared memory (17 / 33
-//         KiB at L 16 / 32). For GPUs without cp.async (sm_70, sm_75: there copy_async4 is a plain
-//         load and store, so a second buffer would hide nothing) and as the fallback.
+// one per device at launch). A slice is D = max(L, 16) elements, 2 max(L, 16) for s2g2; its G =
+// D / L groups take D + G KiB of shared memory for their words and flags, and each raw stage D:
+//   s1    one stage (stage, decompose in place, compute): D + G KiB (17 / 33 KiB at L 16 / 32,
+//         20 / 18 at L 4 / 8). For GPUs without cp.async (sm_70, sm_75: there copy_async4 is a
+//         plain load and store, so a second buffer would hide nothing) and as the fallback.
 //   s2    two stages, cp.async double buffering: the copy of slice s + 1 is issued once slice s
 //         is decomposed, and lands while the block runs slice s's passes (about 85% of a slice's
 //         instructions, docs/gpu.md); decomposition reads the raw stage into separate word arrays,
 //         so no barrier is needed at the end of a slice (two per slice instead of three).
-//         32 L + 1 KiB (33 / 65 KiB): L 32 on sm_86, sm_89, sm_120 (99 KiB per block).
-//   s2g2  two stages of two groups each (a K slice of 2 L): half the barriers and slice overheads
-//         per group. 64 L + 2 KiB (66 / 130 KiB): sm_80, sm_87, sm_90, sm_100 (163-227 KiB), and
-//         L 16 on the 99 KiB GPUs.
+//         3 D + G KiB (33 / 65 KiB at L 16 / 32): L 32 on sm_86, sm_89, sm_120 (99 KiB per block).
+//   s2g2  two stages of twice the depth (a K slice of 2 max(L, 16)): half the barriers and slice
+//         overheads per group. 3 D + G KiB (66 / 130 KiB at L 16 / 32, 72 / 68 at L 4 / 8): sm_80,
+//         sm_87, sm_90, sm_100 (163-227 KiB), and L <= 16 on the 99 KiB GPUs.
 // Why the register tile stays 4 x 4 of 256 threads on every architecture: the register file is
 // 64 K words per SM from sm_70 to sm_100, and the 4 x 4 tile already takes 177-200 registers
 // (c, emax, the sums, the operands of a pass: ptxas, tests/test_cuda.py), so one block of 256 per
@@ -129,6 +131,10 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
   constexpr int T = CPD_FD_T, R = CPD_FD_R, KS = L * G;
   constexpr int P = T * L / CPD_FD_THREADS;    // elements of A (and of B) per thread and group: decomposing
   constexpr int PS = T * KS / CPD_FD_THREADS;  // ... and per slice: staging
+  // the passes' unrolled chunk of k: eight, or two trips at L 4 / 8 (with one trip ptxas schedules
+  // both passes and the roundings as one block: the 32-bit L 8 kernels took 255 registers and
+  // spilled at sm_90; 179-185 with two trips, and 168 instead of 220 at L 4)
+  constexpr int C = L <= 8 ? L / 2 : 8;
   FdRow* const Ae = (FdRow*)cpd::dynamic_smem();
   FdRow* const Aw = Ae + KS;
   FdRow* const Be = Aw + KS;
@@ -239,9 +245,9 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
 #pragma unroll
           for (int j = 0; j < R; ++j) emax[i][j] = cpd::fd_tiled_cexp(s, c[i][j]);
 #pragma unroll 1
-        for (int k8 = 0; k8 < L; k8 += 8) {
+        for (int k8 = 0; k8 < L; k8 += C) {
 #pragma unroll
-          for (int kk = k8; kk < k8 + 8; ++kk) {
+          for (int kk = k8; kk < k8 + C; ++kk) {
             const Fd4 ea = *(const Fd4*)&Aeg[kk][ty * R], eb = *(const Fd4*)&Beg[kk][tx * R];
             const cpd::u32* av = ea.v;
             const cpd::u32* bv = eb.v;
@@ -261,14 +267,14 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
 #pragma unroll
           for (int j = 0; j < R; ++j) Sg[i][j] = 0;
 #pragma unroll 1
-        for (int k8 = 0; k8 < L; k8 += 8) {
+        for (int k8 = 0; k8 < L; k8 += C) {
           int S8[R][R];
 #pragma unroll
           for (int i = 0; i < R; ++i)
 #pragma unroll
             for (int j = 0; j < R; ++j) S8[i][j] = 0;
 #pragma unroll
-          for (int kk = k8; kk < k8 + 8; ++kk) {
+          for (int kk = k8; kk < k8 + C; ++kk) {
             const Fd4 ea = *(const Fd4*)&Aeg[kk][ty * R], eb = *(const Fd4*)&Beg[kk][tx * R];
             const Fd4 wa = *(const Fd4*)&Awg[kk][ty * R], wb = *(const Fd4*)&Bwg[kk][tx * R];
             const cpd::u32 *ae = ea.v, *be = eb.v, *aw = wa.v, *bw = wb.v;
@@ -353,11 +359,16 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
     else /* a spec outside the kernel's family (a routing slip): the generic steps' bits, slowly */             \
       fd_outputs(a, b, y, nullptr, nullptr, B, M, K, N, 0, 1, -127, s);                                           \
   }
-#define CPD_FD_TILED_SHAPES(NAME, L, WIDE) \
-  CPD_FD_TILED(NAME##_s1, L, WIDE, 1, 1)   \
-  CPD_FD_TILED(NAME##_s2, L, WIDE, 2, 1)   \
-  CPD_FD_TILED(NAME##_s2g2, L, WIDE, 2, 2)
+// G groups of L per K slice: d slices of 16 (at least one group)
+#define CPD_FD_GROUPS(L, d) ((L) >= 16 ? (d) : (d) * (16 / (L)))
+#define CPD_FD_TILED_SHAPES(NAME, L, WIDE)                 \
+  CPD_FD_TILED(NAME##_s1, L, WIDE, 1, CPD_FD_GROUPS(L, 1)) \
+  CPD_FD_TILED(NAME##_s2, L, WIDE, 2, CPD_FD_GROUPS(L, 1)) \
+  CPD_FD_TILED(NAME##_s2g2, L, WIDE, 2, CPD_FD_GROUPS(L, 2))
 CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32, 32, false)
 CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16, 16, false)
 CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32w, 32, true)
 CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16w, 16, true)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8, 8, false)    // Turing, Ampere, Ada FP16 / BF16 (F 24)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8w, 8, true)    // Hopper, Blackwell TF32 (F 25)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l4, 4, false)    // Volta FP16 (F 23), Ampere, Ada TF32 (F 24)

@@ -33,21 +33,24 @@ namespace cpd {
 
 const int FD_TILED_EOFF = 256;  // operand exponent offset: zero_exp >= -255 keeps e + 256 >= 1
 
-// Which specs the tiled kernel takes: the NVIDIA step without block scales, groups of 16 or 32
-// (one K slice each), F >= ma + mb (pre >= 0), and F <= 26 (the words above need F <= 28; the
-// 64-bit kernels add eight terms in 32 bits first: a term is below 2^(F + 2) in magnitude, and
-// 8 2^(F + 2) <= 2^31). No bound on Ma 2^pre beyond that (the words carry pre in b's shift, not
-// in a's mantissa): Blackwell's FP8/FP4 model (L 32, F 25) is taken.
-CPD_FN int fd_tiled_applies(const FusedDotSpec& s, int a_man, int b_man, int scaled) {
-  return (int)(s.algo == FD_NV && !scaled && (s.group == 16 || s.group == 32) && s.frac >= a_man + b_man &&
-               s.frac <= 26 && s.zero_exp >= -255 && a_man <= 23 && b_man <= 23);
-}
-
 // Whether a group's sum needs 64 bits: L terms below 2^(F + 2), and the count of negatives.
 CPD_FN int fd_tiled_wide(const FusedDotSpec& s) {
   int bits = 0;
   while ((1 << bits) < s.group + 1) ++bits;
   return (int)(s.frac + 2 + bits > 30);
+}
+
+// Which specs the tiled kernel takes: the NVIDIA step without block scales, groups of 4, 8, 16 or
+// 32 (a K slice holds 16 or 32 elements: several groups of 4 or 8), F >= ma + mb (pre >= 0), and
+// F <= 26 (the words above need F <= 28; the 64-bit kernels add eight terms in 32 bits first: a
+// term is below 2^(F + 2) in magnitude, and 8 2^(F + 2) <= 2^31); groups of 4 with 32-bit sums
+// only (F <= 25: no 64-bit kernel is built for them, and no tensor core needs one). No bound on
+// Ma 2^pre beyond that (the words carry pre in b's shift, not in a's mantissa): Blackwell's
+// FP8/FP4 model (L 32, F 25) is taken, and Volta's, Turing's and Ampere's L 4 / 8 models.
+CPD_FN int fd_tiled_applies(const FusedDotSpec& s, int a_man, int b_man, int scaled) {
+  const int g = s.group;
+  return (int)(s.algo == FD_NV && !scaled && (g == 4 || g == 8 || g == 16 || g == 32) && s.frac >= a_man + b_man &&
+               s.frac <= 26 && s.zero_exp >= -255 && a_man <= 23 && b_man <= 23 && (g > 4 || !fd_tiled_wide(s)));
 }
 
 // A group's sum: 32 bits (fd_tiled_wide false) or 64.
@@ -183,14 +186,15 @@ CPD_FN u32 fd_tiled_round(int v, int k, const FusedDotSpec& s, u32* slow) {
   return (fe <= 0) | (q == 0u) ? 0u : fe >= 255 - (int)(f16 & 112u) ? INF_BITS | ((u32)v & SIGN) : bits;
 }
 
-// fd_tiled_finish for 32-bit sums and F <= 23 (c's term, Sc 2^(ec - 23) >> (emax - F), is then a
-// right shift by emax - F - ec + 23 >= 23 - F >= 0): a non-finite c or a result fd_tiled_round
-// leaves sets *slow (the caller takes fd_step).
+// fd_tiled_finish for 32-bit sums (F <= 25: F + 2 + log2(L + 1) <= 30): c's term is
+// Sc 2^(ec - 23) >> (emax - F) = (4 Sc) >> (emax - F - ec + 25), a right shift by at least
+// 25 - F >= 0 (emax >= ec; 4 Sc < 2^26); a non-finite c or a result fd_tiled_round leaves sets
+// *slow (the caller takes fd_step).
 CPD_FN u32 fd_tiled_finish32(const FusedDotSpec& s, int S, int neg, u32 emax2, u32 c, u32* slow) {
   const int emax = (int)emax2 - 2 * FD_TILED_EOFF;
   const u32 ca = c & ~SIGN, field = ca >> 23;
   const int f1 = imax((int)field, 1);
-  const int Tc = (int)fd_shr(ca - ((u32)(f1 - 1) << 23), (u32)(emax - s.frac - f1 + 150));
+  const int Tc = (int)fd_shr(4u * ca - ((u32)(f1 - 1) << 25), (u32)(emax - s.frac - f1 + 152));
   const int v = S + neg + ((c & SIGN) ? -Tc : Tc);
   *slow |= (u32)(ca >= INF_BITS);
   return fd_tiled_round(v, emax - s.frac, s, slow);
