@@ -103,6 +103,7 @@ GEMM_FAMILIES = (
     ("Hopper e4m3 model", lambda: dict(acc=cpd.tensor_core("hopper", a="e4m3"))),
     ("Ampere bf16 model (L 8)", lambda: dict(acc=cpd.tensor_core("ampere", a="bf16"))),
     ("Hopper tf32 model (L 8, 64-bit sums)", lambda: dict(acc=cpd.tensor_core("hopper", a="tf32"))),
+    ("Blackwell MXFP8 e4m3 (E8M0 scales)", lambda: dict(acc=cpd.tensor_core("blackwell", a="mxfp8_e4m3"))),
     ("Kahan BF16", lambda: dict(acc=cpd.BF16, kahan=True)),
     ("E4M3 x BF16 stochastic", lambda: dict(mul=cpd.E4M3, acc=cpd.BF16, rounding="stochastic")),
 )

@@ -51,6 +51,7 @@ FUSED_DOT = {
     "cpd_fused_dot_tiled_l8": ("Turing/Ampere/Ada FP16/BF16 (L 8, F 24, 32-bit sums)", 8, None),
     "cpd_fused_dot_tiled_l8w": ("Hopper/Blackwell TF32 (L 8, F 25, 64-bit sums)", 8, None),
     "cpd_fused_dot_tiled_l4": ("Volta FP16, Ampere/Ada TF32 (L 4, F 23-24, 32-bit sums)", 4, None),
+    "cpd_fused_dot_tiled_l32ws": ("Blackwell MXFP8/6/4 (L 32, F 25, 64-bit, E8M0 scales)", 32, None),
 }
 #: suffix -> (stages, K slice depth): fused_dot.cu CPD_FD_TILED_SHAPES (and cpd/_tensor_core_op.py,
 #: whose slice_groups gives the groups of L per slice).

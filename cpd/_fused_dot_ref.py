@@ -97,9 +97,11 @@ def matmul_torch(a: torch.Tensor, b: torch.Tensor, p: Params, sa=None, sb=None, 
         xb = _exponents(sb, s_emin, s_emin).repeat_interleave(block, dim=1)[:, :K, :]
         ea, eb = ea + xa, eb + xb
         ad, bd = torch.ldexp(ad, xa.double()), torch.ldexp(bd, xb.double())
-        nan_a = torch.isnan(sa).repeat_interleave(block, dim=2)[:, :, :K]
-        nan_b = torch.isnan(sb).repeat_interleave(block, dim=1)[:, :K, :]
-        ad, bd = torch.where(nan_a, math.nan, ad), torch.where(nan_b, math.nan, bd)
+        # a scale that is not finite (NaN, +-inf) makes its products a b S_a S_b: NaN or +-inf (fd_special)
+        sa_k = sa.double().repeat_interleave(block, dim=2)[:, :, :K]
+        sb_k = sb.double().repeat_interleave(block, dim=1)[:, :K, :]
+        ad = torch.where(torch.isfinite(sa_k), ad, ad * sa_k)
+        bd = torch.where(torch.isfinite(sb_k), bd, bd * sb_k)
     c = torch.zeros((B, M, N), dtype=torch.float64, device=a.device)
     for k0 in range(0, K, p.group):
         k1 = min(K, k0 + p.group)
@@ -297,8 +299,8 @@ def reference_matmul(a: torch.Tensor, b: torch.Tensor, p: Params, sa=None, sb=No
                         sbs = [sbl[bi][k // block][j] for k in ks]
                         if p.algo == ALGORITHMS["nvidia_chunk16"]:
                             c = chunk16_step(av, bv, c, p, sas, sbs, s_emin)
-                        elif any(math.isnan(v) for v in sas + sbs):
-                            c = math.nan
+                        elif not all(map(math.isfinite, sas + sbs)):  # fd_special: NaN or +-inf
+                            c = c + sum(x * z * u * v for x, z, u, v in zip(av, bv, sas, sbs))
                         else:
                             c = reference_step(av, bv, c, p, [_e(x, s_emin, s_emin) + _e(z, s_emin, s_emin)
                                                               for x, z in zip(sas, sbs)])

@@ -180,17 +180,20 @@ def launch_of(a3, b3, y, sa, sb, block, s_emin, p: _fused_dot_ref.Params, blocks
     return _kernels.Launch("fused_dot.cu", "cpd_fused_dot_matmul", (blocks, 1, 1), (256, 1, 1), tuple(args))
 
 
-def tiled_kernel(p: _fused_dot_ref.Params, fields, scaled: bool) -> str | None:
+def tiled_kernel(p: _fused_dot_ref.Params, fields, block: int = 0) -> str | None:
     """The tiled kernel family of cuda/kernels/fused_dot.cu for a spec (its name without the tile
     shape's suffix), or None (the per-output kernel): ``cpd::fd_tiled_applies`` and
     ``cpd::fd_tiled_wide`` of cuda/include/cpd/fused_dot_tiled.h (mirrored here;
-    tests/test_fused_dot_tiled.py checks both choices on the host shim)."""
+    tests/test_fused_dot_tiled.py checks both choices on the host shim). ``block``: 0 without block
+    scales, else the elements per scale along K."""
     a_man, b_man = fields[0], fields[2]
-    wide = p.frac + 2 + (p.group + 1 - 1).bit_length() > 30
-    if not (p.algo == 0 and not scaled and p.group in (4, 8, 16, 32) and p.frac >= a_man + b_man and p.frac <= 26
-            and p.zero_exp >= -255 and a_man <= 23 and b_man <= 23 and (p.group > 4 or not wide)):
+    g = p.group
+    wide = p.frac + 2 + (g + 1 - 1).bit_length() > 30
+    if not (p.algo == 0 and g in (4, 8, 16, 32) and p.frac >= a_man + b_man and p.frac <= 26
+            and p.zero_exp >= -255 and a_man <= 23 and b_man <= 23 and (g > 4 or not wide)
+            and (block == 0 or (block > 0 and g == 32 and wide and block % g == 0))):
         return None
-    return f"cpd_fused_dot_tiled_l{p.group}{'w' if wide else ''}"
+    return f"cpd_fused_dot_tiled_l{g}{'w' if wide else ''}{'s' if block else ''}"
 
 
 #: The tiled kernels' shapes (fused_dot.cu FdShape and CPD_FD_TILED_SHAPES; the comment there says
@@ -229,16 +232,21 @@ def tile_shape(capability: tuple[int, int], smem_optin: int, group: int) -> str:
     return "s1"
 
 
-def tiled_launch_of(a3, b3, y, p: _fused_dot_ref.Params, fields, kernel: str, blocks: int, shape: str = "s1"):
+def tiled_launch_of(a3, b3, y, p: _fused_dot_ref.Params, fields, kernel: str, blocks: int, shape: str = "s1",
+                    sa=None, sb=None, block: int = 1, s_emin: int = -127):
     """The :class:`cpd._kernels.Launch` of a tiled kernel (:func:`tiled_kernel`) in a tile shape
     (:data:`TILE_SHAPES`): 256 threads per block, a 64 x 64 output tile each, grid-stride over the
-    tiles, :func:`tile_smem` bytes of dynamic shared memory."""
+    tiles, :func:`tile_smem` bytes of dynamic shared memory; block scales ``sa`` (B, M, nb) and
+    ``sb`` (B, nb, N), one per ``block`` elements along K, or None."""
     if shape not in TILE_SHAPES:
         raise ValueError(f"tiled_launch_of: shape={shape!r}; allowed {list(TILE_SHAPES)}")
     B, M, K = a3.shape
     N = b3.shape[2]
     i, ll, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
-    args = [(ptr, a3.data_ptr()), (ptr, b3.data_ptr()), (ptr, y.data_ptr()), (ll, B), (ll, M), (ll, K), (ll, N),
+    scaled = sa is not None and sa.numel() > 0
+    args = [(ptr, a3.data_ptr()), (ptr, b3.data_ptr()), (ptr, y.data_ptr()), (ptr, sa.data_ptr() if scaled else 0),
+            (ptr, sb.data_ptr() if scaled else 0), (ll, B), (ll, M), (ll, K), (ll, N),
+            (ll, sa.shape[-1] if scaled else 0), (i, block if scaled else 1), (i, s_emin if scaled else -127),
             (i, p.group), (i, p.frac), (i, p.out), (i, p.a_emin), (i, p.b_emin), (i, p.zero_exp), (i, p.algo),
             (i, p.ftz), (i, fields[0]), (i, fields[2])]
     return _kernels.Launch("fused_dot.cu", f"{kernel}_{shape}", (blocks, 1, 1), (256, 1, 1), tuple(args),
@@ -266,11 +274,13 @@ def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params, fields
     if y.numel() == 0:
         return y
     sms = torch.cuda.get_device_properties(a3.device).multi_processor_count
-    kernel = None if fields is None else tiled_kernel(p, fields, sa.numel() > 0)
+    scaled = sa.numel() > 0
+    kernel = None if fields is None else tiled_kernel(p, fields, block if scaled else 0)
     if kernel is not None:
         tiles = B * ((M + 63) // 64) * ((N + 63) // 64)
         shape = _device_shape(a3.device, p.group)
-        _cuda.launch(tiled_launch_of(a3, b3, y, p, fields, kernel, max(1, min(tiles, sms * 8)), shape), a3.device)
+        _cuda.launch(tiled_launch_of(a3, b3, y, p, fields, kernel, max(1, min(tiles, sms * 8)), shape, sa, sb, block,
+                                     s_emin), a3.device)
         return y
     blocks = max(1, min((y.numel() + 255) // 256, sms * 32))
     _cuda.launch(launch_of(a3, b3, y, sa, sb, block, s_emin, p, blocks), a3.device)

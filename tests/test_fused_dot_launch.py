@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.skipif(not _shim.available(), reason="no host C++ comp
 SHAPES = list(_tensor_core_op.TILE_SHAPES)
 MODELS = [("hopper", "e4m3"), ("hopper", "e5m2"), ("hopper", "fp16"), ("hopper", "bf16"), ("hopper", "tf32"),
           ("ada", "e4m3"), ("ampere", "fp16"), ("blackwell", "bf16"), ("blackwell", "e4m3"), ("blackwell", "e2m1"),
-          ("blackwell", "tf32"), ("cdna3", "fp8"), ("cdna2", "fp16"), ("cdna1", "bf16"), ("volta", "fp16")]
+          ("blackwell", "tf32"), ("cdna3", "fp8"), ("cdna2", "fp16"), ("cdna1", "bf16"), ("volta", "fp16"),
+          ("blackwell", "mxfp8_e5m2"), ("blackwell", "mxfp6_e2m3"), ("blackwell", "nvfp4")]
 
 
 @pytest.fixture(scope="module")
@@ -58,16 +59,16 @@ def same(x, y):
 @pytest.mark.parametrize("arch,ka", MODELS)
 def test_kernel_choice_is_the_headers_and_agrees_with_python(ext, arch, ka):
     acc = tensor_core(arch, a=ka)
-    for scaled in (False, True):
-        family = _tensor_core_op.tiled_kernel(acc.params, fields(acc), scaled)
+    for block in (0, 16, 32, 64, 48):  # 0: no block scales
+        family = _tensor_core_op.tiled_kernel(acc.params, fields(acc), block)
         for shape in SHAPES:
             want = "cpd_fused_dot_matmul" if family is None else f"{family}_{shape}"
-            assert ext.fused_dot_kernel(spec(acc), scaled, shape) == want, (arch, ka, scaled, shape)
+            assert ext.fused_dot_kernel(spec(acc), block, shape) == want, (arch, ka, block, shape)
     for group, frac in [(32, 23), (32, 25), (32, 26), (32, 27), (4, 25), (4, 26), (8, 26), (2, 23)]:
         # F > 26 leaves the tiled kernels, and so do L 4 with 64-bit sums (F 26) and L 2
         custom = FusedDot(group=group, frac_bits=frac, out="f32", a="e5m10", b="e5m10")
         family = _tensor_core_op.tiled_kernel(custom.params, fields(custom), False)
-        assert ext.fused_dot_kernel(spec(custom), False, "s2") == (
+        assert ext.fused_dot_kernel(spec(custom), 0, "s2") == (
             "cpd_fused_dot_matmul" if family is None else family + "_s2"), (group, frac)
 
 
@@ -81,7 +82,7 @@ def test_tile_shape_per_architecture_agrees_with_python(ext):
     with pytest.raises(RuntimeError, match="shape=s3; allowed s1, s2, s2g2"):
         ext.set_fused_dot_host_shape("s3")
     with pytest.raises(RuntimeError, match="shape"):
-        ext.fused_dot_kernel(spec(tensor_core("hopper", a="e4m3")), False, "")
+        ext.fused_dot_kernel(spec(tensor_core("hopper", a="e4m3")), 0, "")
 
 
 def run_both(a, b, acc):
@@ -113,10 +114,17 @@ def test_shim_launch_matches_the_loops(ext, arch, ka, shape):
     assert same(got, want), (arch, ka, shape)
 
 
-@pytest.mark.parametrize("ka", ["mxfp8_e4m3", "nvfp4"])
-def test_block_scaled_kinds_on_the_per_output_kernel(ext, ka):
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("ka", ["mxfp8_e4m3", "mxfp6_e2m3", "nvfp4"])
+def test_block_scaled_kinds_through_the_launch(ext, ka, shape):
+    """The MX kinds on the scaled tiled kernel in every shape (C++ marshalling of the scales),
+    NVFP4 on the per-output kernel."""
+    if ka == "nvfp4" and shape != "s1":
+        pytest.skip("the per-output kernel has no tile shape")
+    ext.set_fused_dot_host_shape(shape)
     acc = tensor_core("blackwell", a=ka)
-    assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), True) is None
+    assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), acc.a_block.block_size) == (
+        "cpd_fused_dot_tiled_l32ws" if ka.startswith("mx") else None)
     gen = torch.Generator().manual_seed(3)
     a = torch.randn(2, 9, 70, generator=gen) * 4
     b = torch.randn(70, 11, generator=gen)

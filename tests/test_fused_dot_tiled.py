@@ -13,16 +13,20 @@ Invariants defended (no GPU needed):
   bits, K running over several slices, a partial last slice and a slice whose later groups lie
   past K; the shim runs a block's threads in turn
   between barriers, so a stage written before the barrier that should guard it shows as wrong bits;
-* cpd/_tensor_core_op.py tiled_kernel routes every NVIDIA model without block scales (Volta to
-  Blackwell: FP16/BF16/TF32/FP8/FP4, L 4 to 32, F 13 to 25) to the tiled kernels and leaves the
-  others (block scales, AMD, other group sizes, L 4 with 64-bit sums) alone; tile_shape picks a shape per GPU from cp.async and its
-  shared memory.
+* the scaled kernel (Blackwell's kind::mxf8f6f4: MXFP8/6/4 elements with E8M0 scales per 32)
+  equals the CPU loops with the same scales, the ends of E8M0's range and NaN scales included;
+* cpd/_tensor_core_op.py tiled_kernel routes every NVIDIA model (Volta to Blackwell:
+  FP16/BF16/TF32/FP8/FP4, L 4 to 32, F 13 to 25, and the MX kinds) to the tiled kernels and
+  leaves the others (NVFP4's 16-element chunks, AMD, other group sizes, L 4 with 64-bit sums,
+  block scales other than per 32 at L 32) alone; tile_shape picks a shape per GPU from cp.async
+  and its shared memory.
 Shapes are small: the shim runs GPU threads one after another on one core.
 """
 
 import pytest
 import torch
 
+import cpd
 from cpd import _cpu, _kernels, _shim, _tensor_core_op
 from cpd.tensor_core import FusedDot, tensor_core
 
@@ -187,17 +191,84 @@ def test_routing():
         acc = FusedDot(group=group, frac_bits=frac, out="f32", a="e5m10", b="e5m10")  # L 4 takes 32-bit sums only
         assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) == routed_to, (group, frac)
     acc = tensor_core("hopper", a="e4m3")
-    assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), True) is None  # block scales
+    assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), 32) is None  # block scales: L 32, 64-bit sums only
     assert routed[("custom", "fp16 L=32 F=26")] == "cpd_fused_dot_tiled_l32w"
     acc = FusedDot(group=16, frac_bits=27, out="f32", a="e5m10", b="e5m10")  # F > 26: 8 terms overflow 32 bits
     assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) is None
 
 
-def test_block_scaled_blackwell_kinds_are_not_tiled():
-    """Blackwell's block-scaled kinds (MX/NVFP4 scales along K) keep the per-output kernel."""
-    for ka in ("mxfp8_e4m3", "mxfp6_e3m2", "mxfp4", "nvfp4"):
+MX_KINDS = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp8_e4m3 x mxfp4", "mxfp4 x mxfp6_e3m2"]
+
+
+def mx_model(ka):
+    a, _, b = ka.partition(" x ")
+    return tensor_core("blackwell", a=a, b=b or None)
+
+
+def test_block_scaled_routing():
+    """Blackwell's kind::mxf8f6f4 kinds (L 32, F 25, an E8M0 scale per 32 elements) take the scaled
+    tiled kernel; NVFP4 and MXFP4 x MXFP4 (kind::mxf4nvf4: 16-element chunks, another algorithm), scales per 16 or per
+    a block that is not a multiple of L, and scaled specs of other groups keep the per-output kernel."""
+    for ka in MX_KINDS:
+        acc = mx_model(ka)
+        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), acc.a_block.block_size) == \
+            "cpd_fused_dot_tiled_l32ws", ka
+        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), 0) == "cpd_fused_dot_tiled_l32w", ka
+        for block in (16, 48, -32):
+            assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), block) is None, (ka, block)
+        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), 64) == "cpd_fused_dot_tiled_l32ws"
+    for ka in ("nvfp4", "mxfp4"):  # kind::mxf4nvf4 (MXFP4 with MXFP4: k64, chunks of 16)
         acc = tensor_core("blackwell", a=ka)
-        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), True) is None, ka
+        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), acc.a_block.block_size) is None
+    for arch, ka in (("hopper", "fp16"), ("ampere", "bf16"), ("hopper", "e4m3")):  # L 16 / 8 / 32-bit sums
+        acc = tensor_core(arch, a=ka)
+        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), 32) is None, (arch, ka)
+
+
+def elements(fmt, shape, gen):
+    """Random values of an MX element format: every code where CODES has the format, else values
+    of many binades (subnormals and zeros too) rounded to it."""
+    if fmt.name in CODES:
+        return codes(fmt, shape, gen)
+    x = torch.randn(shape, generator=gen) * torch.exp2(torch.randint(-5, 4, shape, generator=gen).float())
+    return cpd.cast(x, fmt, saturate=True)
+
+
+def e8m0(shape, gen, specials):
+    """E8M0 scale values: mostly 2^-4 .. 2^4, with the range's ends (2^-127, a float32 subnormal,
+    and 2^127: products past float32's range) and, with ``specials``, NaN scales."""
+    e = torch.randint(-4, 5, shape, generator=gen)
+    flat = e.view(-1)
+    pick = torch.randperm(flat.numel(), generator=gen)
+    flat[pick[:3]] = -127
+    flat[pick[3:6]] = 127
+    flat[pick[6:8]] = -126
+    sc = torch.exp2(e.double()).float()
+    if specials:
+        sc.view(-1)[pick[8:10]] = float("nan")
+    return sc
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("ka", MX_KINDS)
+def test_block_scaled_kinds(ka, shape):
+    """The scaled kernel == the CPU loops with the same elements and E8M0 scales: ragged shapes
+    (K = 77: three blocks, the last partial), batches, scales at the ends of E8M0's range
+    (overflow to inf, 2^-127 products cut to nothing) and NaN scales (fd_step for those outputs)."""
+    acc = mx_model(ka)
+    gen = torch.Generator().manual_seed(sum(map(ord, ka + shape)))
+    B, M, K, N, block = 2, 67, 77, 70, acc.a_block.block_size
+    nb = -(-K // block)
+    a3, b3 = elements(acc.a, (B, M, K), gen), elements(acc.b, (B, K, N), gen)
+    sa, sb = e8m0((B, M, nb), gen, specials=True), e8m0((B, nb, N), gen, specials=True)
+    s_emin = acc.a_block.scale.emin
+    want = torch.ops.cpd_fused_dot.matmul(a3, b3, sa, sb, block, s_emin, *acc.params, *fields(acc), 0)
+    kernel = _tensor_core_op.tiled_kernel(acc.params, fields(acc), block)
+    y = torch.full((B, M, N), 3.0)
+    _shim.launch(_tensor_core_op.tiled_launch_of(a3, b3, y, acc.params, fields(acc), kernel, 3, shape, sa, sb, block,
+                                                 s_emin))
+    assert torch.equal(y.view(torch.int32), want.view(torch.int32)), (ka, shape)
+    assert torch.isinf(want).any() and torch.isnan(want).any()  # the ends were reached
 
 
 def test_tile_shape_per_architecture():

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import cpd
-from cpd import _fused_dot_ref
+from cpd import _cpu, _fused_dot_ref
 from cpd.tensor_core import AMD_ARCHITECTURES, FusedDot, tensor_core
 
 import oracle
@@ -113,10 +113,15 @@ def oracle_amd_cdna3(av, bv, c, emin_a, emin_b, fp8):
     return f32(float(total * Fraction(2) ** m)) + 0.0  # exact in float64, then RNE to float32
 
 
-def oracle_nv_scaled(av, bv, c, xs, emin_a, emin_b, F):
-    """mxf8f6f4: each product's exponent and value carry 2^xs (its blocks' E8M0 exponents)."""
-    with np.errstate(invalid="ignore"):
-        raw = np.float64(c) + sum(np.float64(x) * np.float64(y) for x, y in zip(av, bv))
+def oracle_nv_scaled(av, bv, c, xs, emin_a, emin_b, F, scales=None):
+    """mxf8f6f4: each product's exponent and value carry 2^xs (its blocks' E8M0 exponents); a
+    scale that is not finite (``scales``: the products' S_a S_b) makes the step c + sum(a b S_a S_b)
+    (NaN or +-inf), as a non-finite element does."""
+    scales = scales or [1.0] * len(av)
+    with np.errstate(invalid="ignore", over="ignore"):
+        raw = np.float64(c) + sum(np.float64(x) * np.float64(y) * np.float64(s) for x, y, s in zip(av, bv, scales))
+    if not all(map(math.isfinite, scales)):
+        return float(raw)
     if not np.isfinite(raw):
         return float(raw)
     terms = [sig_exp(c, -126)]
@@ -175,9 +180,13 @@ def oracle_matmul(a, b, acc: FusedDot, sa=None, sb=None, block=1):
                     c = oracle_chunk16(av, bv, c, [sa[i, k // block].item() for k in ks],
                                        [sb[k // block, j].item() for k in ks], s_emin, acc.frac_bits)
                 else:
-                    xs = [sig_exp(sa[i, k // block].item(), s_emin)[1] + sig_exp(sb[k // block, j].item(), s_emin)[1]
-                          for k in ks]
-                    c = oracle_nv_scaled(av, bv, c, xs, acc.a.emin, acc.b.emin, acc.frac_bits)
+                    ss = [(sa[i, k // block].item(), sb[k // block, j].item()) for k in ks]
+                    if all(math.isfinite(u) and math.isfinite(v) for u, v in ss):
+                        xs = [sig_exp(u, s_emin)[1] + sig_exp(v, s_emin)[1] for u, v in ss]
+                        c = oracle_nv_scaled(av, bv, c, xs, acc.a.emin, acc.b.emin, acc.frac_bits)
+                    else:
+                        c = oracle_nv_scaled(av, bv, c, [0] * len(ks), acc.a.emin, acc.b.emin, acc.frac_bits,
+                                             [u * v for u, v in ss])
             y[i, j] = c
     return y
 
@@ -340,6 +349,27 @@ def torch_replace(fmt, **kw):
     import dataclasses
 
     return dataclasses.replace(fmt, **kw)
+
+
+def test_non_finite_block_scales():
+    """A NaN or infinite scale with finite elements (the raw op; cpd.matmul makes such a block's
+    elements NaN too): the step is c + sum(a b S_a S_b) in float64, NaN, or +-inf (an infinite
+    scale times nonzero products), on every CPU path (the carriers hand such a call to fd_step)."""
+    acc = tensor_core("blackwell", a="mxfp8_e4m3")
+    if _cpu.extension() is None:
+        pytest.skip("no CPU extension")
+    a, b = torch.ones(3, 96), torch.ones(96, 4)
+    a[2, :] = 0.0  # inf * 0: NaN
+    b[40:, 3] = -2.0
+    sa, sb = torch.ones(3, 3), torch.ones(3, 4)
+    sa[0, 1] = math.nan
+    sb[1, 1] = math.inf
+    sb[2, 3] = math.inf
+    want = oracle_matmul(a, b, acc, sa, sb, 32)
+    assert math.isnan(want[0, 0]) and want[1, 1] == math.inf and want[1, 3] == -math.inf and math.isnan(want[2, 1])
+    assert want[1, 0] == 96.0
+    for name, got in _paths(a, b, acc, sa, sb).items():
+        assert same(got, want), f"{name}: {got} != {want}"
 
 
 def test_block_scales_enter_the_alignment():

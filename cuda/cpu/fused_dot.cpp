@@ -306,6 +306,11 @@ at::Tensor fused_dot_matmul(const at::Tensor& a, const at::Tensor& b, const at::
   const float* ap = a.data_ptr<float>();
   const float* bp = b.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+  // A scale that is not finite (E8M0's NaN; +-inf as a float32) makes its steps special
+  // (fused_dot.h fd_special: c + the sum of a b S_a S_b in float64, NaN or +-inf); the carriers
+  // watch the elements' specials only, so such a call takes the generic loop.
+  if (scaled && path != FD_GENERIC && !(at::isfinite(sa).all().item<bool>() && at::isfinite(sb).all().item<bool>()))
+    path = FD_GENERIC;
   switch (fd_lanes_for(s, a_man, a_emax, b_man, b_emax, path, scaled, bs.block)) {
     case 1: fd_generic(ap, bp, yp, d, s, bs); break;
     case 3: fd_lanes<float>(ap, bp, yp, d, s, bs); break;

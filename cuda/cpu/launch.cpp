@@ -559,17 +559,18 @@ int fd_tile_shape(int major, int smem_optin, int group) {
   return 0;
 }
 
-// The tiled family (name without the shape suffix) by fused_dot_tiled.h's own predicates, or "".
-std::string fd_tiled_family(const FdParams& p, bool scaled) {
+// The tiled family (name without the shape suffix) by fused_dot_tiled.h's own predicates, or "";
+// block: 0 without block scales, else the elements per scale.
+std::string fd_tiled_family(const FdParams& p, int64_t block) {
   const cpd::FusedDotSpec s = cpd::make_fused_dot_spec(p.group, p.frac, p.out, p.a_emin, p.b_emin, p.zero_exp,
                                                        p.algo, p.ftz);
-  if (!cpd::fd_tiled_applies(s, p.a_man, p.b_man, scaled ? 1 : 0)) return "";
-  return "cpd_fused_dot_tiled_l" + std::to_string(p.group) + (cpd::fd_tiled_wide(s) ? "w" : "");
+  if (block < 0 || block > 0x7fffffff || !cpd::fd_tiled_applies(s, p.a_man, p.b_man, int(block))) return "";
+  return "cpd_fused_dot_tiled_l" + std::to_string(p.group) + (cpd::fd_tiled_wide(s) ? "w" : "") + (block ? "s" : "");
 }
 }  // namespace
 
-std::string fused_dot_kernel(const FdParams& p, bool scaled, const std::string& shape) {
-  const std::string family = fd_tiled_family(p, scaled);
+std::string fused_dot_kernel(const FdParams& p, int64_t block, const std::string& shape) {
+  const std::string family = fd_tiled_family(p, block);
   return family.empty() ? "cpd_fused_dot_matmul" : family + "_" + kFdShapes[fd_shape_index(shape)].suffix;
 }
 
@@ -589,7 +590,7 @@ void fused_dot(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, c
   if (y.numel() == 0) return;
   const bool scaled = sa.numel() > 0;
   const Geometry& g = geometry_of(a);
-  const std::string family = fd_tiled_family(p, scaled);
+  const std::string family = fd_tiled_family(p, scaled ? block : 0);
   if (!family.empty()) {
     int shape;
     int64_t most = g.max_blocks;  // the shim's (<= 0: none)
@@ -607,8 +608,10 @@ void fused_dot(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, c
     TORCH_CHECK(tiles <= 0x7fffffff, "cpd: a launch of ", tiles, " blocks");
     const std::string name = family + "_" + sh.suffix;
     Args x;
-    x.tensor(a).tensor(b).tensor(y).add<long long>(B).add<long long>(M).add<long long>(K).add<long long>(N);
-    x.add<int>(p.group).add<int>(p.frac).add<int>(p.out).add<int>(p.a_emin).add<int>(p.b_emin).add<int>(p.zero_exp);
+    x.tensor(a).tensor(b).tensor(y).add<const void*>(scaled ? sa.data_ptr() : nullptr);
+    x.add<const void*>(scaled ? sb.data_ptr() : nullptr).add<long long>(B).add<long long>(M).add<long long>(K);
+    x.add<long long>(N).add<long long>(scaled ? sa.size(-1) : 0).add<int>(scaled ? int(block) : 1);
+    x.add<int>(scaled ? int(s_emin) : -127).add<int>(p.group).add<int>(p.frac).add<int>(p.out).add<int>(p.a_emin).add<int>(p.b_emin).add<int>(p.zero_exp);
     x.add<int>(p.algo).add<int>(p.ftz).add<int>(p.a_man).add<int>(p.b_man);
     run(a, "fused_dot.cu", name.c_str(), unsigned(std::max<int64_t>(tiles, 1)), kFdThreads, x,
         fd_tile_smem(p.group, sh));

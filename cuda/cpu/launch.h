@@ -81,9 +81,10 @@ struct FdParams {
 // set_fused_dot_host_shape, s1 by default), else the per-output kernel.
 void fused_dot(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
                const at::Tensor& y, int64_t block, int64_t s_emin, const FdParams& p);
-// For the tests: the kernel fused_dot() launches in tile shape `shape`, the shape a GPU of compute
+// For the tests: the kernel fused_dot() launches in tile shape `shape` (block: 0 without block
+// scales, else the elements per scale), the shape a GPU of compute
 // capability `major` with `smem_optin` bytes per block gets, and the shim's shape.
-std::string fused_dot_kernel(const FdParams& p, bool scaled, const std::string& shape);
+std::string fused_dot_kernel(const FdParams& p, int64_t block, const std::string& shape);
 std::string fused_dot_tile_shape(int64_t major, int64_t smem_optin, int64_t group);
 void set_fused_dot_host_shape(const std::string& shape);
 // Whether CPU tensors get the CUDA kernels through the host shim (ops.cpp set_cpu_kernels: under

@@ -448,9 +448,9 @@ void bind(pybind11::module_& m) {
   m.def("set_host_geometry", &cpd_launch::set_host_geometry);
   // the fused dot's launch (for the tests): the kernel for a spec [group, frac, out, a_emin, b_emin,
   // zero_exp, algo, ftz, a_man, b_man] in a tile shape, a GPU's shape, the shim's shape
-  m.def("fused_dot_kernel", [](std::vector<int> p, bool scaled, const std::string& shape) {
+  m.def("fused_dot_kernel", [](std::vector<int> p, int64_t block, const std::string& shape) {
     TORCH_CHECK(p.size() == 10, "cpd: fused_dot_kernel takes 10 spec values, got ", p.size());
-    return cpd_launch::fused_dot_kernel({p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]}, scaled, shape);
+    return cpd_launch::fused_dot_kernel({p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]}, block, shape);
   });
   m.def("fused_dot_tile_shape", &cpd_launch::fused_dot_tile_shape);
   m.def("set_fused_dot_host_shape", &cpd_launch::set_fused_dot_host_shape);

@@ -115,8 +115,8 @@ typedef cpd::u32 FdRow[CPD_FD_T];
 // x, opaque to the compiler: the staging takes its addresses and bounds afresh from M, K and N per
 // slice, where the compiler would otherwise hoist them out of the slice loop and keep one address
 // and one bound per staged element alive across the passes: as many registers as the
-// double-buffered 64-bit-sum kernels have left (they took 255 and spilled; now 193-200 at sm_90).
-// The others keep the hoisted form (recomputing costs 0.1-0.2 SASS per MAC at sm_90).
+// double-buffered 64-bit-sum kernels and the scaled ones have left (they took 255 and spilled; now
+// 193-211 at sm_90). The others keep the hoisted form (recomputing costs 0.1-0.2 SASS per MAC).
 __device__ __forceinline__ long long fd_opaque(long long x) {
 #if defined(__CUDA_ARCH__)
   asm volatile("" : "+l"(x));
@@ -124,10 +124,38 @@ __device__ __forceinline__ long long fd_opaque(long long x) {
   return x;
 }
 
-template <int L, bool WIDE, int S, int G>
+// The scale exponents of a group at kg (fused_dot.h fd_scale_exp) of rows r0 + i of A and columns
+// n0 + j of B (R of each; 0 outside the matrices), and in *bad bit i R + j the outputs one of whose
+// two scales is not finite (fd_step gives them NaN or inf). Two scales per thread and output row /
+// column per group: loaded from global memory (L2-resident; one per L G MACs of a slice's group).
+__device__ __forceinline__ void fd_tiled_scales(const float* __restrict__ sa, const float* __restrict__ sb,
+                                                long long bi, long long M, long long N, long long nb, int block,
+                                                int s_emin, long long r0, long long n0, long long kg, int* ea, int* eb,
+                                                cpd::u32* bad) {
+  const long long q = kg / block;
+  cpd::u32 ba = 0u, bb = 0u;
+#pragma unroll
+  for (int i = 0; i < CPD_FD_R; ++i) {
+    const cpd::u32 ua = r0 + i < M ? cpd::bits_of(sa[(bi * M + r0 + i) * nb + q]) : 0x3f800000u;
+    const cpd::u32 ub = n0 + i < N ? cpd::bits_of(sb[(bi * nb + q) * N + n0 + i]) : 0x3f800000u;
+    ea[i] = cpd::fd_exp(ua, s_emin, s_emin);
+    eb[i] = cpd::fd_exp(ub, s_emin, s_emin);
+    ba |= (cpd::u32)!cpd::is_finite_bits(ua) << i;
+    bb |= (cpd::u32)!cpd::is_finite_bits(ub) << i;
+  }
+#pragma unroll
+  for (int i = 0; i < CPD_FD_R; ++i)
+#pragma unroll
+    for (int j = 0; j < CPD_FD_R; ++j) *bad |= (((ba >> i) | (bb >> j)) & 1u) << (i * CPD_FD_R + j);
+}
+
+// SC: block scales (sa (B, M, nb), sb (B, nb, N), one per `block` elements along K, block a
+// multiple of L: one scale of a's row and one of b's column per group; see fd_tiled_scaled).
+template <int L, bool WIDE, int S, int G, bool SC>
 __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
-                                         long long B, long long M, long long K, long long N, const cpd::FusedDotSpec& s,
-                                         int a_man, int b_man) {
+                                         const float* __restrict__ sa, const float* __restrict__ sb, long long B,
+                                         long long M, long long K, long long N, long long nb, int block, int s_emin,
+                                         const cpd::FusedDotSpec& s, int a_man, int b_man) {
   constexpr int T = CPD_FD_T, R = CPD_FD_R, KS = L * G;
   constexpr int P = T * L / CPD_FD_THREADS;    // elements of A (and of B) per thread and group: decomposing
   constexpr int PS = T * KS / CPD_FD_THREADS;  // ... and per slice: staging
@@ -160,7 +188,7 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
     // 1. stage the raw slice at kst into rows dA (A transposed: dA[kk][m]) and dB (where the
     //    registers are short, with bounds and addresses taken afresh per slice: fd_opaque)
     auto stage = [&](long long kst, FdRow* dA, FdRow* dB) {
-      constexpr bool O = WIDE && S > 1;  // where the registers are short (fd_opaque)
+      constexpr bool O = WIDE && (S > 1 || SC);  // where the registers are short (fd_opaque)
       const long long Ko = O ? fd_opaque(K) : K, No = O ? fd_opaque(N) : N, Mo = O ? fd_opaque(M) : M;
       const int rows_a = (int)(Mo - m0 - sa_m < (long long)T ? Mo - m0 - sa_m : (long long)T);  // <= 0: none
       const bool col_b = n0 + sb_n < N;
@@ -238,12 +266,23 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
         const FdRow* const Awg = Aw + g * L;
         const FdRow* const Beg = Be + g * L;
         const FdRow* const Bwg = Bw + g * L;
-        // 3. pass 1: each output's emax over c and its L products
+        // 3. pass 1: each output's emax over c and its L products. With block scales, a product's
+        //    exponent gains o = e(S_a) + e(S_b), the same for the group's L products of an output:
+        //    the passes run on emax - o (c's exponent less o, then the unscaled products), and the
+        //    rounding takes emax (scale exponents in the same offset-free units as products')
+        //    (the scales are read here and again for the rounding, after pass 2's barrier to the
+        //    compiler: kept across the passes, their exponents took the registers the sums need)
         cpd::u32 emax[R][R];
+        {
+          int so_a[R] = {}, so_b[R] = {};
+          cpd::u32 sbad = 0u;
+          if (SC) fd_tiled_scales(sa, sb, bi, M, N, nb, block, s_emin, m0 + ty * R, n0 + tx * R, kg, so_a, so_b, &sbad);
 #pragma unroll
-        for (int i = 0; i < R; ++i)
+          for (int i = 0; i < R; ++i)
 #pragma unroll
-          for (int j = 0; j < R; ++j) emax[i][j] = cpd::fd_tiled_cexp(s, c[i][j]);
+            for (int j = 0; j < R; ++j)
+              emax[i][j] = cpd::fd_tiled_cexp(s, c[i][j]) - (SC ? (cpd::u32)(so_a[i] + so_b[j]) : 0u);
+        }
 #pragma unroll 1
         for (int k8 = 0; k8 < L; k8 += C) {
 #pragma unroll
@@ -292,14 +331,18 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
         const Fd4 sga = *(const Fd4*)&sgnA[g][ty * R], sgb = *(const Fd4*)&sgnB[g][tx * R];
         const Fd4 bda = *(const Fd4*)&badA[g][ty * R], bdb = *(const Fd4*)&badB[g][tx * R];
         cpd::u32 cn[R][R], slow = 0u;
+        int so_a[R] = {}, so_b[R] = {};
+        cpd::u32 sbad = 0u;  // SC: outputs one of whose scales is not finite (fd_step takes them)
+        if (SC) fd_tiled_scales(sa, sb, bi, M, N, nb, block, s_emin, m0 + ty * R, n0 + tx * R, kg, so_a, so_b, &sbad);
 #pragma unroll
         for (int i = 0; i < R; ++i)
 #pragma unroll
           for (int j = 0; j < R; ++j) {
             const int neg = cpd::fd_popc(sga.v[i] ^ sgb.v[j]);
-            cpd::u32 sl1 = (cpd::u32)((bda.v[i] | bdb.v[j]) != 0u);
-            if (WIDE) cn[i][j] = cpd::fd_tiled_finish(s, (long long)Sg[i][j], neg, emax[i][j], c[i][j]);
-            else cn[i][j] = cpd::fd_tiled_finish32(s, (int)Sg[i][j], neg, emax[i][j], c[i][j], &sl1);
+            cpd::u32 sl1 = (cpd::u32)((bda.v[i] | bdb.v[j]) != 0u) | (SC ? (sbad >> (i * R + j)) & 1u : 0u);
+            const cpd::u32 em = emax[i][j] + (SC ? (cpd::u32)(so_a[i] + so_b[j]) : 0u);
+            if (WIDE) cn[i][j] = cpd::fd_tiled_finish(s, (long long)Sg[i][j], neg, em, c[i][j]);
+            else cn[i][j] = cpd::fd_tiled_finish32(s, (int)Sg[i][j], neg, em, c[i][j], &sl1);
             slow |= sl1 << (i * R + j);
           }
         // 6. the marked outputs: fd_step on global memory, one output at a time (one inlined copy)
@@ -315,7 +358,16 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
             for (int ii = 0; ii < R; ++ii)
 #pragma unroll
               for (int jj = 0; jj < R; ++jj) cq = ii * R + jj == q ? c[ii][jj] : cq;
-            cq = cpd::fused_dot_step(s, ab + gm * K + kg, 1, bb + kg * N + gn, N, len, cq);  // FD_NV, no scales
+            cpd::FdScales x = cpd::fd_no_scales();
+            if (SC) {
+              x.a = sa + (bi * M + gm) * nb;
+              x.as = 1;
+              x.b = sb + bi * nb * N + gn;
+              x.bs = N;
+              x.block = block;
+              x.emin = s_emin;
+            }
+            cq = cpd::fused_dot_step_scaled(s, ab + gm * K + kg, 1, bb + kg * N + gn, N, len, cq, x, kg);  // FD_NV
 #pragma unroll
             for (int ii = 0; ii < R; ++ii)
 #pragma unroll
@@ -343,32 +395,36 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
 
 }  // namespace
 
-// a: (B, M, K), b: (B, K, N), y: (B, M, N), contiguous float32; for a spec that satisfies
-// cpd::fd_tiled_applies (without block scales) with the kernel's L its group and WIDE fd_tiled_wide,
-// launched with at least FdShape<L, S, G>::BYTES of dynamic shared memory; any other spec, or a
-// launch with less shared memory, gets every output from fd_outputs (the same bits, without the tiles).
-#define CPD_FD_TILED(NAME, L, WIDE, S, G)                                                                        \
+// a: (B, M, K), b: (B, K, N), y: (B, M, N), contiguous float32; sa (B, M, nb) and sb (B, nb, N)
+// the block scales (one per `block` elements along K, exponent floor s_emin) or null (nb 0, block
+// 1, s_emin -127). For a spec that satisfies cpd::fd_tiled_applies with the kernel's L its group,
+// WIDE fd_tiled_wide and scales where SC (the kernel's `s` suffix), launched with at least
+// FdShape<L, S, G>::BYTES of dynamic shared memory; any other spec, or a launch with less shared
+// memory, gets every output from fd_outputs (the same bits, without the tiles).
+#define CPD_FD_TILED(NAME, L, WIDE, S, G, SC)                                                                    \
   extern "C" __global__ void __launch_bounds__(CPD_FD_THREADS, 1)                                                 \
-      NAME(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, long long B,          \
-           long long M, long long K, long long N, int group, int frac, int out, int a_emin, int b_emin,           \
+      NAME(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,                       \
+           const float* __restrict__ sa, const float* __restrict__ sb, long long B, long long M, long long K,      \
+           long long N, long long nb, int block, int s_emin, int group, int frac, int out, int a_emin, int b_emin, \
            int zero_exp, int algo, int ftz, int a_man, int b_man) {                                               \
     const cpd::FusedDotSpec s = cpd::make_fused_dot_spec(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz); \
-    if (cpd::fd_tiled_applies(s, a_man, b_man, 0) && group == L && cpd::fd_tiled_wide(s) == WIDE &&             \
-        cpd::dynamic_smem_size() >= FdShape<L, S, G>::BYTES)                                                      \
-      fd_tiled<L, WIDE, S, G>(a, b, y, B, M, K, N, s, a_man, b_man);                                              \
+    if ((sa != nullptr) == SC && cpd::fd_tiled_applies(s, a_man, b_man, SC ? block : 0) && group == L &&         \
+        cpd::fd_tiled_wide(s) == WIDE && cpd::dynamic_smem_size() >= FdShape<L, S, G>::BYTES)                    \
+      fd_tiled<L, WIDE, S, G, SC>(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s, a_man, b_man);              \
     else /* a spec outside the kernel's family (a routing slip): the generic steps' bits, slowly */             \
-      fd_outputs(a, b, y, nullptr, nullptr, B, M, K, N, 0, 1, -127, s);                                           \
+      fd_outputs(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s);                                              \
   }
 // G groups of L per K slice: d slices of 16 (at least one group)
 #define CPD_FD_GROUPS(L, d) ((L) >= 16 ? (d) : (d) * (16 / (L)))
-#define CPD_FD_TILED_SHAPES(NAME, L, WIDE)                 \
-  CPD_FD_TILED(NAME##_s1, L, WIDE, 1, CPD_FD_GROUPS(L, 1)) \
-  CPD_FD_TILED(NAME##_s2, L, WIDE, 2, CPD_FD_GROUPS(L, 1)) \
-  CPD_FD_TILED(NAME##_s2g2, L, WIDE, 2, CPD_FD_GROUPS(L, 2))
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32, 32, false)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16, 16, false)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32w, 32, true)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16w, 16, true)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8, 8, false)    // Turing, Ampere, Ada FP16 / BF16 (F 24)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8w, 8, true)    // Hopper, Blackwell TF32 (F 25)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l4, 4, false)    // Volta FP16 (F 23), Ampere, Ada TF32 (F 24)
+#define CPD_FD_TILED_SHAPES(NAME, L, WIDE, SC)                 \
+  CPD_FD_TILED(NAME##_s1, L, WIDE, 1, CPD_FD_GROUPS(L, 1), SC) \
+  CPD_FD_TILED(NAME##_s2, L, WIDE, 2, CPD_FD_GROUPS(L, 1), SC) \
+  CPD_FD_TILED(NAME##_s2g2, L, WIDE, 2, CPD_FD_GROUPS(L, 2), SC)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32, 32, false, false)  // Hopper FP8 (F 13)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16, 16, false, false)  // Ada FP8 (F 13)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32w, 32, true, false)  // Blackwell FP8 / FP6 / FP4 (F 25)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16w, 16, true, false)  // Hopper, Blackwell FP16 / BF16 (F 25)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8, 8, false, false)    // Turing, Ampere, Ada FP16 / BF16 (F 24)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8w, 8, true, false)    // Hopper, Blackwell TF32 (F 25)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l4, 4, false, false)    // Volta FP16 (F 23), Ampere, Ada TF32 (F 24)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32ws, 32, true, true)  // Blackwell MXFP8 / MXFP6 / MXFP4 (F 25)

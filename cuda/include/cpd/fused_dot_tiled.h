@@ -40,17 +40,22 @@ CPD_FN int fd_tiled_wide(const FusedDotSpec& s) {
   return (int)(s.frac + 2 + bits > 30);
 }
 
-// Which specs the tiled kernel takes: the NVIDIA step without block scales, groups of 4, 8, 16 or
-// 32 (a K slice holds 16 or 32 elements: several groups of 4 or 8), F >= ma + mb (pre >= 0), and
-// F <= 26 (the words above need F <= 28; the 64-bit kernels add eight terms in 32 bits first: a
-// term is below 2^(F + 2) in magnitude, and 8 2^(F + 2) <= 2^31); groups of 4 with 32-bit sums
-// only (F <= 25: no 64-bit kernel is built for them, and no tensor core needs one). No bound on
-// Ma 2^pre beyond that (the words carry pre in b's shift, not in a's mantissa): Blackwell's
-// FP8/FP4 model (L 32, F 25) is taken, and Volta's, Turing's and Ampere's L 4 / 8 models.
-CPD_FN int fd_tiled_applies(const FusedDotSpec& s, int a_man, int b_man, int scaled) {
-  const int g = s.group;
-  return (int)(s.algo == FD_NV && !scaled && (g == 4 || g == 8 || g == 16 || g == 32) && s.frac >= a_man + b_man &&
-               s.frac <= 26 && s.zero_exp >= -255 && a_man <= 23 && b_man <= 23 && (g > 4 || !fd_tiled_wide(s)));
+// Which specs the tiled kernel takes: the NVIDIA step, groups of 4, 8, 16 or 32 (a K slice holds
+// 16 or 32 elements: several groups of 4 or 8), F >= ma + mb (pre >= 0), and F <= 26 (the words
+// above need F <= 28; the 64-bit kernels add eight terms in 32 bits first: a term is below
+// 2^(F + 2) in magnitude, and 8 2^(F + 2) <= 2^31); groups of 4 with 32-bit sums only (F <= 25: no
+// 64-bit kernel is built for them, and no tensor core needs one). No bound on Ma 2^pre beyond
+// that (the words carry pre in b's shift, not in a's mantissa): Blackwell's FP8/FP4 model (L 32,
+// F 25) is taken, and Volta's, Turing's and Ampere's L 4 / 8 models. block: 0 without block
+// scales; with them (Blackwell's kind::mxf8f6f4: L 32, F 25, a scale per 32 elements of a row of
+// A and of a column of B), the elements per scale, a multiple of L (each group then has one scale
+// per operand: a product's exponent gains e(S_a) + e(S_b), the same for the group), at L 32 with
+// 64-bit sums (the one scaled kernel built).
+CPD_FN int fd_tiled_applies(const FusedDotSpec& s, int a_man, int b_man, int block) {
+  const int g = s.group, wide = fd_tiled_wide(s);
+  return (int)(s.algo == FD_NV && (g == 4 || g == 8 || g == 16 || g == 32) && s.frac >= a_man + b_man &&
+               s.frac <= 26 && s.zero_exp >= -255 && a_man <= 23 && b_man <= 23 && (g > 4 || !wide) &&
+               (block == 0 || (block > 0 && g == 32 && wide && block % g == 0)));
 }
 
 // A group's sum: 32 bits (fd_tiled_wide false) or 64.
