@@ -182,7 +182,8 @@ def _cached(path: Path) -> bool:
 def compile_source(kernel_file: str = "cast.cu", arch: str = "sm_80", *, use_cache: bool = True) -> bytes:
     """Compile one kernel file for ``arch``: a cubin for ``sm_XY``, NUL-terminated PTX for
     ``compute_XY``. Raises RuntimeError with NVRTC's log when the source does not compile.
-    ``use_cache=False`` compiles afresh (and refreshes the cached image)."""
+    ``use_cache=False`` compiles afresh (and refreshes the cached image). A cubin's compile also
+    caches ptxas's report (:func:`resource_usage`), so that asking for both compiles once."""
     src, headers, opts = _program(kernel_file, arch)
     path = _cache_path(kernel_file, arch, src, headers, opts)
     if use_cache and _cached(path):
@@ -190,8 +191,13 @@ def compile_source(kernel_file: str = "cast.cu", arch: str = "sm_80", *, use_cac
     with _one_compile(path, f"{kernel_file} for {arch}"):
         if use_cache and _cached(path):  # another process compiled it while this one waited
             return path.read_bytes()
-        image, _ = _nvrtc_compile(kernel_file, arch, src, headers, opts)
+        cubin = arch.startswith("sm_")  # then with ptxas's report for resource_usage (-v only adds the log)
+        image, log = _nvrtc_compile(kernel_file, arch, src, headers, [*opts, b"--ptxas-options=-v"] if cubin else opts)
         _write_atomic(path, image)
+        if cubin:
+            import json
+
+            _write_atomic(path.with_suffix(".ptxas2.json"), json.dumps(parse_ptxas_report(log)).encode())
     return image
 
 

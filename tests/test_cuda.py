@@ -131,7 +131,8 @@ def test_concurrent_requests_compile_once(tmp_path, monkeypatch):
     """Callers that need the same image at once (ranks of a job on one GPU host, the suite's
     workers) run NVRTC once: the others wait on the image's lock and read the cache. Threads here,
     each with its own lock file description (flock excludes them as it does processes); a
-    resource_usage request shares the compile_source one's lock and cubin."""
+    resource_usage request shares the compile_source one's lock, cubin and ptxas report (no second
+    compile of a large file for the suite's register checks, whichever asks first)."""
     import threading
     import time
 
@@ -152,8 +153,8 @@ def test_concurrent_requests_compile_once(tmp_path, monkeypatch):
     for t in threads:
         t.join()
     assert calls == ["sm_80"] and len(images) == 3 and len(set(images)) == 1
-    assert _cuda.resource_usage("hop.cu", "sm_80") and calls == ["sm_80", "sm_80"]  # the report: one more
-    assert _cuda.compile_source("hop.cu", "sm_80") == images[0] and len(calls) == 2
+    assert _cuda.resource_usage("hop.cu", "sm_80") and calls == ["sm_80"]  # the cubin's compile made the report
+    assert _cuda.compile_source("hop.cu", "sm_80") == images[0] and len(calls) == 1
 
 
 @nvrtc

@@ -126,8 +126,8 @@ __device__ __forceinline__ long long fd_opaque(long long x) {
 
 // The scale exponents of a group at kg (fused_dot.h fd_scale_exp) of rows r0 + i of A and columns
 // n0 + j of B (R of each; 0 outside the matrices), and in *bad bit i R + j the outputs one of whose
-// two scales is not finite (fd_step gives them NaN or inf). Two scales per thread and output row /
-// column per group: loaded from global memory (L2-resident; one per L G MACs of a slice's group).
+// two scales is not finite (fd_step gives them NaN or inf). 2 R loads from global memory per
+// thread and group (the scales are L G times fewer than the elements: cache-resident).
 __device__ __forceinline__ void fd_tiled_scales(const float* __restrict__ sa, const float* __restrict__ sb,
                                                 long long bi, long long M, long long N, long long nb, int block,
                                                 int s_emin, long long r0, long long n0, long long kg, int* ea, int* eb,
@@ -150,7 +150,7 @@ __device__ __forceinline__ void fd_tiled_scales(const float* __restrict__ sa, co
 }
 
 // SC: block scales (sa (B, M, nb), sb (B, nb, N), one per `block` elements along K, block a
-// multiple of L: one scale of a's row and one of b's column per group; see fd_tiled_scaled).
+// multiple of L: one scale of a's row and one of b's column per group; see step 3 below).
 template <int L, bool WIDE, int S, int G, bool SC>
 __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
                                          const float* __restrict__ sa, const float* __restrict__ sb, long long B,
