@@ -41,7 +41,7 @@ FAMILIES = {
 }
 
 #: The tiled fused-dot kernels (cuda/kernels/fused_dot.cu): family -> (what it runs, L, goal per MAC).
-#: Each family is built in every tile shape (cpd/_tensor_core_op.py TILE_SHAPES: suffix -> (stages,
+#: Each family is built in its tile shapes (cpd/_tensor_core_op.py TILE_SHAPES, shapes_of: suffix -> (stages,
 #: groups per K slice)); their K-slice loop holds nested loops, counted by their trip counts (below).
 FUSED_DOT = {
     "cpd_fused_dot_tiled_l32": ("Hopper FP8 model (L 32, F 13, 32-bit sums)", 32, 10.0),
@@ -205,6 +205,8 @@ def fused_dot_counts(arch: str = "sm_90", shapes=None) -> dict[str, dict]:
     out = {}
     for family, (label, L, goal) in FUSED_DOT.items():
         for shape in shapes or SHAPES:
+            if shape not in _tensor_core_op.shapes_of(L, 32 if family.endswith("s") else 0):
+                continue  # not built (s2: L 32 without scales only)
             G = _tensor_core_op.slice_groups(L, shape)
             insns = functions[f"{family}_{shape}"]
             a, b = inner_loop(insns)

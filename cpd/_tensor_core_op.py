@@ -198,8 +198,14 @@ def tiled_kernel(p: _fused_dot_ref.Params, fields, block: int = 0) -> str | None
 
 #: The tiled kernels' shapes (fused_dot.cu FdShape and CPD_FD_TILED_SHAPES; the comment there says
 #: why): suffix -> (stages, K slice depth in groups of 16 or more elements: slice_groups). Every
-#: family is built in every shape.
+#: family is built in s1 and s2g2, the L 32 ones without scales in s2 too (:func:`shapes_of`).
 TILE_SHAPES = {"s1": (1, 1), "s2": (2, 1), "s2g2": (2, 2)}
+
+
+def shapes_of(group: int, block: int = 0) -> tuple[str, ...]:
+    """The tile shapes built for the family of ``group`` (and block scales, ``block`` > 0):
+    s2 only where s2g2 may not fit beside it (L 32 without scales: 130 KiB against 99 KiB GPUs)."""
+    return ("s1", "s2", "s2g2") if group == 32 and not block else ("s1", "s2g2")
 
 
 def slice_groups(group: int, shape: str) -> int:
@@ -219,7 +225,7 @@ def tile_smem(group: int, shape: str) -> int:
     return (4 * ks + 4 * groups + (2 * stages * ks if stages > 1 else 0)) * 64 * 4
 
 
-def tile_shape(capability: tuple[int, int], smem_optin: int, group: int) -> str:
+def tile_shape(capability: tuple[int, int], smem_optin: int, group: int, block: int = 0) -> str:
     """The tile shape for a GPU of compute ``capability`` whose blocks may take ``smem_optin``
     bytes of shared memory: two stages where cp.async exists (sm_80+), slices of twice the depth
     where they fit (sm_80, sm_87, sm_90, sm_100: 163-227 KiB; L <= 16 on sm_86, sm_89, sm_120:
@@ -227,7 +233,7 @@ def tile_shape(capability: tuple[int, int], smem_optin: int, group: int) -> str:
     if capability[0] < 8:
         return "s1"
     for shape in ("s2g2", "s2"):
-        if tile_smem(group, shape) <= smem_optin:
+        if shape in shapes_of(group, block) and tile_smem(group, shape) <= smem_optin:
             return shape
     return "s1"
 
@@ -238,12 +244,13 @@ def tiled_launch_of(a3, b3, y, p: _fused_dot_ref.Params, fields, kernel: str, bl
     (:data:`TILE_SHAPES`): 256 threads per block, a 64 x 64 output tile each, grid-stride over the
     tiles, :func:`tile_smem` bytes of dynamic shared memory; block scales ``sa`` (B, M, nb) and
     ``sb`` (B, nb, N), one per ``block`` elements along K, or None."""
-    if shape not in TILE_SHAPES:
-        raise ValueError(f"tiled_launch_of: shape={shape!r}; allowed {list(TILE_SHAPES)}")
+    scaled = sa is not None and sa.numel() > 0
+    if shape not in shapes_of(p.group, block if scaled else 0):
+        raise ValueError(f"tiled_launch_of: shape={shape!r}; allowed {list(shapes_of(p.group, block if scaled else 0))}"
+                         f" for {kernel}")
     B, M, K = a3.shape
     N = b3.shape[2]
     i, ll, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
-    scaled = sa is not None and sa.numel() > 0
     args = [(ptr, a3.data_ptr()), (ptr, b3.data_ptr()), (ptr, y.data_ptr()), (ptr, sa.data_ptr() if scaled else 0),
             (ptr, sb.data_ptr() if scaled else 0), (ll, B), (ll, M), (ll, K), (ll, N),
             (ll, sa.shape[-1] if scaled else 0), (i, block if scaled else 1), (i, s_emin if scaled else -127),
@@ -258,11 +265,11 @@ _SMEM_OPTIN = {(7, 0): 96 << 10, (7, 2): 96 << 10, (7, 5): 64 << 10, (8, 0): 163
                (8, 7): 163 << 10, (8, 9): 99 << 10, (9, 0): 227 << 10, (10, 0): 227 << 10, (12, 0): 99 << 10}
 
 
-def _device_shape(device: torch.device, group: int) -> str:
+def _device_shape(device: torch.device, group: int, block: int = 0) -> str:
     props = torch.cuda.get_device_properties(device)
     cap = (props.major, props.minor)
     optin = getattr(props, "shared_memory_per_block_optin", None) or _SMEM_OPTIN.get(cap, 48 << 10)
-    return tile_shape(cap, optin, group)
+    return tile_shape(cap, optin, group, block)
 
 
 def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params, fields=None) -> torch.Tensor:
@@ -278,7 +285,7 @@ def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params, fields
     kernel = None if fields is None else tiled_kernel(p, fields, block if scaled else 0)
     if kernel is not None:
         tiles = B * ((M + 63) // 64) * ((N + 63) // 64)
-        shape = _device_shape(a3.device, p.group)
+        shape = _device_shape(a3.device, p.group, block if scaled else 0)
         _cuda.launch(tiled_launch_of(a3, b3, y, p, fields, kernel, max(1, min(tiles, sms * 8)), shape, sa, sb, block,
                                      s_emin), a3.device)
         return y

@@ -112,7 +112,7 @@ def test_fused_dot_tiled_kernels_do_not_spill(arch):
         pytest.skip(f"NVRTC lacks {arch}")
     usage = _usage("fused_dot.cu", arch)
     for name in (f"cpd_fused_dot_tiled_{f}_{shape}" for f in ("l32", "l16", "l32w", "l16w", "l8", "l8w", "l4", "l32ws")
-                 for shape in ("s1", "s2", "s2g2")):
+                 for shape in ("s1", "s2", "s2g2") if shape != "s2" or f in ("l32", "l32w")):
         u = usage[name]
         assert u["stack"] == 0 and u["spill_stores"] == 0 and u["spill_loads"] == 0, (arch, name, u)
 

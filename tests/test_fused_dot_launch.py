@@ -61,15 +61,17 @@ def test_kernel_choice_is_the_headers_and_agrees_with_python(ext, arch, ka):
     acc = tensor_core(arch, a=ka)
     for block in (0, 16, 32, 64, 48):  # 0: no block scales
         family = _tensor_core_op.tiled_kernel(acc.params, fields(acc), block)
-        for shape in SHAPES:
-            want = "cpd_fused_dot_matmul" if family is None else f"{family}_{shape}"
+        for shape in SHAPES:  # a shape the family lacks (s2 but at L 32 without scales) runs s2g2
+            run = shape if shape in _tensor_core_op.shapes_of(acc.group, block) else "s2g2"
+            want = "cpd_fused_dot_matmul" if family is None else f"{family}_{run}"
             assert ext.fused_dot_kernel(spec(acc), block, shape) == want, (arch, ka, block, shape)
     for group, frac in [(32, 23), (32, 25), (32, 26), (32, 27), (4, 25), (4, 26), (8, 26), (2, 23)]:
         # F > 26 leaves the tiled kernels, and so do L 4 with 64-bit sums (F 26) and L 2
         custom = FusedDot(group=group, frac_bits=frac, out="f32", a="e5m10", b="e5m10")
         family = _tensor_core_op.tiled_kernel(custom.params, fields(custom), False)
+        run = "s2" if group == 32 else "s2g2"  # s2: L 32 only
         assert ext.fused_dot_kernel(spec(custom), 0, "s2") == (
-            "cpd_fused_dot_matmul" if family is None else family + "_s2"), (group, frac)
+            "cpd_fused_dot_matmul" if family is None else f"{family}_{run}"), (group, frac)
 
 
 def test_tile_shape_per_architecture_agrees_with_python(ext):
@@ -77,8 +79,9 @@ def test_tile_shape_per_architecture_agrees_with_python(ext):
     for major in (7, 8, 9, 10, 12):
         for optin in (48 * kib, 64 * kib, 96 * kib, 99 * kib, 163 * kib, 227 * kib):
             for group in (4, 8, 16, 32):
-                assert ext.fused_dot_tile_shape(major, optin, group) == _tensor_core_op.tile_shape(
-                    (major, 0), optin, group), (major, optin, group)
+                for block in (0, 32):
+                    assert ext.fused_dot_tile_shape(major, optin, group, block) == _tensor_core_op.tile_shape(
+                        (major, 0), optin, group, block), (major, optin, group, block)
     with pytest.raises(RuntimeError, match="shape=s3; allowed s1, s2, s2g2"):
         ext.set_fused_dot_host_shape("s3")
     with pytest.raises(RuntimeError, match="shape"):
@@ -103,6 +106,8 @@ def test_shim_launch_matches_the_loops(ext, arch, ka, shape):
     acc = tensor_core(arch, a=ka)
     if shape != "s1" and _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) is None:
         pytest.skip("the per-output kernel has no tile shape")
+    if shape not in _tensor_core_op.shapes_of(acc.group):
+        pytest.skip(f"no {shape} kernel at L {acc.group} (s2g2 runs: test_kernel_choice_...)")
     gen = torch.Generator().manual_seed(11)
     a = torch.randn(2, 1, 67, 45, generator=gen) * 4
     b = torch.randn(3, 45, 70, generator=gen)
@@ -119,8 +124,8 @@ def test_shim_launch_matches_the_loops(ext, arch, ka, shape):
 def test_block_scaled_kinds_through_the_launch(ext, ka, shape):
     """The MX kinds on the scaled tiled kernel in every shape (C++ marshalling of the scales),
     NVFP4 on the per-output kernel."""
-    if ka == "nvfp4" and shape != "s1":
-        pytest.skip("the per-output kernel has no tile shape")
+    if (ka == "nvfp4" and shape != "s1") or shape == "s2":
+        pytest.skip("the per-output kernel has no tile shape; the scaled one no s2")
     ext.set_fused_dot_host_shape(shape)
     acc = tensor_core("blackwell", a=ka)
     assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), acc.a_block.block_size) == (

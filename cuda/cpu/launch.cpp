@@ -550,12 +550,16 @@ unsigned fd_tile_smem(int group, const FdShape& sh) {
   return unsigned(4 * ks + 4 * groups + (sh.stages > 1 ? 2 * sh.stages * ks : 0)) * 64 * 4;
 }
 
+// Whether shape i is built for the family of `group` (block: 0 without block scales): s1 and s2g2
+// always, s2 for L 32 without scales only (_tensor_core_op.shapes_of).
+bool fd_shape_built(int i, int group, int64_t block) { return i != 1 || (group == 32 && block == 0); }
+
 // _tensor_core_op.tile_shape: two stages where cp.async exists (sm_80+), slices of twice the depth
-// where they fit in the opt-in shared memory, else one; one stage before sm_80.
-int fd_tile_shape(int major, int smem_optin, int group) {
+// where they fit in the opt-in shared memory, else one (where built); one stage before sm_80.
+int fd_tile_shape(int major, int smem_optin, int group, int64_t block) {
   if (major < 8) return 0;
   if (fd_tile_smem(group, kFdShapes[2]) <= unsigned(smem_optin)) return 2;
-  if (fd_tile_smem(group, kFdShapes[1]) <= unsigned(smem_optin)) return 1;
+  if (fd_shape_built(1, group, block) && fd_tile_smem(group, kFdShapes[1]) <= unsigned(smem_optin)) return 1;
   return 0;
 }
 
@@ -569,13 +573,18 @@ std::string fd_tiled_family(const FdParams& p, int64_t block) {
 }
 }  // namespace
 
+// The shape a request for shape i runs for a family: i where built, else s2g2 (the shim's host
+// shape s2 on a family built without it).
+int fd_built_shape(int i, int group, int64_t block) { return fd_shape_built(i, group, block) ? i : 2; }
+
 std::string fused_dot_kernel(const FdParams& p, int64_t block, const std::string& shape) {
   const std::string family = fd_tiled_family(p, block);
-  return family.empty() ? "cpd_fused_dot_matmul" : family + "_" + kFdShapes[fd_shape_index(shape)].suffix;
+  const int i = fd_built_shape(fd_shape_index(shape), p.group, block);
+  return family.empty() ? "cpd_fused_dot_matmul" : family + "_" + kFdShapes[i].suffix;
 }
 
-std::string fused_dot_tile_shape(int64_t major, int64_t smem_optin, int64_t group) {
-  return kFdShapes[fd_tile_shape(int(major), int(smem_optin), int(group))].suffix;
+std::string fused_dot_tile_shape(int64_t major, int64_t smem_optin, int64_t group, int64_t block) {
+  return kFdShapes[fd_tile_shape(int(major), int(smem_optin), int(group), block)].suffix;
 }
 
 void set_fused_dot_host_shape(const std::string& shape) {
@@ -596,11 +605,11 @@ void fused_dot(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, c
     int64_t most = g.max_blocks;  // the shim's (<= 0: none)
     if (a.is_cuda()) {
       const DeviceState& d = device_state(a.device().index());
-      shape = fd_tile_shape(d.major, d.smem_optin, p.group);
+      shape = fd_tile_shape(d.major, d.smem_optin, p.group, scaled ? block : 0);
       most = int64_t(d.sms) * 8;  // _tensor_core_op._cuda_matmul: up to 8 tiled blocks per SM
     } else {
       std::lock_guard<std::mutex> lock(g_mutex);
-      shape = g_fd_host_shape;
+      shape = fd_built_shape(g_fd_host_shape, p.group, scaled ? block : 0);
     }
     const FdShape& sh = kFdShapes[shape];
     int64_t tiles = B * ((M + kFdTile - 1) / kFdTile) * ((N + kFdTile - 1) / kFdTile);

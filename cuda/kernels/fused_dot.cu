@@ -74,6 +74,9 @@ extern "C" __global__ void cpd_fused_dot_matmul(const float* __restrict__ a, con
 //         instructions, docs/gpu.md); decomposition reads the raw stage into separate word arrays,
 //         so no barrier is needed at the end of a slice (two per slice instead of three).
 //         3 D + G KiB (33 / 65 KiB at L 16 / 32): L 32 on sm_86, sm_89, sm_120 (99 KiB per block).
+//         Built for the L 32 families without scales only: for the others s2g2 fits (66-72 KiB)
+//         wherever cp.async is, so s2 would never run (each kernel is NVRTC time the suite pays
+//         at two architectures); the scaled L 32 kernel takes s1 on the 99 KiB GPUs.
 //   s2g2  two stages of twice the depth (a K slice of 2 max(L, 16)): half the barriers and slice
 //         overheads per group. 3 D + G KiB (66 / 130 KiB at L 16 / 32, 72 / 68 at L 4 / 8): sm_80,
 //         sm_87, sm_90, sm_100 (163-227 KiB), and L <= 16 on the 99 KiB GPUs.
@@ -416,15 +419,18 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
   }
 // G groups of L per K slice: d slices of 16 (at least one group)
 #define CPD_FD_GROUPS(L, d) ((L) >= 16 ? (d) : (d) * (16 / (L)))
+// s1 and s2g2 for every family; s2 for the L 32 families without scales only (see the shapes above)
 #define CPD_FD_TILED_SHAPES(NAME, L, WIDE, SC)                 \
   CPD_FD_TILED(NAME##_s1, L, WIDE, 1, CPD_FD_GROUPS(L, 1), SC) \
-  CPD_FD_TILED(NAME##_s2, L, WIDE, 2, CPD_FD_GROUPS(L, 1), SC) \
   CPD_FD_TILED(NAME##_s2g2, L, WIDE, 2, CPD_FD_GROUPS(L, 2), SC)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32, 32, false, false)  // Hopper FP8 (F 13)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16, 16, false, false)  // Ada FP8 (F 13)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32w, 32, true, false)  // Blackwell FP8 / FP6 / FP4 (F 25)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16w, 16, true, false)  // Hopper, Blackwell FP16 / BF16 (F 25)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8, 8, false, false)    // Turing, Ampere, Ada FP16 / BF16 (F 24)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8w, 8, true, false)    // Hopper, Blackwell TF32 (F 25)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l4, 4, false, false)    // Volta FP16 (F 23), Ampere, Ada TF32 (F 24)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32ws, 32, true, true)  // Blackwell MXFP8 / MXFP6 / MXFP4 (F 25)
+#define CPD_FD_TILED_SHAPES3(NAME, L, WIDE, SC) \
+  CPD_FD_TILED_SHAPES(NAME, L, WIDE, SC)        \
+  CPD_FD_TILED(NAME##_s2, L, WIDE, 2, CPD_FD_GROUPS(L, 1), SC)
+CPD_FD_TILED_SHAPES3(cpd_fused_dot_tiled_l32, 32, false, false)  // Hopper FP8 (F 13)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16, 16, false, false)   // Ada FP8 (F 13)
+CPD_FD_TILED_SHAPES3(cpd_fused_dot_tiled_l32w, 32, true, false)  // Blackwell FP8 / FP6 / FP4 (F 25)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16w, 16, true, false)   // Hopper, Blackwell FP16 / BF16 (F 25)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8, 8, false, false)     // Turing, Ampere, Ada FP16 / BF16 (F 24)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8w, 8, true, false)     // Hopper, Blackwell TF32 (F 25)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l4, 4, false, false)     // Volta FP16 (F 23), Ampere, Ada TF32 (F 24)
+CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32ws, 32, true, true)   // Blackwell MXFP8 / MXFP6 / MXFP4 (F 25)
