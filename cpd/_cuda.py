@@ -191,13 +191,11 @@ def compile_source(kernel_file: str = "cast.cu", arch: str = "sm_80", *, use_cac
     with _one_compile(path, f"{kernel_file} for {arch}"):
         if use_cache and _cached(path):  # another process compiled it while this one waited
             return path.read_bytes()
-        cubin = arch.startswith("sm_")  # then with ptxas's report for resource_usage (-v only adds the log)
-        image, log = _nvrtc_compile(kernel_file, arch, src, headers, [*opts, b"--ptxas-options=-v"] if cubin else opts)
+        if arch.startswith("sm_"):  # a cubin: with ptxas's report for resource_usage (-v only adds the log)
+            return _ptxas_report(kernel_file, arch, src, headers, opts, path, path.with_suffix(".ptxas2.json"),
+                                 replace=True)[0]
+        image, _ = _nvrtc_compile(kernel_file, arch, src, headers, opts)
         _write_atomic(path, image)
-        if cubin:
-            import json
-
-            _write_atomic(path.with_suffix(".ptxas2.json"), json.dumps(parse_ptxas_report(log)).encode())
     return image
 
 
@@ -273,20 +271,22 @@ def resource_usage(kernel_file: str, arch: str) -> dict[str, dict[str, int]]:
     with _one_compile(path, f"{kernel_file} for {arch}"):
         if _cached(report):
             return json.loads(report.read_text())
-        return _ptxas_report(kernel_file, arch, src, headers, opts, path, report)
+        return _ptxas_report(kernel_file, arch, src, headers, opts, path, report)[1]
 
 
-def _ptxas_report(kernel_file, arch, src, headers, opts, path: Path, report: Path) -> dict:
-    """One compile with ptxas's report: the report parsed and cached at ``report``, the cubin at
-    ``path`` (resource_usage, under the compile's lock)."""
+def _ptxas_report(kernel_file, arch, src, headers, opts, path: Path, report: Path,
+                  replace: bool = False) -> tuple[bytes, dict]:
+    """One compile with ptxas's report, under the compile's lock: (cubin, report), the report
+    parsed and cached at ``report``, the cubin at ``path`` (where none is yet, or ``replace``:
+    compile_source's fresh image)."""
     import json
 
     image, log = _nvrtc_compile(kernel_file, arch, src, headers, [*opts, b"--ptxas-options=-v"])
     out = parse_ptxas_report(log)
-    if not path.exists():
+    if replace or not path.exists():
         _write_atomic(path, image)
     _write_atomic(report, json.dumps(out).encode())
-    return out
+    return image, out
 
 
 # --------------------------------------------------------------------------------------- driver

@@ -86,13 +86,13 @@ def codes(fmt, shape, gen, finite=True):
     if fmt.name.startswith("e2m1"):  # every code is finite
         return _E2M1[torch.randint(0, 16, shape, generator=gen)]
     if fmt.name == "e8m10":  # TF32: float32 bit patterns with the low 13 fraction bits clear
-        x = (torch.randint(-(2 ** 31), 2 ** 31, shape, generator=gen, dtype=torch.int64) & ~0x1FFF)
+        x = torch.randint(-(2 ** 31), 2 ** 31, shape, generator=gen, dtype=torch.int64) & ~0x1FFF
         x = x.to(torch.int32).view(torch.float32)
-        return torch.where(torch.isfinite(x), x, torch.zeros(())) if finite else x
-    itype, ftype = CODES[fmt.name]
-    bits = 8 * torch.empty((), dtype=itype).element_size()
-    x = torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), shape, generator=gen).to(itype)
-    x = x.view(ftype).float()
+    else:
+        itype, ftype = CODES[fmt.name]
+        bits = 8 * torch.empty((), dtype=itype).element_size()
+        x = torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), shape, generator=gen).to(itype)
+        x = x.view(ftype).float()
     if finite:
         x = torch.where(torch.isfinite(x), x, torch.zeros(()))
     return x

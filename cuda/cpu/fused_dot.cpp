@@ -263,6 +263,13 @@ int64_t fd_lanes_for(const cpd::FusedDotSpec& s, int64_t a_man, int64_t a_emax, 
   return 2;
 }
 
+// Whether every one of p[0, n) is finite (by its bits: the build's math flags cannot drop it).
+bool all_finite(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!cpd::is_finite_bits(cpd::bits_of(p[i]))) return false;
+  return true;
+}
+
 cpd::FusedDotSpec spec_of(int64_t group, int64_t frac, int64_t out, int64_t a_emin, int64_t b_emin, int64_t zero_exp,
                           int64_t algo, int64_t ftz) {
   TORCH_CHECK(group >= 1 && frac >= 0 && frac <= 40 && out >= 0 && out <= 2 && a_emin >= -126 && b_emin >= -126 &&
@@ -309,7 +316,7 @@ at::Tensor fused_dot_matmul(const at::Tensor& a, const at::Tensor& b, const at::
   // A scale that is not finite (E8M0's NaN; +-inf as a float32) makes its steps special
   // (fused_dot.h fd_special: c + the sum of a b S_a S_b in float64, NaN or +-inf); the carriers
   // watch the elements' specials only, so such a call takes the generic loop.
-  if (scaled && path != FD_GENERIC && !(at::isfinite(sa).all().item<bool>() && at::isfinite(sb).all().item<bool>()))
+  if (scaled && path != FD_GENERIC && !(all_finite(bs.sa, sa.numel()) && all_finite(bs.sb, sb.numel())))
     path = FD_GENERIC;
   switch (fd_lanes_for(s, a_man, a_emax, b_man, b_emax, path, scaled, bs.block)) {
     case 1: fd_generic(ap, bp, yp, d, s, bs); break;

@@ -571,11 +571,11 @@ std::string fd_tiled_family(const FdParams& p, int64_t block) {
   if (block < 0 || block > 0x7fffffff || !cpd::fd_tiled_applies(s, p.a_man, p.b_man, int(block))) return "";
   return "cpd_fused_dot_tiled_l" + std::to_string(p.group) + (cpd::fd_tiled_wide(s) ? "w" : "") + (block ? "s" : "");
 }
-}  // namespace
 
 // The shape a request for shape i runs for a family: i where built, else s2g2 (the shim's host
 // shape s2 on a family built without it).
 int fd_built_shape(int i, int group, int64_t block) { return fd_shape_built(i, group, block) ? i : 2; }
+}  // namespace
 
 std::string fused_dot_kernel(const FdParams& p, int64_t block, const std::string& shape) {
   const std::string family = fd_tiled_family(p, block);
