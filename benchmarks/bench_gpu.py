@@ -104,6 +104,7 @@ GEMM_FAMILIES = (
     ("Ampere bf16 model (L 8)", lambda: dict(acc=cpd.tensor_core("ampere", a="bf16"))),
     ("Hopper tf32 model (L 8, 64-bit sums)", lambda: dict(acc=cpd.tensor_core("hopper", a="tf32"))),
     ("Blackwell MXFP8 e4m3 (E8M0 scales)", lambda: dict(acc=cpd.tensor_core("blackwell", a="mxfp8_e4m3"))),
+    ("Blackwell NVFP4 (kind::mxf4nvf4, E4M3 scales)", lambda: dict(acc=cpd.tensor_core("blackwell", a="nvfp4"))),
     ("Kahan BF16", lambda: dict(acc=cpd.BF16, kahan=True)),
     ("E4M3 x BF16 stochastic", lambda: dict(mul=cpd.E4M3, acc=cpd.BF16, rounding="stochastic")),
 )

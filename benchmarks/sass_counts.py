@@ -52,10 +52,12 @@ FUSED_DOT = {
     "cpd_fused_dot_tiled_l8w": ("Hopper/Blackwell TF32 (L 8, F 25, 64-bit sums)", 8, None),
     "cpd_fused_dot_tiled_l4": ("Volta FP16, Ampere/Ada TF32 (L 4, F 23-24, 32-bit sums)", 4, None),
     "cpd_fused_dot_tiled_l32ws": ("Blackwell MXFP8/6/4 (L 32, F 25, 64-bit, E8M0 scales)", 32, None),
+    "cpd_fused_dot_tiled_c16": ("Blackwell NVFP4, MXFP4 x MXFP4 (chunks of 16, L 64, F 35)", 64, None),
 }
 #: suffix -> (stages, K slice depth): fused_dot.cu CPD_FD_TILED_SHAPES (and cpd/_tensor_core_op.py,
 #: whose slice_groups gives the groups of L per slice).
 SHAPES = {"s1": (1, 1), "s2": (2, 1), "s2g2": (2, 2)}
+TILE_DEPTH = {name: depth for name, (_, depth) in SHAPES.items()}
 
 
 def pass_chunk(L: int) -> int:
@@ -66,12 +68,14 @@ def pass_chunk(L: int) -> int:
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100")
 
 
-def picked_shape(arch: str, L: int) -> str:
-    """The tile shape cpd/_tensor_core_op.py tile_shape picks for a GPU of ``arch`` and group L."""
+def picked_shape(arch: str, L: int, chunk16: bool = False) -> str:
+    """The tile shape cpd/_tensor_core_op.py tile_shape picks for a GPU of ``arch`` and group L
+    (``chunk16``: the chunk16 family's, with scales per 16)."""
     from cpd import _tensor_core_op
 
     cap = (int(arch[3:-1]), int(arch[-1]))
-    return _tensor_core_op.tile_shape(cap, _tensor_core_op._SMEM_OPTIN.get(cap, 48 << 10), L)
+    return _tensor_core_op.tile_shape(cap, _tensor_core_op._SMEM_OPTIN.get(cap, 48 << 10), L, 16 if chunk16 else 0,
+                                      chunk16)
 
 _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 _BRA = re.compile(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
@@ -193,6 +197,46 @@ def _loop_count(insns, lo, hi, L, G) -> int:
     return total
 
 
+def _c16_count(insns, lo, hi, chunks: int, group_chunks: int = 4) -> float:
+    """Instructions one thread of a chunk16 kernel (fused_dot.cu fd_c16_tiled) issues per K slice
+    of ``chunks`` chunks of 16 (Blackwell's L 64: ``group_chunks`` 4 chunks a group), on the fast
+    path: the slice loop's straight-line code (staging, flags); per chunk, the chunk loop's code up
+    to its ``continue`` (the group-start code included: an upper bound, it runs once a group), its
+    FMA loop (16 k unrolled by 4: 4 trips) and one trip of the group start's scale-exponent loop
+    (a trip per chunk of the group); per group, the code after the ``continue`` (the rounding),
+    but for the flagged outputs' loop (fd_chunk16_step from global memory: loops inside it). The
+    ``continue`` is the chunk loop's first forward branch past the FMA loop to beyond that loop."""
+    def inside(c, d):
+        return [(e, f) for e, f in loops(insns) if c <= e and f <= d and (e, f) != (c, d)]
+
+    def direct(c, d):
+        nested = inside(c, d)
+        return [(e, f) for e, f in nested if not any(g <= e and f <= h and (g, h) != (e, f) for g, h in nested)]
+
+    def ops(c, d):
+        return [op for _, op, _ in insns[c:d + 1] if op != "NOP"]
+
+    def flat_count(c, d, kids):
+        return sum(1 for i in range(c, d + 1) if insns[i][1] != "NOP" and not any(e <= i <= f for e, f in kids))
+
+    index = {addr: i for i, (addr, _, _) in enumerate(insns)}
+    kids = direct(lo, hi)
+    total = float(flat_count(lo, hi, kids))
+    for c, d in kids:
+        sub = direct(c, d)
+        fma = [(e, f) for e, f in sub if not inside(e, f) and any(op.startswith("FFMA") for op in ops(e, f))]
+        if not fma:
+            continue  # not the chunk loop (a staging or flag loop would be counted here: none is built)
+        slow = max((ef for ef in sub if inside(*ef)), key=lambda ef: ef[1] - ef[0])
+        cont = next(i for i in range(fma[0][1] + 1, d + 1) if insns[i][1] == "BRA"
+                    and index.get(int(_BRA.search("BRA" + insns[i][2]).group(1), 16), -1) > slow[1])
+        per_chunk = flat_count(c, cont, sub) + 4 * len(ops(*fma[0]))
+        per_chunk += sum(len(ops(e, f)) for e, f in sub if (e, f) not in fma and (e, f) != slow and e < cont)
+        per_group = flat_count(cont + 1, d, sub)
+        total += chunks * per_chunk + chunks / group_chunks * per_group
+    return total
+
+
 def fused_dot_counts(arch: str = "sm_90", shapes=None) -> dict[str, dict]:
     """{kernel: {"insns", "macs", "per_mac", "goal", "label", "shape"}} for the tiled fused-dot
     kernels in each tile shape (default: all): the instructions one thread issues per K slice (G
@@ -204,6 +248,18 @@ def fused_dot_counts(arch: str = "sm_90", shapes=None) -> dict[str, dict]:
     functions = sass(_cuda.compile_source("fused_dot.cu", arch))
     out = {}
     for family, (label, L, goal) in FUSED_DOT.items():
+        if family.endswith("_c16"):
+            for shape in shapes or SHAPES:
+                if shape not in _tensor_core_op.shapes_of(L, 16):
+                    continue
+                chunks = 2 * TILE_DEPTH[shape]  # K slices of 32 elements per depth
+                insns = functions[f"{family}_{shape}"]
+                a, b = inner_loop(insns)
+                total = round(_c16_count(insns, a, b, chunks))
+                macs = 16 * 16 * chunks
+                out[f"{family}_{shape}"] = {"label": label, "insns": total, "macs": macs, "per_mac": total / macs,
+                                            "goal": goal, "shape": shape}
+            continue
         for shape in shapes or SHAPES:
             if shape not in _tensor_core_op.shapes_of(L, 32 if family.endswith("s") else 0):
                 continue  # not built (s2: L 32 without scales only)
@@ -242,7 +298,8 @@ def main(argv=None) -> int:
         print(f"SASS per multiply-accumulate of one output, tiled fused-dot kernels (fused_dot.cu) at {arch} "
               f"(* the shape picked there):")
         for name, c in fused_dot_counts(arch).items():
-            mark = "*" if picked_shape(arch, FUSED_DOT[name.rsplit("_", 1)[0]][1]) == c["shape"] else " "
+            family = name.rsplit("_", 1)[0]
+            mark = "*" if picked_shape(arch, FUSED_DOT[family][1], family.endswith("_c16")) == c["shape"] else " "
             print(f"  {name:31s}{mark} {c['label']:52s} {c['insns']:5d} / {c['macs']:4d} = {c['per_mac']:6.2f}"
                   f"  (goal {'<= ' + str(c['goal']) if c['goal'] else '-'})")
     return 0

@@ -9,8 +9,8 @@ Invariants defended (no GPU needed):
   not; the tile shape per architecture agrees with _tensor_core_op.tile_shape;
 * under on_host the op's C++ CPU kernel launches the CUDA kernels through the shim (host_kernels
   on), and outside it the loops again; the bits equal the loops' for Hopper e4m3, Ada e4m3, fp16,
-  Blackwell e4m3 (tiled, in every tile shape the shim can be given), a block-scaled MX kind and
-  NVFP4 (the per-output kernel), AMD (per-output), broadcast batch dims, NaN/inf operands;
+  Blackwell e4m3 (tiled, in every tile shape the shim can be given), block-scaled MX kinds, NVFP4
+  and MXFP4 x MXFP4 (the chunk16 family), AMD (per-output), broadcast batch dims, NaN/inf operands;
 * a bad tile shape is a clear error.
 Shapes are small: the shim runs GPU threads one after another on one core (run with -n 0).
 """
@@ -82,6 +82,9 @@ def test_tile_shape_per_architecture_agrees_with_python(ext):
                 for block in (0, 32):
                     assert ext.fused_dot_tile_shape(major, optin, group, block) == _tensor_core_op.tile_shape(
                         (major, 0), optin, group, block), (major, optin, group, block)
+            for group in (16, 64, 256):  # the chunk16 family (its own shared memory)
+                assert ext.fused_dot_tile_shape(major, optin, group, 16, _tensor_core_op.CHUNK16) == \
+                    _tensor_core_op.tile_shape((major, 0), optin, group, 16, True), (major, optin, group)
     with pytest.raises(RuntimeError, match="shape=s3; allowed s1, s2, s2g2"):
         ext.set_fused_dot_host_shape("s3")
     with pytest.raises(RuntimeError, match="shape"):
@@ -120,16 +123,16 @@ def test_shim_launch_matches_the_loops(ext, arch, ka, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("ka", ["mxfp8_e4m3", "mxfp6_e2m3", "nvfp4"])
+@pytest.mark.parametrize("ka", ["mxfp8_e4m3", "mxfp6_e2m3", "nvfp4", "mxfp4"])
 def test_block_scaled_kinds_through_the_launch(ext, ka, shape):
-    """The MX kinds on the scaled tiled kernel in every shape (C++ marshalling of the scales),
-    NVFP4 on the per-output kernel."""
-    if (ka == "nvfp4" and shape != "s1") or shape == "s2":
-        pytest.skip("the per-output kernel has no tile shape; the scaled one no s2")
+    """The MX kinds on the scaled tiled kernel, NVFP4 and MXFP4 x MXFP4 on the chunk16 one, in every
+    shape (C++ marshalling of the scales and of the chunk16 family's shared memory)."""
+    if shape == "s2":
+        pytest.skip("the scaled and chunk16 families have no s2 (s2g2 runs: test_kernel_choice_...)")
     ext.set_fused_dot_host_shape(shape)
     acc = tensor_core("blackwell", a=ka)
     assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), acc.a_block.block_size) == (
-        "cpd_fused_dot_tiled_l32ws" if ka.startswith("mx") else None)
+        "cpd_fused_dot_tiled_c16" if ka in ("nvfp4", "mxfp4") else "cpd_fused_dot_tiled_l32ws")
     gen = torch.Generator().manual_seed(3)
     a = torch.randn(2, 9, 70, generator=gen) * 4
     b = torch.randn(70, 11, generator=gen)

@@ -15,11 +15,17 @@ Invariants defended (no GPU needed):
   between barriers, so a stage written before the barrier that should guard it shows as wrong bits;
 * the scaled kernel (Blackwell's kind::mxf8f6f4: MXFP8/6/4 elements with E8M0 scales per 32)
   equals the CPU loops with the same scales, the ends of E8M0's range and NaN scales included;
+* the chunk16 kernels (Blackwell's kind::mxf4 / mxf4nvf4: NVFP4, MXFP4 x MXFP4, E8M0 per 16;
+  cpd_fused_dot_tiled_c16) equal the CPU loops in both their shapes, with groups spanning slices,
+  a partial last chunk, E4M3 scales of every binade (subnormal, zero, max), E8M0's ends, scales
+  that are not m 2^x with m < 16, NaN / inf / negative scales, elements that are not e2m1 values,
+  overflow to inf and float32-subnormal results (the flagged and slow outputs' fd_chunk16_step),
+  and custom groups (16 to 256) and F (0 to 40);
 * cpd/_tensor_core_op.py tiled_kernel routes every NVIDIA model (Volta to Blackwell:
-  FP16/BF16/TF32/FP8/FP4, L 4 to 32, F 13 to 25, and the MX kinds) to the tiled kernels and
-  leaves the others (NVFP4's 16-element chunks, AMD, other group sizes, L 4 with 64-bit sums,
-  block scales other than per 32 at L 32) alone; tile_shape picks a shape per GPU from cp.async
-  and its shared memory.
+  FP16/BF16/TF32/FP8/FP4, L 4 to 32, F 13 to 25, the MX kinds and the chunk16 kinds) to the
+  tiled kernels and leaves the others (AMD, other group sizes, L 4 with 64-bit sums, block scales
+  other than per 32 at L 32) alone; tile_shape picks a shape per GPU from cp.async and its
+  shared memory.
 Shapes are small: the shim runs GPU threads one after another on one core.
 """
 
@@ -216,8 +222,9 @@ def mx_model(ka):
 
 def test_block_scaled_routing():
     """Blackwell's kind::mxf8f6f4 kinds (L 32, F 25, an E8M0 scale per 32 elements) take the scaled
-    tiled kernel; NVFP4 and MXFP4 x MXFP4 (kind::mxf4nvf4: 16-element chunks, another algorithm), scales per 16 or per
-    a block that is not a multiple of L, and scaled specs of other groups keep the per-output kernel."""
+    tiled kernel; NVFP4 and MXFP4 x MXFP4 (kind::mxf4nvf4: 16-element chunks, another algorithm) the
+    chunk16 one; scales per 16 or per a block that is not a multiple of L, and scaled specs of
+    other groups keep the per-output kernel."""
     for ka in MX_KINDS:
         acc = mx_model(ka)
         assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), acc.a_block.block_size) == \
@@ -226,9 +233,11 @@ def test_block_scaled_routing():
         for block in (16, 48, -32):
             assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), block) is None, (ka, block)
         assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), 64) == "cpd_fused_dot_tiled_l32ws"
-    for ka in ("nvfp4", "mxfp4"):  # kind::mxf4nvf4 (MXFP4 with MXFP4: k64, chunks of 16)
+    for ka in ("nvfp4", "mxfp4"):  # kind::mxf4nvf4 (MXFP4 with MXFP4: k64, chunks of 16): their own family
         acc = tensor_core("blackwell", a=ka)
-        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), acc.a_block.block_size) is None
+        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), acc.a_block.block_size) == \
+            "cpd_fused_dot_tiled_c16"
+        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), 0) is None  # chunk16 without scales
     for arch, ka in (("hopper", "fp16"), ("ampere", "bf16"), ("hopper", "e4m3")):  # L 16 / 8 / 32-bit sums
         acc = tensor_core(arch, a=ka)
         assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), 32) is None, (arch, ka)
@@ -330,3 +339,117 @@ def test_a_spec_outside_the_kernel_gets_the_generic_bits(kernel, arch, ka):
     _shim.launch(_tensor_core_op.tiled_launch_of(a3, b3, y, acc.params, fields(acc), kernel, 2, "s2g2"))
     want = cpu(acc, a3, b3)
     assert torch.equal(y.view(torch.int32), want.view(torch.int32))
+
+
+# ------------------------------------------------------------------ chunk16 (kind::mxf4 / mxf4nvf4)
+C16_KINDS = ["nvfp4", "mxfp4", "mxfp4 per 16"]
+C16_SHAPES = ["s1", "s2g2"]
+
+
+def c16_model(ka):
+    if ka == "mxfp4 per 16":  # kind::mxf4nvf4 with E8M0 scales per 16
+        return tensor_core("blackwell", a=cpd.mx.BlockFormat(cpd.E2M1, block_size=16, scale=cpd.E8M0, name="mxfp4_16"))
+    return tensor_core("blackwell", a=ka)
+
+
+def c16_elements(shape, gen):
+    """e2m1 values, with a few that are not (flagged: fd_chunk16_step's bits for their outputs)."""
+    x = _E2M1[torch.randint(0, 16, shape, generator=gen)]
+    flat = x.view(-1)
+    pick = torch.randperm(flat.numel(), generator=gen)[:10]
+    flat[pick] = torch.tensor([0.75, 5.0, 0.25, 7.0, -1e-30, 1.0 + 2.0 ** -20, float("nan"), float("inf"),
+                               -float("inf"), 12.0])
+    return x
+
+
+def c16_scales(fmt, shape, gen):
+    """Scale values of fmt's scale format over its range (E4M3: every binade, subnormals, zero,
+    448; E8M0: 2^-127 .. 2^127), plus scales no kind produces: NaN, inf, negative, a float32
+    subnormal m 2^x, and ones with more than four significant bits (flagged)."""
+    if fmt.scale == cpd.E8M0:
+        sc = e8m0(shape, gen, specials=True)
+    else:
+        codes_ = torch.randint(0, 127, shape, generator=gen).to(torch.uint8)  # positive E4M3 codes (no NaN)
+        sc = codes_.view(torch.float8_e4m3fn).float()
+    flat = sc.view(-1)
+    pick = torch.randperm(flat.numel(), generator=gen)[:7]
+    flat[pick] = torch.tensor([float("nan"), float("inf"), -2.0, 3 * 2.0 ** -140, 2.0 ** -149, 1.0 + 2.0 ** -10,
+                               17.0])
+    return sc
+
+
+def c16_check(acc, shape, B, M, K, N, seed, blocks=3, block=None):
+    gen = torch.Generator().manual_seed(seed)
+    block = block or acc.a_block.block_size
+    nb = -(-K // block)
+    a3, b3 = c16_elements((B, M, K), gen), c16_elements((B, K, N), gen)
+    sa, sb = c16_scales(acc.a_block, (B, M, nb), gen), c16_scales(acc.b_block, (B, nb, N), gen)
+    if acc.a_block.scale == cpd.E8M0:  # outputs (., 1, 1) below 2^-126: float32 subnormals
+        sa[:, 1, :], sb[:, :, 1] = 2.0 ** -127, 2.0 ** -10
+    s_emin = acc.a_block.scale.emin
+    want = torch.ops.cpd_fused_dot.matmul(a3, b3, sa, sb, block, s_emin, *acc.params, *fields(acc), 0)
+    kernel = _tensor_core_op.tiled_kernel(acc.params, fields(acc), block)
+    assert kernel == "cpd_fused_dot_tiled_c16"
+    y = torch.full((B, M, N), 3.0)
+    _shim.launch(_tensor_core_op.tiled_launch_of(a3, b3, y, acc.params, fields(acc), kernel, blocks, shape, sa, sb,
+                                                 block, s_emin))
+    assert torch.equal(y.view(torch.int32), want.view(torch.int32)), (acc, shape, (y != want).sum())
+    return want
+
+
+@pytest.mark.parametrize("shape", C16_SHAPES)
+@pytest.mark.parametrize("ka", C16_KINDS)
+def test_chunk16_kinds(ka, shape):
+    """The chunk16 kernel == the CPU loops: K = 150 (groups of 64, 64 and 22: groups across s1's
+    slices of 32, a partial last chunk), ragged M and N, batches, grid-stride tiles."""
+    want = c16_check(c16_model(ka), shape, 2, 67, 150, 70, sum(map(ord, ka + shape)))
+    assert torch.isnan(want).any()
+    if ka != "nvfp4":  # E8M0's ends: overflow past 2^128, and results below 2^-126 (the slow rounding)
+        assert torch.isinf(want).any()
+        small = want[torch.isfinite(want)].abs()
+        assert ((small > 0) & (small < 2.0 ** -126)).any()
+
+
+@pytest.mark.parametrize("group,frac", [(16, 0), (32, 20), (128, 40), (256, 35), (48, 12)])
+def test_chunk16_custom_groups(group, frac):
+    """Groups of 16 to 256 chunks' worth (several slices per group, or several groups per slice),
+    F from 0 (most is cut) to 40 (the largest taken: 64-bit sums)."""
+    base = c16_model("nvfp4")
+    acc = FusedDot(group=group, frac_bits=frac, out="f32", algorithm="nvidia_chunk16", a_block=base.a_block,
+                   b_block=base.b_block)
+    for shape in C16_SHAPES:
+        c16_check(acc, shape, 1, 33, 300, 20, group + frac, blocks=1)
+
+
+@pytest.mark.parametrize("block", [24, 48, 64])
+def test_chunk16_other_blocks(block):
+    """Scales per 24, 48 or 64 elements (the raw op's; no kind has them): a chunk takes the scale
+    of its first element, which the kernel's counters follow without a division."""
+    for shape in C16_SHAPES:
+        c16_check(c16_model("nvfp4"), shape, 1, 40, 230, 30, block, blocks=2, block=block)
+
+
+def test_chunk16_routing_and_shapes():
+    base = c16_model("nvfp4")
+    route = _tensor_core_op.tiled_kernel
+    for group, frac, want in [(64, 35, "cpd_fused_dot_tiled_c16"), (256, 40, "cpd_fused_dot_tiled_c16"),
+                              (512, 35, None)]:
+        acc = FusedDot(group=group, frac_bits=frac, out="f32", algorithm="nvidia_chunk16", a_block=base.a_block,
+                       b_block=base.b_block)
+        assert route(acc.params, fields(acc), 16) == want, (group, frac)
+    # what the raw op alone can ask for: F 41 (64-bit sums no longer hold), a binary16 output (not
+    # the kernel's float32 rounding), elements of more than one fraction bit
+    assert route(base.params._replace(frac=41), fields(base), 16) is None
+    assert route(base.params._replace(group=40), fields(base), 16) is None
+    assert route(base.params._replace(out=2), fields(base), 16) is None
+    assert route(base.params, (3, 15, 1, 2), 16) is None
+    assert route(base.params, fields(base), 8) is None  # scales per fewer than 16: a chunk spans several
+    kib = 1024
+    assert [_tensor_core_op.tile_smem(64, s, chunk16=True) for s in C16_SHAPES] == [17 * kib, 67 * kib]
+    shape = _tensor_core_op.tile_shape
+    assert shape((7, 5), 64 * kib, 64, 16, True) == "s1" and shape((8, 6), 99 * kib, 64, 16, True) == "s2g2"
+    assert shape((8, 0), 48 * kib, 64, 16, True) == "s1" and shape((9, 0), 227 * kib, 64, 16, True) == "s2g2"
+    z = torch.zeros(1, 1, 1)
+    launch = _tensor_core_op.tiled_launch_of(z, z, z, base.params, fields(base), "cpd_fused_dot_tiled_c16", 1, "s2g2",
+                                             z, z, 16, -9)
+    assert launch.name == "cpd_fused_dot_tiled_c16_s2g2" and launch.smem == 67 * kib

@@ -452,7 +452,8 @@ void bind(pybind11::module_& m) {
     TORCH_CHECK(p.size() == 10, "cpd: fused_dot_kernel takes 10 spec values, got ", p.size());
     return cpd_launch::fused_dot_kernel({p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9]}, block, shape);
   });
-  m.def("fused_dot_tile_shape", &cpd_launch::fused_dot_tile_shape);
+  m.def("fused_dot_tile_shape", &cpd_launch::fused_dot_tile_shape, pybind11::arg("major"), pybind11::arg("smem_optin"),
+        pybind11::arg("group"), pybind11::arg("block"), pybind11::arg("algo") = 0);
   m.def("set_fused_dot_host_shape", &cpd_launch::set_fused_dot_host_shape);
   m.def("host_kernels", &cpd_launch::host_kernels);
   m.def("matmul_kernel", [](bool has_mul, std::vector<int> mul, std::vector<int> acc, bool kahan, int block, int mode,

@@ -152,6 +152,55 @@ __device__ __forceinline__ void fd_tiled_scales(const float* __restrict__ sa, co
     for (int j = 0; j < CPD_FD_R; ++j) *bad |= (((ba >> i) | (bb >> j)) & 1u) << (i * CPD_FD_R + j);
 }
 
+// The block scales of output (gm, gn) of batch element bi (cpd::FdScales: a's row, b's column).
+__device__ __forceinline__ cpd::FdScales fd_output_scales(const float* __restrict__ sa, const float* __restrict__ sb,
+                                                          long long bi, long long M, long long N, long long nb,
+                                                          long long gm, long long gn, int block, int s_emin) {
+  cpd::FdScales x = cpd::fd_no_scales();
+  x.a = sa + (bi * M + gm) * nb;
+  x.as = 1;
+  x.b = sb + bi * nb * N + gn;
+  x.bs = N;
+  x.block = block;
+  x.emin = s_emin;
+  return x;
+}
+
+// The outputs of a thread's R x R marked in `slow` (bit i R + j): cn[i][j] = step(gm, gn, c[i][j])
+// (a generic step from global memory), one output at a time in a loop not unrolled (one inlined
+// copy of the step); outputs outside the matrix (gm >= M or gn >= N) are skipped.
+template <class Step>
+__device__ __forceinline__ void fd_redo(cpd::u32 slow, const cpd::u32 (&c)[CPD_FD_R][CPD_FD_R],
+                                        cpd::u32 (&cn)[CPD_FD_R][CPD_FD_R], long long gm0, long long gn0, long long M,
+                                        long long N, const Step& step) {
+  constexpr int R = CPD_FD_R;
+#pragma unroll 1
+  for (int q = 0; q < R * R; ++q) {
+    const long long gm = gm0 + q / R, gn = gn0 + q % R;
+    if (!((slow >> q) & 1u) || gm >= M || gn >= N) continue;
+    cpd::u32 cq = 0u;
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int j = 0; j < R; ++j) cq = i * R + j == q ? c[i][j] : cq;
+    cq = step(gm, gn, cq);
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int j = 0; j < R; ++j) cn[i][j] = i * R + j == q ? cq : cn[i][j];
+  }
+}
+
+// A thread's R x R outputs (float32 bits c) into y (B, M, N), rows gm0 + i, columns gn0 + j.
+__device__ __forceinline__ void fd_store(float* __restrict__ y, const cpd::u32 (&c)[CPD_FD_R][CPD_FD_R], long long bi,
+                                         long long M, long long N, long long gm0, long long gn0) {
+#pragma unroll
+  for (int i = 0; i < CPD_FD_R; ++i)
+#pragma unroll
+    for (int j = 0; j < CPD_FD_R; ++j)
+      if (gm0 + i < M && gn0 + j < N) y[(bi * M + gm0 + i) * N + gn0 + j] = cpd::float_of(c[i][j]);
+}
+
 // SC: block scales (sa (B, M, nb), sb (B, nb, N), one per `block` elements along K, block a
 // multiple of L: one scale of a's row and one of b's column per group; see step 3 below).
 template <int L, bool WIDE, int S, int G, bool SC>
@@ -184,8 +233,8 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
   const int sa_k = tid % KS, sa_m = tid / KS, sb_n = tid % T, sb_k = tid / T, dm = tid % T, dq = tid / T;
   const long long tiles_m = (M + T - 1) / T, tiles_n = (N + T - 1) / T, tiles = B * tiles_m * tiles_n;
   for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const long long bi = t / (tiles_m * tiles_n), rest = t - bi * tiles_m * tiles_n;
-    const long long m0 = (rest / tiles_n) * T, n0 = (rest % tiles_n) * T;
+    const cpd::TileOrigin o = cpd::tile_origin(t, tiles_m, tiles_n, T, T);
+    const long long bi = o.bi, m0 = o.m0, n0 = o.n0;
     const float* ab = a + bi * M * K;
     const float* bb = b + bi * K * N;
     // 1. stage the raw slice at kst into rows dA (A transposed: dA[kk][m]) and dB (where the
@@ -351,31 +400,10 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
         // 6. the marked outputs: fd_step on global memory, one output at a time (one inlined copy)
         if (slow) {
           const int len = K - kg < (long long)L ? (int)(K - kg) : L;
-#pragma unroll 1
-          for (int q = 0; q < R * R; ++q) {
-            const int i = q / R, j = q % R;
-            const long long gm = m0 + ty * R + i, gn = n0 + tx * R + j;
-            if (!((slow >> q) & 1u) || gm >= M || gn >= N) continue;
-            cpd::u32 cq = 0u;
-#pragma unroll
-            for (int ii = 0; ii < R; ++ii)
-#pragma unroll
-              for (int jj = 0; jj < R; ++jj) cq = ii * R + jj == q ? c[ii][jj] : cq;
-            cpd::FdScales x = cpd::fd_no_scales();
-            if (SC) {
-              x.a = sa + (bi * M + gm) * nb;
-              x.as = 1;
-              x.b = sb + bi * nb * N + gn;
-              x.bs = N;
-              x.block = block;
-              x.emin = s_emin;
-            }
-            cq = cpd::fused_dot_step_scaled(s, ab + gm * K + kg, 1, bb + kg * N + gn, N, len, cq, x, kg);  // FD_NV
-#pragma unroll
-            for (int ii = 0; ii < R; ++ii)
-#pragma unroll
-              for (int jj = 0; jj < R; ++jj) cn[ii][jj] = ii * R + jj == q ? cq : cn[ii][jj];
-          }
+          fd_redo(slow, c, cn, m0 + ty * R, n0 + tx * R, M, N, [&](long long gm, long long gn, cpd::u32 cq) {
+            const cpd::FdScales x = SC ? fd_output_scales(sa, sb, bi, M, N, nb, gm, gn, block, s_emin) : cpd::fd_no_scales();
+            return cpd::fused_dot_step_scaled(s, ab + gm * K + kg, 1, bb + kg * N + gn, N, len, cq, x, kg);  // FD_NV
+          });
         }
 #pragma unroll
         for (int i = 0; i < R; ++i)
@@ -386,13 +414,243 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
       // written after the first barrier above (every thread is past these passes by then)
       if (S == 1) __syncthreads();
     }
+    fd_store(y, c, bi, M, N, m0 + ty * R, n0 + tx * R);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// The chunk16 kernels (cpd/fused_dot_tiled.h fd_c16_applies: Blackwell's kind::mxf4 / mxf4nvf4,
+// NVFP4 and MXFP4 x MXFP4: e2m1 elements, a scale per block of K). fd_tiled's tiles, threads and
+// outputs (a 64 x 64 tile per block of 256, 4 x 4 outputs per thread, grid-stride over tiles);
+// a K slice of KS = 32 (s1: one stage) or 64 raw elements (s2g2: two stages, cp.async double
+// buffering), held as they are: no decomposition, the elements enter float32 FMAs.
+//   * Per chunk of 16, each thread runs its 16 outputs' FMA chains from 0 over the chunk (two
+//     128-bit shared loads per 16 FMAs: A is kept transposed, B as it is), then per output the
+//     chunk's term (fd_c16_v with 4 ma mb, fd_c16_term) into a 64-bit group sum.
+//   * Before a group's first chunk, each output's emax from c and the group's scale exponents;
+//     after its last, one rounding (fd_c16_finish).
+//   * The scales come from global memory (4 of A's rows and 4 of B's columns per thread and
+//     chunk, L1-resident: 16 or 32 times fewer than the elements, through per-row pointers and
+//     a chunk counter, no division), decomposed by fd_c16_scale.
+//   * Flags: after a slice lands, each thread checks its quarter of a row of A and of a column of
+//     B (fd_c16_bad_element) into a byte of that row's (column's) flag word. An output reached by
+//     a flagged element or scale, one whose chunk's cut would truncate, and one whose rounding is
+//     float32-subnormal take fd_chunk16_step from global memory for that group.
+// A's rows are FD_C16_LD = 68 words: a warp stages 4 rows x 8 k (32-byte runs of global memory)
+// into 32 distinct banks, and rows stay 16-byte aligned for the float4 reads.
+constexpr int FD_C16_LD = 68;
+
+// Dynamic shared memory of a chunk16 shape (cpd/_tensor_core_op.py tile_smem): per stage, A's KS
+// rows of FD_C16_LD words, B's KS rows of 64, and a flag word per row of A and column of B.
+template <int S, int KS>
+struct FdC16Shape {
+  static constexpr int STAGE_WORDS = KS * FD_C16_LD + KS * CPD_FD_T + 2 * CPD_FD_T;
+  static constexpr cpd::u32 BYTES = (cpd::u32)(S * STAGE_WORDS) * 4u;
+};
+
+template <int S, int KS>
+__device__ __forceinline__ void fd_c16_tiled(const float* __restrict__ a, const float* __restrict__ b,
+                                             float* __restrict__ y, const float* __restrict__ sa,
+                                             const float* __restrict__ sb, long long B, long long M, long long K,
+                                             long long N, long long nb, int block, int s_emin,
+                                             const cpd::FusedDotSpec& s) {
+  constexpr int T = CPD_FD_T, R = CPD_FD_R, LD = FD_C16_LD, NC = KS / 16, PS = T * KS / CPD_FD_THREADS;
+  constexpr int CB = 4 / NC;  // flag bytes per chunk (each byte: a quarter of the slice)
+  constexpr cpd::u32 CMASK = (1u << (8 * CB)) - 1u;
+  float* const smem = (float*)cpd::dynamic_smem();
+  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16, lane = tid % 32, warp = tid / 32;
+  const int dm = tid % T, dq = tid / T;  // flags: row (column) dm, elements dq KS / 4 .. + KS / 4
+  const long long G = s.group;
+  const long long tiles_m = (M + T - 1) / T, tiles_n = (N + T - 1) / T, tiles = B * tiles_m * tiles_n;
+  for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const cpd::TileOrigin o = cpd::tile_origin(t, tiles_m, tiles_n, T, T);
+    const long long bi = o.bi, m0 = o.m0, n0 = o.n0;
+    const float* ab = a + bi * M * K;
+    const float* bb = b + bi * K * N;
+    // the thread's rows' (columns') scales: pointers to the first of each (row 0 / column 0 stands
+    // in for one outside the matrix: its scale reads as 1), so that a chunk's eight loads take
+    // one add each
+    const float* pa[R];
+    const float* pb[R];
+    cpd::u32 in_a = 0u, in_b = 0u;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const long long r = m0 + ty * R + i, cn = n0 + tx * R + i;
+      in_a |= (cpd::u32)(r < M) << i;
+      in_b |= (cpd::u32)(cn < N) << i;
+      pa[i] = sa + (bi * M + (r < M ? r : 0)) * nb;
+      pb[i] = sb + bi * nb * N + (cn < N ? cn : 0);
+    }
+    // scale q (of elements q block ..) of row i (column j): float32 bits
+    auto scale_a = [&](int i, long long q) { return (in_a >> i) & 1u ? cpd::bits_of(pa[i][q]) : 0x3f800000u; };
+    auto scale_b = [&](int j, long long qn) { return (in_b >> j) & 1u ? cpd::bits_of(pb[j][qn]) : 0x3f800000u; };
+    // the raw slice at kst into stage st: A transposed (k, m), B as it is (k, n); zeros outside
+    auto stage = [&](long long kst, int st) {
+      float* const dA = smem + st * FdC16Shape<S, KS>::STAGE_WORDS;
+      float* const dB = dA + KS * LD;
+      // bounds and addresses taken afresh per slice (fd_opaque): hoisted, they held registers
+      // across the chunks' FMAs and the s2g2 kernel spilled
+      const long long Ko = fd_opaque(K), No = fd_opaque(N), Mo = fd_opaque(M);
+      const int k_left = (int)(Ko - kst < (long long)KS ? Ko - kst : (long long)KS);
+#pragma unroll
+      for (int r = 0; r < PS; ++r) {
+        const int u = warp + 8 * r, k = 8 * (u % (KS / 8)) + lane % 8, m = 4 * (u / (KS / 8)) + lane / 8;
+        if (k < k_left && m0 + m < Mo) cpd::copy_async4(&dA[k * LD + m], ab + (m0 + m) * Ko + kst + k);
+        else dA[k * LD + m] = 0.0f;
+        const int kb = tid / T + 4 * r;
+        if (kb < k_left && n0 + dm < No) cpd::copy_async4(&dB[kb * T + dm], bb + (kst + kb) * No + n0 + dm);
+        else dB[kb * T + dm] = 0.0f;
+      }
+    };
+    // per output: c, the group's emax less F - 2 (the chunks' shifts are emf - xa - xb), its sum;
+    // slow: outputs whose group fd_chunk16_step takes (a chunk's cut truncates, the rounding is
+    // float32-subnormal); bad_a / bad_b: rows / columns with a flagged element or scale in the group
+    cpd::u32 c[R][R], slow = 0u, bad_a = 0u, bad_b = 0u;
+    int emf[R][R];
+    long long Sg[R][R];
 #pragma unroll
     for (int i = 0; i < R; ++i)
 #pragma unroll
-      for (int j = 0; j < R; ++j) {
-        const long long gm = m0 + ty * R + i, gn = n0 + tx * R + j;
-        if (gm < M && gn < N) y[(bi * M + gm) * N + gn] = cpd::float_of(c[i][j]);
+      for (int j = 0; j < R; ++j) c[i][j] = 0u, emf[i][j] = 0, Sg[i][j] = 0;
+    if (S > 1) {
+      stage(0, 0);
+      cpd::copy_commit();
+    }
+    long long kg = 0;  // the current group's first element
+    // chunk counters, no divisions in the loop: the chunk's index in its group (the group has
+    // gch = G / 16), and its scale q = kc / block with kq = kc - q block (block >= 16: a chunk
+    // moves on by at most one scale)
+    const int gch = (int)(G / 16);
+    int cig = 0, kq = 0;
+    long long qc = 0;
+    for (long long k0 = 0, sl = 0; k0 < K; k0 += KS, ++sl) {
+      const int st = S > 1 ? (int)(sl & 1) : 0;
+      if (S == 1) stage(k0, 0);
+      cpd::copy_wait_all();
+      __syncthreads();  // the slice is in; every thread is past the last reads of the other stage
+      if (S > 1 && k0 + KS < K) {
+        stage(k0 + KS, st ^ 1);
+        cpd::copy_commit();
       }
+      const float* const dA = smem + st * FdC16Shape<S, KS>::STAGE_WORDS;
+      const float* const dB = dA + KS * LD;
+      cpd::u32* const fA = (cpd::u32*)(smem + st * FdC16Shape<S, KS>::STAGE_WORDS + KS * (LD + T));
+      cpd::u32* const fB = fA + T;
+      {
+        cpd::u32 ba = 0u, bb2 = 0u;
+#pragma unroll
+        for (int r = 0; r < KS / 4; ++r) {
+          const int k = dq * (KS / 4) + r;
+          ba |= cpd::fd_c16_bad_element(cpd::bits_of(dA[k * LD + dm]));
+          bb2 |= cpd::fd_c16_bad_element(cpd::bits_of(dB[k * T + dm]));
+        }
+        ((unsigned char*)fA)[dm * 4 + dq] = (unsigned char)ba;
+        ((unsigned char*)fB)[dm * 4 + dq] = (unsigned char)bb2;
+      }
+      __syncthreads();  // the flags are in
+#pragma unroll 1
+      for (int ch = 0; ch < NC; ++ch) {
+        const long long kc = k0 + 16 * ch;
+        if (kc >= K) break;  // (uniform across the block)
+        if (cig == 0) {  // a group starts: emax over c and its chunks' scale exponents
+          kg = kc;
+          const long long ke = K - kc < G ? K : kc + G;
+#pragma unroll
+          for (int i = 0; i < R; ++i)
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+              emf[i][j] = cpd::fd_exp(c[i][j], s.c_emin, s.zero_exp);
+              Sg[i][j] = 0;
+            }
+          slow = bad_a = bad_b = 0u;
+          long long q = qc;
+#pragma unroll 1
+          for (long long kk = kc, r = kq; kk < ke; kk += 16, r += 16) {
+            if (r >= block) r -= block, ++q;
+            const long long qn = q * N;
+            int ea[R], eb[R];
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+              ea[i] = cpd::fd_exp(scale_a(i, q), s_emin, s_emin);
+              eb[i] = cpd::fd_exp(scale_b(i, qn), s_emin, s_emin);
+            }
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+#pragma unroll
+              for (int j = 0; j < R; ++j) emf[i][j] = cpd::imax(emf[i][j], ea[i] + eb[j]);
+          }
+#pragma unroll
+          for (int i = 0; i < R; ++i)
+#pragma unroll
+            for (int j = 0; j < R; ++j) emf[i][j] += 2 - s.frac;
+        }
+        // the chunk's FMA chains
+        float q[R][R];
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int j = 0; j < R; ++j) q[i][j] = 0.0f;
+#pragma unroll 4
+        for (int kk = 0; kk < 16; ++kk) {
+          const float4 va = *(const float4*)&dA[(16 * ch + kk) * LD + ty * R];
+          const float4 vb = *(const float4*)&dB[(16 * ch + kk) * T + tx * R];
+          const float av[R] = {va.x, va.y, va.z, va.w}, bv[R] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+          for (int i = 0; i < R; ++i)
+#pragma unroll
+            for (int j = 0; j < R; ++j) q[i][j] = cpd::ffma(av[i], bv[j], q[i][j]);
+        }
+        // the chunk's terms (cpd::fd_c16_v, fd_c16_term): its scales, 4 ma and mb as float32 factors
+        float fa[R], fb[R];
+        int xa[R], xb[R];
+        const long long qcn = qc * N;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          const cpd::FdC16Scale ua = cpd::fd_c16_scale(scale_a(i, qc), s_emin);
+          const cpd::FdC16Scale ub = cpd::fd_c16_scale(scale_b(i, qcn), s_emin);
+          fa[i] = (float)(4u * ua.m), xa[i] = ua.x, fb[i] = (float)ub.m, xb[i] = ub.x;
+          bad_a |= (ua.bad | (cpd::u32)(((fA[ty * R + i] >> (8 * CB * ch)) & CMASK) != 0u)) << i;
+          bad_b |= (ub.bad | (cpd::u32)(((fB[tx * R + i] >> (8 * CB * ch)) & CMASK) != 0u)) << i;
+        }
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int j = 0; j < R; ++j) {
+            const int v = cpd::fd_c16_v(q[i][j], cpd::fmul(fa[i], fb[j]));
+            const int sh = emf[i][j] - xa[i] - xb[j];
+            Sg[i][j] += cpd::fd_c16_term(v, sh);
+            slow |= (cpd::u32)((sh > 0) & (v != 0)) << (i * R + j);  // a cut that truncates
+          }
+        kq += 16;  // the next chunk's scale
+        if (kq >= block) kq -= block, ++qc;
+        if (++cig == gch) cig = 0;
+        if (kc + 16 < (K - kg < G ? K : kg + G)) continue;
+        // the group's last chunk: one rounding per output, fd_chunk16_step for the marked ones
+        cpd::u32 cn[R][R];
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int j = 0; j < R; ++j) {
+            cpd::u32 sl1 = ((bad_a >> i) | (bad_b >> j)) & 1u;
+            cn[i][j] = cpd::fd_c16_finish(s, Sg[i][j], emf[i][j] + s.frac - 2, c[i][j], &sl1);
+            slow |= sl1 << (i * R + j);
+          }
+        if (slow) {
+          const int len = K - kg < G ? (int)(K - kg) : (int)G;
+          fd_redo(slow, c, cn, m0 + ty * R, n0 + tx * R, M, N, [&](long long gm, long long gn, cpd::u32 cq) {
+            const cpd::FdScales x = fd_output_scales(sa, sb, bi, M, N, nb, gm, gn, block, s_emin);
+            return cpd::fd_chunk16_step(s, ab + gm * K + kg, 1, bb + kg * N + gn, N, len, cq, x, kg);
+          });
+        }
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int j = 0; j < R; ++j) c[i][j] = cn[i][j];
+      }
+      if (S == 1) __syncthreads();  // every thread is past this slice before the next is staged over it
+    }
+    if (S > 1) __syncthreads();  // ... and past the tile's last slice before the next tile's first stage
+    fd_store(y, c, bi, M, N, m0 + ty * R, n0 + tx * R);
   }
 }
 
@@ -434,3 +692,20 @@ CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8, 8, false, false)     // Turing, Ampe
 CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8w, 8, true, false)     // Hopper, Blackwell TF32 (F 25)
 CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l4, 4, false, false)     // Volta FP16 (F 23), Ampere, Ada TF32 (F 24)
 CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32ws, 32, true, true)   // Blackwell MXFP8 / MXFP6 / MXFP4 (F 25)
+
+// The chunk16 kernels (fd_c16_tiled): the same parameters; s1 one stage of 32, s2g2 two of 64.
+#define CPD_FD_C16(NAME, S, KS)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(CPD_FD_THREADS, 1)                                                 \
+      NAME(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,                       \
+           const float* __restrict__ sa, const float* __restrict__ sb, long long B, long long M, long long K,      \
+           long long N, long long nb, int block, int s_emin, int group, int frac, int out, int a_emin, int b_emin, \
+           int zero_exp, int algo, int ftz, int a_man, int b_man) {                                               \
+    const cpd::FusedDotSpec s = cpd::make_fused_dot_spec(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz); \
+    if (sa != nullptr && cpd::fd_c16_applies(s, a_man, b_man, block) &&                                          \
+        cpd::dynamic_smem_size() >= FdC16Shape<S, KS>::BYTES)                                                    \
+      fd_c16_tiled<S, KS>(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s);                                     \
+    else /* a spec outside the family (a routing slip): the generic steps' bits, slowly */                       \
+      fd_outputs(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s);                                              \
+  }
+CPD_FD_C16(cpd_fused_dot_tiled_c16_s1, 1, 32)    // Blackwell NVFP4, MXFP4 x MXFP4 (L 64, F 35)
+CPD_FD_C16(cpd_fused_dot_tiled_c16_s2g2, 2, 64)

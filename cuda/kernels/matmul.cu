@@ -94,8 +94,8 @@ __device__ __forceinline__ void tiled(const float* __restrict__ a, const float* 
   const cpd::FormatF mg = cpd::make_format_f(d.mf), ag = cpd::make_format_f(d.af);
   cpd::u32 w[cpd::DOT_WORDS];
   for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const long long bi = t / (tiles_m * tiles_n), rest = t - bi * tiles_m * tiles_n;
-    const long long m0 = (rest / tiles_n) * TM, n0 = (rest % tiles_n) * TN;
+    const cpd::TileOrigin o = cpd::tile_origin(t, tiles_m, tiles_n, TM, TN);
+    const long long bi = o.bi, m0 = o.m0, n0 = o.n0;
     const float* ab = a + bi * M * K;
     const float* bb = b + bi * K * N;
     cpd::u32 s[RM][RN], c[RM][RN], bs[RM][RN];
@@ -436,8 +436,8 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
   const long long full = K / CPD_FK;
   const int tail = (int)(K - full * CPD_FK);
   for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const long long bi = t / (tiles_m * tiles_n), rest = t - bi * tiles_m * tiles_n;
-    const long long m0 = (rest / tiles_n) * T, n0 = (rest % tiles_n) * T;
+    const cpd::TileOrigin o = cpd::tile_origin(t, tiles_m, tiles_n, T, T);
+    const long long bi = o.bi, m0 = o.m0, n0 = o.n0;
     const float* ab = a + bi * M * K;
     const float* bb = b + bi * K * N;
     // Stage the next slice into buffer buf: A coalesced along K (8 floats per row), B along N.

@@ -205,6 +205,112 @@ CPD_FN u32 fd_tiled_finish32(const FusedDotSpec& s, int S, int neg, u32 emax2, u
   return fd_tiled_round(v, emax - s.frac, s, slow);
 }
 
+// ------------------------------------------------------------------------------------------
+// The tiled form of fused_dot.h's FD_NV_CHUNK16 step (Blackwell's kind::mxf4 / mxf4nvf4: e2m1
+// elements, a scale per block of K) for cpd_fused_dot_tiled_c16_* (cuda/kernels/fused_dot.cu).
+// Same bits as fd_chunk16_step, for specs fd_c16_applies takes:
+//   * the sum of a chunk's 16 products of e2m1 values is a multiple of 1/4 below 2^10, so the
+//     float32 FMA chain from 0 over them is exact, and q = 4 x that sum (fd_chunk16_step's q) an
+//     integer, |q| <= 16 * 144 < 2^12;
+//   * a scale's magnitude (fd_chunk16_step reads wide_of's S and fd_exp, neither of which sees
+//     the sign) is m 2^x with m < 16 an integer: E8M0 (m = 1, 2^-127 a float32 subnormal
+//     included), E4M3 / UE4M3 (m <= 15), zero (m = 0); any other scale, and a non-finite one,
+//     is flagged (fd_c16_scale). The chunk's term |q| Sa Sb / 4 is then the integer |q| ma mb
+//     < 2^20 times 2^(xa + xb - 2), and its cut to F bits below 2^emax (fd_cut) that integer
+//     shifted by sh = emax - F - xa - xb + 2: right, toward zero, when sh > 0 (rare: the kernel
+//     leaves those outputs' groups to fd_chunk16_step), else left by at most F - 2 (xa <=
+//     floor(log2 Sa) <= e(Sa), likewise b's, and emax >= e(Sa) + e(Sb)), so every term is below
+//     2^(F + 18) and a group of up to 16 chunks plus c's term sums exactly in 64 bits for F <= 40
+//     (fd_c16_v, fd_c16_term);
+//   * emax (c's exponent and the group's chunks' e(Sa) + e(Sb)) depends on the scales alone, so
+//     the kernel forms it before the group's first chunk, and rounds once per group
+//     (fd_tiled_finish, with no count of negatives: the terms are signed).
+// Elements that are not e2m1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives: what
+// fd_chunk16_step assumes) are flagged too (fd_c16_bad_element); the outputs a flag reaches
+// take fd_chunk16_step for that group.
+// The spec's output is float32 (RZ: every block-scaled kind's; fd_c16_finish); block >= 16 (the
+// kinds' 16 and 32: a chunk's scale is the previous chunk's or the next).
+CPD_FN int fd_c16_applies(const FusedDotSpec& s, int a_man, int b_man, int block) {
+  return (int)(s.algo == FD_NV_CHUNK16 && s.group >= 16 && s.group <= 256 && s.group % 16 == 0 && s.frac >= 0 &&
+               s.frac <= 40 && s.out == FD_OUT_F32 && a_man == 1 && b_man == 1 && block >= 16);
+}
+
+// 1 when x (float32 bits) is not an e2m1 value: |x| not 0 and not in {0.5 (0x3f000000), 1, 1.5,
+// 2, 3, 4, 6 (0x40c00000)}, i.e. more than one fraction bit, outside [0.5, 6], or 0.75.
+CPD_FN u32 fd_c16_bad_element(u32 x) {
+  const u32 a = x & ~SIGN;
+  return (u32)(a != 0u) &
+         ((u32)((a & 0x3fffffu) != 0u) | (u32)(a - 0x3f000000u > 0x01c00000u) | (u32)(a == 0x3f400000u));
+}
+
+CPD_FN int fd_ctz(u32 x) {  // x != 0
+#if defined(__CUDA_ARCH__)
+  return __ffs((int)x) - 1;
+#else
+  return __builtin_ctz(x);
+#endif
+}
+
+// A scale (float32 bits u, exponent floor emin) as fd_chunk16_step reads it: e = e(S) (fd_exp with
+// zero_exp = emin), and |S| = m 2^x (m < 2^24 odd, or 0); bad when S is not finite or m >= 16.
+struct FdC16Scale {
+  int e, x;
+  u32 m, bad;
+};
+
+CPD_FN FdC16Scale fd_c16_scale(u32 u, int emin) {
+  const u32 a = u & ~SIGN, field = a >> 23;
+  const u32 sig = (a & 0x7fffffu) | ((u32)(field != 0u) << 23);
+  const int tz = fd_ctz(sig | 0x1000000u);  // 24 for a zero: m = 0
+  FdC16Scale r;
+  r.e = fd_exp(a, emin, emin);
+  r.m = sig >> tz;
+  r.x = imax((int)field, 1) - 150 + tz;
+  r.bad = (u32)(a >= INF_BITS) | (u32)(r.m >= 16u);
+  return r;
+}
+
+// v = q ma mb of a chunk from its exact float32 sum and f = 4 ma mb (a float32 integer <= 900):
+// sum f is an integer below 2^20, exact, read from the low bits of sum f + 1.5 2^23 (one FMA and
+// a subtraction; garbage for a flagged chunk, whose output fd_chunk16_step takes)
+CPD_FN int fd_c16_v(float sum, float f) { return (int)(bits_of(ffma(sum, f, 12582912.0f)) - 0x4b400000u); }
+
+// A chunk's cut term for sh <= 0: v 2^-sh, exact (a left shift in 64 bits; -sh <= F - 2 <= 38).
+// A cut that truncates (sh > 0 with v != 0: a chunk some 2^27 or more below the group's largest
+// scale product or c) is left to fd_chunk16_step by the caller; the shift is clamped so that such
+// a term, and a flagged output's garbage, stay defined.
+CPD_FN long long fd_c16_term(int v, int sh) {
+  const u32 n = (u32)(-sh) < 63u ? (u32)(-sh) : 63u;
+  return (long long)((u64)(long long)v << n);
+}
+
+// Steps 3 (c's term) to 5 of a group for float32 outputs: fd_tiled_finish's bits where it
+// returns, for S the sum of the chunks' terms (|S| < 2^62) and emax the group's. c's term is
+// fd_cut's: Sc 2^(ec - 23) (ec: c's unbiased exponent, 1 - 127 for subnormals) shifted by
+// emax - F - ec + 23, right (toward zero) or left; then RZ to float32 of v 2^(emax - F): the top
+// 24 bits of |v| at the exponent of its top bit; at or past 2^128, +-inf; 0, +0. A result below
+// 2^-126 (a float32 subnormal, or less) sets *slow: fd_chunk16_step takes the output's group. A
+// non-finite c is kept (as fd_tiled_finish: c + finite terms is c).
+CPD_FN u32 fd_c16_finish(const FusedDotSpec& s, long long S, int emax, u32 c, u32* slow) {
+  if (!is_finite_bits(c)) return c;
+  const u32 ca = c & ~SIGN, field = ca >> 23;
+  const u64 sc = (u64)((ca & 0x7fffffu) | ((u32)(field != 0u) << 23));
+  const int sh = emax - s.frac - imax((int)field, 1) + 150;
+  const u64 tc = sh <= 0 ? sc << imin(-sh, 63) : (sh >= 64 ? 0ull : sc >> sh);
+  const long long v = S + ((c & SIGN) ? -(long long)tc : (long long)tc);
+  if (v == 0) return 0u;
+  const u64 mag = (u64)(v < 0 ? -v : v);
+  const int t = top_bit64(mag), e = t + emax - s.frac;
+  const u32 sign = v < 0 ? SIGN : 0u;
+  if (e >= 128) return sign | INF_BITS;
+  if (e < -126) {
+    *slow = 1u;
+    return 0u;
+  }
+  const u32 q = (u32)(t >= 23 ? mag >> (t - 23) : mag << (23 - t));  // 2^23 <= q < 2^24
+  return sign | ((u32)(e + 126) << 23) + q;
+}
+
 }  // namespace cpd
 
 #endif  // CPD_FUSED_DOT_TILED_H

@@ -28,6 +28,21 @@ CPD_FN long long grid_stride(u32 block_dim, u32 grid_dim) { return (long long)bl
 // Number of items of `per` elements covering n elements (the last item may be partial).
 CPD_FN long long items_of(long long n, int per) { return (n + per - 1) / per; }
 
+// The origin of output tile t of the tiled GEMM kernels' grid-stride loop: tiles of tm x tn
+// outputs, tiles_m x tiles_n per batch element, row-major, batch outermost.
+struct TileOrigin {
+  long long bi, m0, n0;
+};
+
+CPD_FN TileOrigin tile_origin(long long t, long long tiles_m, long long tiles_n, int tm, int tn) {
+  TileOrigin o;
+  o.bi = t / (tiles_m * tiles_n);
+  const long long rest = t - o.bi * tiles_m * tiles_n;
+  o.m0 = (rest / tiles_n) * tm;
+  o.n0 = (rest % tiles_n) * tn;
+  return o;
+}
+
 // Whether copy_async4 is asynchronous (cp.async: sm_80 and later). Where it is not (older GPUs and
 // the host shim), double-buffered tiles stage the next slice in registers instead (loaded before
 // the compute of the current slice, stored after it), so that the loads' latency still overlaps
