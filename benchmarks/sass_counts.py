@@ -37,7 +37,7 @@ FAMILIES = {
     "cpd_matmul_kahanbf": ("Kahan, E5M2/E4M3 -> BF16", 8 * 4 * 4, None),
     "cpd_matmul_fusedbf": ("mul=None -> BF16 (fused, round to odd)", 8 * 4 * 4, None),
     "cpd_matmul_fkahanbf": ("Kahan BF16, mul=None (the issue's row)", 8 * 4 * 4, 30.0),
-    "cpd_matmul_sr": ("stochastic <= 11 bits (all variants, static)", 4 * 4, None),
+    "cpd_matmul_sr": ("stochastic <= 11 bits (all variants, static)", 2 * 2, None),
 }
 
 #: The tiled fused-dot kernels (cuda/kernels/fused_dot.cu): family -> (what it runs, L, goal per MAC).
@@ -53,6 +53,8 @@ FUSED_DOT = {
     "cpd_fused_dot_tiled_l4": ("Volta FP16, Ampere/Ada TF32 (L 4, F 23-24, 32-bit sums)", 4, None),
     "cpd_fused_dot_tiled_l32ws": ("Blackwell MXFP8/6/4 (L 32, F 25, 64-bit, E8M0 scales)", 32, None),
     "cpd_fused_dot_tiled_c16": ("Blackwell NVFP4, MXFP4 x MXFP4 (chunks of 16, L 64, F 35)", 64, None),
+    "cpd_fused_dot_tiled_amdp": ("AMD CDNA1 fp16 / bf16 (float32 pairwise sums, L 4)", 4, None),
+    "cpd_fused_dot_tiled_amdpz": ("AMD CDNA2 fp16 / bf16 (as CDNA1, subnormals flushed)", 4, None),
 }
 #: suffix -> (stages, K slice depth): fused_dot.cu CPD_FD_TILED_SHAPES (and cpd/_tensor_core_op.py,
 #: whose slice_groups gives the groups of L per slice).
@@ -68,14 +70,13 @@ def pass_chunk(L: int) -> int:
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100")
 
 
-def picked_shape(arch: str, L: int, chunk16: bool = False) -> str:
+def picked_shape(arch: str, L: int, raw: bool = False) -> str:
     """The tile shape cpd/_tensor_core_op.py tile_shape picks for a GPU of ``arch`` and group L
-    (``chunk16``: the chunk16 family's, with scales per 16)."""
+    (``raw``: the raw-element families' (chunk16 with scales per 16, AMD pairwise))."""
     from cpd import _tensor_core_op
 
     cap = (int(arch[3:-1]), int(arch[-1]))
-    return _tensor_core_op.tile_shape(cap, _tensor_core_op._SMEM_OPTIN.get(cap, 48 << 10), L, 16 if chunk16 else 0,
-                                      chunk16)
+    return _tensor_core_op.tile_shape(cap, _tensor_core_op._SMEM_OPTIN.get(cap, 48 << 10), L, 16 if raw else 0, raw)
 
 _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 _BRA = re.compile(r"\bBRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
@@ -237,6 +238,24 @@ def _c16_count(insns, lo, hi, chunks: int, group_chunks: int = 4) -> float:
     return total
 
 
+def _amdp_count(insns, lo, hi, ks: int) -> int:
+    """Instructions one thread of an AMD pairwise kernel (fused_dot.cu fd_amdp_tiled) issues per K
+    slice of ``ks`` elements: the slice loop's straight-line code plus its loop over groups of 4 k
+    (ks / 4 trips); a loop inside that one would be counted once per trip (none is built)."""
+    def inside(c, d):
+        return [(e, f) for e, f in loops(insns) if c <= e and f <= d and (e, f) != (c, d)]
+
+    def ops(c, d):
+        return [op for _, op, _ in insns[c:d + 1] if op != "NOP"]
+
+    nested = inside(lo, hi)
+    kids = [(c, d) for c, d in nested if not any(e <= c and d <= f and (e, f) != (c, d) for e, f in nested)]
+    total = len(ops(lo, hi)) - sum(len(ops(c, d)) for c, d in kids)
+    for c, d in kids:
+        total += (ks // 4 if any(op.startswith("FFMA") for op in ops(c, d)) else 1) * len(ops(c, d))
+    return total
+
+
 def fused_dot_counts(arch: str = "sm_90", shapes=None) -> dict[str, dict]:
     """{kernel: {"insns", "macs", "per_mac", "goal", "label", "shape"}} for the tiled fused-dot
     kernels in each tile shape (default: all): the instructions one thread issues per K slice (G
@@ -248,6 +267,17 @@ def fused_dot_counts(arch: str = "sm_90", shapes=None) -> dict[str, dict]:
     functions = sass(_cuda.compile_source("fused_dot.cu", arch))
     out = {}
     for family, (label, L, goal) in FUSED_DOT.items():
+        if "_amdp" in family:
+            for shape in shapes or SHAPES:
+                if shape not in _tensor_core_op.shapes_of(L, 0):
+                    continue
+                ks = 32 * TILE_DEPTH[shape]
+                insns = functions[f"{family}_{shape}"]
+                a, b = inner_loop(insns)
+                total = _amdp_count(insns, a, b, ks)
+                out[f"{family}_{shape}"] = {"label": label, "insns": total, "macs": 16 * ks,
+                                            "per_mac": total / (16 * ks), "goal": goal, "shape": shape}
+            continue
         if family.endswith("_c16"):
             for shape in shapes or SHAPES:
                 if shape not in _tensor_core_op.shapes_of(L, 16):
@@ -299,7 +329,8 @@ def main(argv=None) -> int:
               f"(* the shape picked there):")
         for name, c in fused_dot_counts(arch).items():
             family = name.rsplit("_", 1)[0]
-            mark = "*" if picked_shape(arch, FUSED_DOT[family][1], family.endswith("_c16")) == c["shape"] else " "
+            raw = family.endswith("_c16") or "_amdp" in family
+            mark = "*" if picked_shape(arch, FUSED_DOT[family][1], raw) == c["shape"] else " "
             print(f"  {name:31s}{mark} {c['label']:52s} {c['insns']:5d} / {c['macs']:4d} = {c['per_mac']:6.2f}"
                   f"  (goal {'<= ' + str(c['goal']) if c['goal'] else '-'})")
     return 0

@@ -47,7 +47,7 @@ FAMILY_KERNELS = {"chain": ("cpd_matmul_chain", 128), "lanes": ("cpd_matmul_lane
                   "kahan": ("cpd_matmul_kahan", 64), "lanes16": ("cpd_matmul_lanes16", 64),
                   "kahan16": ("cpd_matmul_kahan16", 64), "lanesbf": ("cpd_matmul_lanesbf", 64),
                   "kahanbf": ("cpd_matmul_kahanbf", 64), "fusedbf": ("cpd_matmul_fusedbf", 64),
-                  "fkahanbf": ("cpd_matmul_fkahanbf", 64), "sr": ("cpd_matmul_sr", 64)}
+                  "fkahanbf": ("cpd_matmul_fkahanbf", 64), "sr": ("cpd_matmul_sr", 32)}
 
 
 @dataclass(frozen=True)

@@ -187,13 +187,17 @@ def tiled_kernel(p: _fused_dot_ref.Params, fields, block: int = 0) -> str | None
     tests/test_fused_dot_tiled.py checks both choices on the host shim). ``block``: 0 without block
     scales, else the elements per scale along K. Blackwell's kind::mxf4 / mxf4nvf4
     (``nvidia_chunk16``: e2m1 elements, groups of a multiple of 16 up to 256, F <= 40, float32
-    out, with scales) take ``cpd_fused_dot_tiled_c16`` (``cpd::fd_c16_applies``)."""
+    out, with scales) take ``cpd_fused_dot_tiled_c16`` (``cpd::fd_c16_applies``); AMD's CDNA1 /
+    CDNA2 (``amd_pairwise``, groups of 2 or 4) ``cpd_fused_dot_tiled_amdp`` (``amdpz`` with
+    CDNA2's flushes: ``cpd::fd_amdp_applies``)."""
     a_man, b_man = fields[0], fields[2]
     g = p.group
     if p.algo == CHUNK16:
         applies = (16 <= g <= 256 and g % 16 == 0 and 0 <= p.frac <= 40 and p.out == 0 and a_man == b_man == 1
                    and block >= 16)
         return "cpd_fused_dot_tiled_c16" if applies else None
+    if p.algo == AMD_PAIRWISE:  # cpd::fd_amdp_applies: CDNA1 / CDNA2, groups of 2 or 4, no scales
+        return f"cpd_fused_dot_tiled_amdp{'z' if p.ftz else ''}" if g in (2, 4) and block == 0 else None
     wide = p.frac + 2 + (g + 1 - 1).bit_length() > 30
     if not (p.algo == 0 and g in (4, 8, 16, 32) and p.frac >= a_man + b_man and p.frac <= 26
             and p.zero_exp >= -255 and a_man <= 23 and b_man <= 23 and (g > 4 or not wide)
@@ -202,8 +206,16 @@ def tiled_kernel(p: _fused_dot_ref.Params, fields, block: int = 0) -> str | None
     return f"cpd_fused_dot_tiled_l{g}{'w' if wide else ''}{'s' if block else ''}"
 
 
-#: fused_dot.h's FD_NV_CHUNK16 (Blackwell's kind::mxf4 / mxf4nvf4): its own tiled family.
+#: fused_dot.h's FD_NV_CHUNK16 (Blackwell's kind::mxf4 / mxf4nvf4) and FD_AMD_PAIRWISE (CDNA1 /
+#: CDNA2): tiled families of their own, on raw elements (:func:`raw_layout`).
 CHUNK16 = _fused_dot_ref.ALGORITHMS["nvidia_chunk16"]
+AMD_PAIRWISE = _fused_dot_ref.ALGORITHMS["amd_pairwise"]
+
+
+def raw_layout(algo: int) -> bool:
+    """Whether an algorithm's tiled kernels stage raw elements (fused_dot.cu FdC16Shape: the chunk16
+    and AMD pairwise families) rather than decomposed words (FdShape)."""
+    return algo in (CHUNK16, AMD_PAIRWISE)
 
 #: The tiled kernels' shapes (fused_dot.cu FdShape and CPD_FD_TILED_SHAPES; the comment there says
 #: why): suffix -> (stages, K slice depth in groups of 16 or more elements: slice_groups). Every
@@ -224,13 +236,13 @@ def slice_groups(group: int, shape: str) -> int:
     return depth if group >= 16 else depth * (16 // group)
 
 
-def tile_smem(group: int, shape: str, chunk16: bool = False) -> int:
+def tile_smem(group: int, shape: str, raw: bool = False) -> int:
     """Bytes of dynamic shared memory of a tiled kernel (fused_dot.cu FdShape<L, S, G>::BYTES): rows
     of 64 words, 4 L G of exponents and words, 4 G of sign and flag words, and 2 S L G of raw stages
-    when S > 1 (one stage is decomposed in place). ``chunk16``: the c16 family's (FdC16Shape): per
+    when S > 1 (one stage is decomposed in place). ``raw`` (:func:`raw_layout`: FdC16Shape): per
     stage, K slices of 32 elements per depth, A's rows of 68 words, B's of 64, and two flag rows."""
     stages = TILE_SHAPES[shape][0]
-    if chunk16:
+    if raw:
         ks = 32 * TILE_SHAPES[shape][1]
         return stages * (ks * (68 + 64) + 2 * 64) * 4
     groups = slice_groups(group, shape)
@@ -238,7 +250,7 @@ def tile_smem(group: int, shape: str, chunk16: bool = False) -> int:
     return (4 * ks + 4 * groups + (2 * stages * ks if stages > 1 else 0)) * 64 * 4
 
 
-def tile_shape(capability: tuple[int, int], smem_optin: int, group: int, block: int = 0, chunk16: bool = False) -> str:
+def tile_shape(capability: tuple[int, int], smem_optin: int, group: int, block: int = 0, raw: bool = False) -> str:
     """The tile shape for a GPU of compute ``capability`` whose blocks may take ``smem_optin``
     bytes of shared memory: two stages where cp.async exists (sm_80+), slices of twice the depth
     where they fit (sm_80, sm_87, sm_90, sm_100: 163-227 KiB; L <= 16 on sm_86, sm_89, sm_120:
@@ -246,7 +258,7 @@ def tile_shape(capability: tuple[int, int], smem_optin: int, group: int, block: 
     if capability[0] < 8:
         return "s1"
     for shape in ("s2g2", "s2"):
-        if shape in shapes_of(group, block) and tile_smem(group, shape, chunk16) <= smem_optin:
+        if shape in shapes_of(group, block) and tile_smem(group, shape, raw) <= smem_optin:
             return shape
     return "s1"
 
@@ -270,7 +282,7 @@ def tiled_launch_of(a3, b3, y, p: _fused_dot_ref.Params, fields, kernel: str, bl
             (i, p.group), (i, p.frac), (i, p.out), (i, p.a_emin), (i, p.b_emin), (i, p.zero_exp), (i, p.algo),
             (i, p.ftz), (i, fields[0]), (i, fields[2])]
     return _kernels.Launch("fused_dot.cu", f"{kernel}_{shape}", (blocks, 1, 1), (256, 1, 1), tuple(args),
-                           smem=tile_smem(p.group, shape, p.algo == CHUNK16))
+                           smem=tile_smem(p.group, shape, raw_layout(p.algo)))
 
 
 #: Per-block shared memory (opt-in) by compute capability, where torch does not report it.
@@ -278,11 +290,11 @@ _SMEM_OPTIN = {(7, 0): 96 << 10, (7, 2): 96 << 10, (7, 5): 64 << 10, (8, 0): 163
                (8, 7): 163 << 10, (8, 9): 99 << 10, (9, 0): 227 << 10, (10, 0): 227 << 10, (12, 0): 99 << 10}
 
 
-def _device_shape(device: torch.device, group: int, block: int = 0, chunk16: bool = False) -> str:
+def _device_shape(device: torch.device, group: int, block: int = 0, raw: bool = False) -> str:
     props = torch.cuda.get_device_properties(device)
     cap = (props.major, props.minor)
     optin = getattr(props, "shared_memory_per_block_optin", None) or _SMEM_OPTIN.get(cap, 48 << 10)
-    return tile_shape(cap, optin, group, block, chunk16)
+    return tile_shape(cap, optin, group, block, raw)
 
 
 def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params, fields=None) -> torch.Tensor:
@@ -298,7 +310,7 @@ def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params, fields
     kernel = None if fields is None else tiled_kernel(p, fields, block if scaled else 0)
     if kernel is not None:
         tiles = B * ((M + 63) // 64) * ((N + 63) // 64)
-        shape = _device_shape(a3.device, p.group, block if scaled else 0, p.algo == CHUNK16)
+        shape = _device_shape(a3.device, p.group, block if scaled else 0, raw_layout(p.algo))
         _cuda.launch(tiled_launch_of(a3, b3, y, p, fields, kernel, max(1, min(tiles, sms * 8)), shape, sa, sb, block,
                                      s_emin), a3.device)
         return y

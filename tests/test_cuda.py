@@ -107,12 +107,13 @@ def test_fused_dot_tiled_kernels_do_not_spill(arch):
     """The tiled fused-dot kernels (fused_dot.cu: 4 x 4 outputs per thread, one block of 256 per
     SM by __launch_bounds__) keep their tiles, exponents and sums in registers on Ampere and Hopper,
     in every tile shape (one stage; cp.async double buffering with slices of one or two depths),
-    groups of 4 to 32, with and without block scales, and the chunk16 kernels (NVFP4)."""
+    groups of 4 to 32, with and without block scales, the chunk16 kernels (NVFP4) and AMD's
+    CDNA1 / CDNA2 pairwise kernels."""
     if int(arch[3:]) not in _cuda.supported_archs():
         pytest.skip(f"NVRTC lacks {arch}")
     usage = _usage("fused_dot.cu", arch)
     for name in (f"cpd_fused_dot_tiled_{f}_{shape}"
-                 for f in ("l32", "l16", "l32w", "l16w", "l8", "l8w", "l4", "l32ws", "c16")
+                 for f in ("l32", "l16", "l32w", "l16w", "l8", "l8w", "l4", "l32ws", "c16", "amdp", "amdpz")
                  for shape in ("s1", "s2", "s2g2") if shape != "s2" or f in ("l32", "l32w")):
         u = usage[name]
         assert u["stack"] == 0 and u["spill_stores"] == 0 and u["spill_loads"] == 0, (arch, name, u)

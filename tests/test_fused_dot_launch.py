@@ -10,7 +10,8 @@ Invariants defended (no GPU needed):
 * under on_host the op's C++ CPU kernel launches the CUDA kernels through the shim (host_kernels
   on), and outside it the loops again; the bits equal the loops' for Hopper e4m3, Ada e4m3, fp16,
   Blackwell e4m3 (tiled, in every tile shape the shim can be given), block-scaled MX kinds, NVFP4
-  and MXFP4 x MXFP4 (the chunk16 family), AMD (per-output), broadcast batch dims, NaN/inf operands;
+  and MXFP4 x MXFP4 (the chunk16 family), AMD CDNA1 / CDNA2 (the pairwise family) and CDNA3
+  (per-output), broadcast batch dims, NaN/inf operands;
 * a bad tile shape is a clear error.
 Shapes are small: the shim runs GPU threads one after another on one core (run with -n 0).
 """
@@ -82,9 +83,12 @@ def test_tile_shape_per_architecture_agrees_with_python(ext):
                 for block in (0, 32):
                     assert ext.fused_dot_tile_shape(major, optin, group, block) == _tensor_core_op.tile_shape(
                         (major, 0), optin, group, block), (major, optin, group, block)
-            for group in (16, 64, 256):  # the chunk16 family (its own shared memory)
+            for group in (16, 64, 256):  # the chunk16 family (raw elements: its own shared memory)
                 assert ext.fused_dot_tile_shape(major, optin, group, 16, _tensor_core_op.CHUNK16) == \
                     _tensor_core_op.tile_shape((major, 0), optin, group, 16, True), (major, optin, group)
+            for group in (2, 4):  # AMD pairwise (raw elements)
+                assert ext.fused_dot_tile_shape(major, optin, group, 0, _tensor_core_op.AMD_PAIRWISE) == \
+                    _tensor_core_op.tile_shape((major, 0), optin, group, 0, True), (major, optin, group)
     with pytest.raises(RuntimeError, match="shape=s3; allowed s1, s2, s2g2"):
         ext.set_fused_dot_host_shape("s3")
     with pytest.raises(RuntimeError, match="shape"):
@@ -101,7 +105,8 @@ def run_both(a, b, acc):
 
 
 @pytest.mark.parametrize("arch,ka", [("hopper", "e4m3"), ("ada", "e4m3"), ("hopper", "fp16"), ("blackwell", "e4m3"),
-                                     ("cdna3", "fp8"), ("hopper", "tf32"), ("volta", "fp16"), ("ampere", "bf16")])
+                                     ("cdna3", "fp8"), ("hopper", "tf32"), ("volta", "fp16"), ("ampere", "bf16"),
+                                     ("cdna2", "fp16"), ("cdna1", "bf16")])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_shim_launch_matches_the_loops(ext, arch, ka, shape):
     """Ragged M, N, K (not multiples of the 64 x 64 tile nor K of the group), a broadcast batch dim,

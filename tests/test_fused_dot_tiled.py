@@ -21,11 +21,15 @@ Invariants defended (no GPU needed):
   that are not m 2^x with m < 16, NaN / inf / negative scales, elements that are not e2m1 values,
   overflow to inf and float32-subnormal results (the flagged and slow outputs' fd_chunk16_step),
   and custom groups (16 to 256) and F (0 to 40);
+* the AMD pairwise kernels (CDNA1 fp16 / bf16, CDNA2's with their flushes: float32 products,
+  pairwise sums and c + sum; cpd_fused_dot_tiled_amdp / _amdpz) equal the CPU loops in both
+  shapes: subnormal inputs, products and sums (flushed or kept), NaN / inf operands, overflow,
+  an odd K (a partial last group), signed zeros;
 * cpd/_tensor_core_op.py tiled_kernel routes every NVIDIA model (Volta to Blackwell:
-  FP16/BF16/TF32/FP8/FP4, L 4 to 32, F 13 to 25, the MX kinds and the chunk16 kinds) to the
-  tiled kernels and leaves the others (AMD, other group sizes, L 4 with 64-bit sums, block scales
-  other than per 32 at L 32) alone; tile_shape picks a shape per GPU from cp.async and its
-  shared memory.
+  FP16/BF16/TF32/FP8/FP4, L 4 to 32, F 13 to 25, the MX kinds and the chunk16 kinds) and
+  CDNA1 / CDNA2 to the tiled kernels and leaves the others (CDNA3, other group sizes, L 4 with
+  64-bit sums, block scales other than per 32 at L 32) alone; tile_shape picks a shape per GPU
+  from cp.async and its shared memory.
 Shapes are small: the shim runs GPU threads one after another on one core.
 """
 
@@ -199,9 +203,15 @@ def test_routing():
         acc = tensor_core(arch, a="tf32")
         assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) == \
             ("cpd_fused_dot_tiled_l8w" if arch == "blackwell" else "cpd_fused_dot_tiled_l4"), arch
-    for arch, ka in [("cdna3", "fp8"), ("cdna2", "fp16"), ("cdna3", "xf32")]:
+    for arch, ka in [("cdna3", "fp8"), ("cdna3", "xf32"), ("cdna3", "bf16")]:
         acc = tensor_core(arch, a=ka)
         assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) is None, (arch, ka)
+    for arch, ka, want in [("cdna1", "fp16", "amdp"), ("cdna1", "bf16", "amdp"), ("cdna2", "fp16", "amdpz"),
+                           ("cdna2", "bf16", "amdpz")]:
+        acc = tensor_core(arch, a=ka)
+        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) == f"cpd_fused_dot_tiled_{want}"
+        assert _tensor_core_op.tiled_kernel(acc.params._replace(group=8), fields(acc), False) is None
+        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), 32) is None  # no scales on AMD
     for group, frac, routed_to in [(4, 26, None), (2, 23, None), (12, 23, None), (8, 26, "cpd_fused_dot_tiled_l8w")]:
         acc = FusedDot(group=group, frac_bits=frac, out="f32", a="e5m10", b="e5m10")  # L 4 takes 32-bit sums only
         assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) == routed_to, (group, frac)
@@ -445,7 +455,7 @@ def test_chunk16_routing_and_shapes():
     assert route(base.params, (3, 15, 1, 2), 16) is None
     assert route(base.params, fields(base), 8) is None  # scales per fewer than 16: a chunk spans several
     kib = 1024
-    assert [_tensor_core_op.tile_smem(64, s, chunk16=True) for s in C16_SHAPES] == [17 * kib, 67 * kib]
+    assert [_tensor_core_op.tile_smem(64, s, raw=True) for s in C16_SHAPES] == [17 * kib, 67 * kib]
     shape = _tensor_core_op.tile_shape
     assert shape((7, 5), 64 * kib, 64, 16, True) == "s1" and shape((8, 6), 99 * kib, 64, 16, True) == "s2g2"
     assert shape((8, 0), 48 * kib, 64, 16, True) == "s1" and shape((9, 0), 227 * kib, 64, 16, True) == "s2g2"
@@ -453,3 +463,34 @@ def test_chunk16_routing_and_shapes():
     launch = _tensor_core_op.tiled_launch_of(z, z, z, base.params, fields(base), "cpd_fused_dot_tiled_c16", 1, "s2g2",
                                              z, z, 16, -9)
     assert launch.name == "cpd_fused_dot_tiled_c16_s2g2" and launch.smem == 67 * kib
+
+
+# ------------------------------------------------------------------ AMD pairwise (CDNA1, CDNA2)
+AMD_MODELS = [("cdna1", "fp16"), ("cdna1", "bf16"), ("cdna2", "fp16"), ("cdna2", "bf16")]
+
+
+@pytest.mark.parametrize("shape", C16_SHAPES)
+@pytest.mark.parametrize("arch,ka", AMD_MODELS)
+def test_amd_pairwise_kernels(arch, ka, shape):
+    """The AMD pairwise kernels == the CPU loops: random codes of the input format (every bit
+    pattern: subnormals, which CDNA2 flushes, NaN, inf, signed zeros), values over many binades
+    (products and sums past float32's range and below its normals), an odd K (a partial last
+    group of 4, a lone last element at L 2), several slices and tiles."""
+    acc = tensor_core(arch, a=ka)
+    kernel = _tensor_core_op.tiled_kernel(acc.params, fields(acc), 0)
+    assert kernel == f"cpd_fused_dot_tiled_{'amdpz' if arch == 'cdna2' else 'amdp'}"
+    gen = torch.Generator().manual_seed(sum(map(ord, arch + ka + shape)))
+    B, M, K, N = 2, 67, 75, 70
+    a3 = codes(acc.a, (B, M, K), gen)
+    spread = torch.randn(B, K, N, generator=gen) * torch.exp2(torch.randint(-70, 70, (B, K, N), generator=gen).float())
+    b3 = cpd.cast(spread, acc.b, saturate=True)
+    b3[0, :, :3] = codes(acc.b, (K, 3), gen)
+    a3[1, :5] = 2.0 ** acc.a.emin * 0.5  # subnormal inputs in every step of some outputs
+    a3[1, 5:8] = -0.0
+    a3[0, 9, 4], a3[1, 10, 70], b3[0, 11, 12] = float("nan"), float("inf"), -float("inf")
+    e = a3.new_empty((0,))
+    want = torch.ops.cpd_fused_dot.matmul(a3, b3, e, e, 1, -127, *acc.params, *fields(acc), 0)
+    y = torch.full((B, M, N), 3.0)
+    _shim.launch(_tensor_core_op.tiled_launch_of(a3, b3, y, acc.params, fields(acc), kernel, 3, shape))
+    assert torch.equal(y.view(torch.int32), want.view(torch.int32)), (arch, ka, shape, (y != want).sum())
+    assert torch.isnan(want).any() and torch.isinf(want).any()

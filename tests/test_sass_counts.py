@@ -54,10 +54,12 @@ def test_loop_finder():
 #: issue's goal for the Hopper FP8 model is 10 per MAC (8.08 before the tile shapes; now 8.21 / 8.04 /
 #: 8.18 for s1 / s2 / s2g2 at sm_90, NVRTC 12.9; docs/gpu.md). Groups of 4 / 8 pay a rounding per
 #: output per 4 / 8 MACs: l8 14.3-14.7, l8w 23.2-23.3, l4 22.7-23.1; the MX kernel (l32ws) 11.2-11.3;
-#: the chunk16 kernels (NVFP4: an FFMA per MAC, a 64-bit term per output and chunk of 16) 7.1-7.4.
+#: the chunk16 kernels (NVFP4: an FFMA per MAC, a 64-bit term per output and chunk of 16) 7.1-7.4;
+#: AMD pairwise (CDNA1 / CDNA2's flushes; the L 2 and L 4 paths both counted) 7.7-7.9 / 14.2-14.4.
 FUSED_DOT_BOUNDS = {"cpd_fused_dot_tiled_l32": 8.5, "cpd_fused_dot_tiled_l16": 10.6, "cpd_fused_dot_tiled_l16w": 15.0,
                     "cpd_fused_dot_tiled_l32w": 11.0, "cpd_fused_dot_tiled_l8": 15.2, "cpd_fused_dot_tiled_l8w": 24.0,
-                    "cpd_fused_dot_tiled_l4": 23.8, "cpd_fused_dot_tiled_l32ws": 11.8, "cpd_fused_dot_tiled_c16": 7.9}
+                    "cpd_fused_dot_tiled_l4": 23.8, "cpd_fused_dot_tiled_l32ws": 11.8, "cpd_fused_dot_tiled_c16": 7.9,
+                    "cpd_fused_dot_tiled_amdp": 8.3, "cpd_fused_dot_tiled_amdpz": 14.9}
 
 
 def test_fused_dot_tiled_counts(capsys):

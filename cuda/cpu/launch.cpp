@@ -306,7 +306,7 @@ Family family_kernel(int family) {
     case cpd::GEMM_KAHANBF: return {"cpd_matmul_kahanbf", 64};
     case cpd::GEMM_FUSEDBF: return {"cpd_matmul_fusedbf", 64};
     case cpd::GEMM_FKAHANBF: return {"cpd_matmul_fkahanbf", 64};
-    case cpd::GEMM_SR: return {"cpd_matmul_sr", 64};
+    case cpd::GEMM_SR: return {"cpd_matmul_sr", 32};
     default: return {nullptr, 0};
   }
 }
@@ -544,10 +544,14 @@ int fd_shape_index(const std::string& shape) {
   TORCH_CHECK(false, "cpd: shape=", shape, "; allowed s1, s2, s2g2");
 }
 
-// fused_dot.cu FdShape<L, S, G>::BYTES, or FdC16Shape<S, KS>::BYTES for the chunk16 family
+// Whether an algorithm's tiled kernels stage raw elements (the chunk16 and AMD pairwise families;
+// _tensor_core_op.raw_layout).
+bool fd_raw_layout(int algo) { return algo == cpd::FD_NV_CHUNK16 || algo == cpd::FD_AMD_PAIRWISE; }
+
+// fused_dot.cu FdShape<L, S, G>::BYTES, or FdC16Shape<S, KS>::BYTES for the raw-element families
 // (_tensor_core_op.tile_smem).
-unsigned fd_tile_smem(int group, const FdShape& sh, bool c16) {
-  if (c16) return unsigned(sh.stages * (32 * sh.depth * (68 + 64) + 2 * 64) * 4);
+unsigned fd_tile_smem(int group, const FdShape& sh, bool raw) {
+  if (raw) return unsigned(sh.stages * (32 * sh.depth * (68 + 64) + 2 * 64) * 4);
   const int groups = group >= 16 ? sh.depth : sh.depth * (16 / group), ks = group * groups;
   return unsigned(4 * ks + 4 * groups + (sh.stages > 1 ? 2 * sh.stages * ks : 0)) * 64 * 4;
 }
@@ -558,10 +562,10 @@ bool fd_shape_built(int i, int group, int64_t block) { return i != 1 || (group =
 
 // _tensor_core_op.tile_shape: two stages where cp.async exists (sm_80+), slices of twice the depth
 // where they fit in the opt-in shared memory, else one (where built); one stage before sm_80.
-int fd_tile_shape(int major, int smem_optin, int group, int64_t block, bool c16) {
+int fd_tile_shape(int major, int smem_optin, int group, int64_t block, bool raw) {
   if (major < 8) return 0;
-  if (fd_tile_smem(group, kFdShapes[2], c16) <= unsigned(smem_optin)) return 2;
-  if (fd_shape_built(1, group, block) && fd_tile_smem(group, kFdShapes[1], c16) <= unsigned(smem_optin)) return 1;
+  if (fd_tile_smem(group, kFdShapes[2], raw) <= unsigned(smem_optin)) return 2;
+  if (fd_shape_built(1, group, block) && fd_tile_smem(group, kFdShapes[1], raw) <= unsigned(smem_optin)) return 1;
   return 0;
 }
 
@@ -572,6 +576,8 @@ std::string fd_tiled_family(const FdParams& p, int64_t block) {
                                                        p.algo, p.ftz);
   if (block < 0 || block > 0x7fffffff) return "";
   if (s.algo == cpd::FD_NV_CHUNK16) return cpd::fd_c16_applies(s, p.a_man, p.b_man, int(block)) ? "cpd_fused_dot_tiled_c16" : "";
+  if (s.algo == cpd::FD_AMD_PAIRWISE)
+    return cpd::fd_amdp_applies(s, int(block)) ? (s.ftz ? "cpd_fused_dot_tiled_amdpz" : "cpd_fused_dot_tiled_amdp") : "";
   if (!cpd::fd_tiled_applies(s, p.a_man, p.b_man, int(block))) return "";
   return "cpd_fused_dot_tiled_l" + std::to_string(p.group) + (cpd::fd_tiled_wide(s) ? "w" : "") + (block ? "s" : "");
 }
@@ -588,7 +594,7 @@ std::string fused_dot_kernel(const FdParams& p, int64_t block, const std::string
 }
 
 std::string fused_dot_tile_shape(int64_t major, int64_t smem_optin, int64_t group, int64_t block, int64_t algo) {
-  return kFdShapes[fd_tile_shape(int(major), int(smem_optin), int(group), block, algo == cpd::FD_NV_CHUNK16)].suffix;
+  return kFdShapes[fd_tile_shape(int(major), int(smem_optin), int(group), block, fd_raw_layout(int(algo)))].suffix;
 }
 
 void set_fused_dot_host_shape(const std::string& shape) {
@@ -609,7 +615,7 @@ void fused_dot(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, c
     int64_t most = g.max_blocks;  // the shim's (<= 0: none)
     if (a.is_cuda()) {
       const DeviceState& d = device_state(a.device().index());
-      shape = fd_tile_shape(d.major, d.smem_optin, p.group, scaled ? block : 0, p.algo == cpd::FD_NV_CHUNK16);
+      shape = fd_tile_shape(d.major, d.smem_optin, p.group, scaled ? block : 0, fd_raw_layout(p.algo));
       most = int64_t(d.sms) * 8;  // _tensor_core_op._cuda_matmul: up to 8 tiled blocks per SM
     } else {
       std::lock_guard<std::mutex> lock(g_mutex);
@@ -627,7 +633,7 @@ void fused_dot(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, c
     x.add<int>(scaled ? int(s_emin) : -127).add<int>(p.group).add<int>(p.frac).add<int>(p.out).add<int>(p.a_emin).add<int>(p.b_emin).add<int>(p.zero_exp);
     x.add<int>(p.algo).add<int>(p.ftz).add<int>(p.a_man).add<int>(p.b_man);
     run(a, "fused_dot.cu", name.c_str(), unsigned(std::max<int64_t>(tiles, 1)), kFdThreads, x,
-        fd_tile_smem(p.group, sh, p.algo == cpd::FD_NV_CHUNK16));
+        fd_tile_smem(p.group, sh, fd_raw_layout(p.algo)));
     return;
   }
   Args x;  // the per-output kernel: one thread per output, grid-stride

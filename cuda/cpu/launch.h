@@ -84,7 +84,7 @@ void fused_dot(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, c
 // For the tests: the kernel fused_dot() launches in tile shape `shape` (block: 0 without block
 // scales, else the elements per scale), the shape a GPU of compute
 // capability `major` with `smem_optin` bytes per block gets (algo: the spec's, which picks the
-// chunk16 family's shared memory), and the shim's shape.
+// raw-element families' shared memory), and the shim's shape.
 std::string fused_dot_kernel(const FdParams& p, int64_t block, const std::string& shape);
 std::string fused_dot_tile_shape(int64_t major, int64_t smem_optin, int64_t group, int64_t block, int64_t algo = 0);
 void set_fused_dot_host_shape(const std::string& shape);

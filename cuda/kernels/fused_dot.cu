@@ -448,17 +448,41 @@ struct FdC16Shape {
   static constexpr cpd::u32 BYTES = (cpd::u32)(S * STAGE_WORDS) * 4u;
 };
 
+// The raw K slice at kst of a 64 x 64 output tile into one stage of an FdC16Shape layout (A
+// transposed (k, m) in rows of FD_C16_LD, B as it is (k, n)); zeros outside the matrices. Bounds
+// and addresses are taken afresh per slice (fd_opaque): hoisted, they held registers across the
+// slice's FMAs, and the double-buffered kernels spilled.
+template <int KS>
+__device__ __forceinline__ void fd_stage_raw(float* __restrict__ dA, const float* __restrict__ ab,
+                                             const float* __restrict__ bb, long long M, long long K, long long N,
+                                             long long m0, long long n0, long long kst) {
+  constexpr int T = CPD_FD_T, LD = FD_C16_LD, PS = T * KS / CPD_FD_THREADS;
+  float* const dB = dA + KS * LD;
+  const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, dm = tid % T;
+  const long long Ko = fd_opaque(K), No = fd_opaque(N), Mo = fd_opaque(M);
+  const int k_left = (int)(Ko - kst < (long long)KS ? Ko - kst : (long long)KS);
+#pragma unroll
+  for (int r = 0; r < PS; ++r) {
+    const int u = warp + 8 * r, k = 8 * (u % (KS / 8)) + lane % 8, m = 4 * (u / (KS / 8)) + lane / 8;
+    if (k < k_left && m0 + m < Mo) cpd::copy_async4(&dA[k * LD + m], ab + (m0 + m) * Ko + kst + k);
+    else dA[k * LD + m] = 0.0f;
+    const int kb = tid / T + 4 * r;
+    if (kb < k_left && n0 + dm < No) cpd::copy_async4(&dB[kb * T + dm], bb + (kst + kb) * No + n0 + dm);
+    else dB[kb * T + dm] = 0.0f;
+  }
+}
+
 template <int S, int KS>
 __device__ __forceinline__ void fd_c16_tiled(const float* __restrict__ a, const float* __restrict__ b,
                                              float* __restrict__ y, const float* __restrict__ sa,
                                              const float* __restrict__ sb, long long B, long long M, long long K,
                                              long long N, long long nb, int block, int s_emin,
                                              const cpd::FusedDotSpec& s) {
-  constexpr int T = CPD_FD_T, R = CPD_FD_R, LD = FD_C16_LD, NC = KS / 16, PS = T * KS / CPD_FD_THREADS;
+  constexpr int T = CPD_FD_T, R = CPD_FD_R, LD = FD_C16_LD, NC = KS / 16;
   constexpr int CB = 4 / NC;  // flag bytes per chunk (each byte: a quarter of the slice)
   constexpr cpd::u32 CMASK = (1u << (8 * CB)) - 1u;
   float* const smem = (float*)cpd::dynamic_smem();
-  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16, lane = tid % 32, warp = tid / 32;
+  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int dm = tid % T, dq = tid / T;  // flags: row (column) dm, elements dq KS / 4 .. + KS / 4
   const long long G = s.group;
   const long long tiles_m = (M + T - 1) / T, tiles_n = (N + T - 1) / T, tiles = B * tiles_m * tiles_n;
@@ -486,21 +510,7 @@ __device__ __forceinline__ void fd_c16_tiled(const float* __restrict__ a, const 
     auto scale_b = [&](int j, long long qn) { return (in_b >> j) & 1u ? cpd::bits_of(pb[j][qn]) : 0x3f800000u; };
     // the raw slice at kst into stage st: A transposed (k, m), B as it is (k, n); zeros outside
     auto stage = [&](long long kst, int st) {
-      float* const dA = smem + st * FdC16Shape<S, KS>::STAGE_WORDS;
-      float* const dB = dA + KS * LD;
-      // bounds and addresses taken afresh per slice (fd_opaque): hoisted, they held registers
-      // across the chunks' FMAs and the s2g2 kernel spilled
-      const long long Ko = fd_opaque(K), No = fd_opaque(N), Mo = fd_opaque(M);
-      const int k_left = (int)(Ko - kst < (long long)KS ? Ko - kst : (long long)KS);
-#pragma unroll
-      for (int r = 0; r < PS; ++r) {
-        const int u = warp + 8 * r, k = 8 * (u % (KS / 8)) + lane % 8, m = 4 * (u / (KS / 8)) + lane / 8;
-        if (k < k_left && m0 + m < Mo) cpd::copy_async4(&dA[k * LD + m], ab + (m0 + m) * Ko + kst + k);
-        else dA[k * LD + m] = 0.0f;
-        const int kb = tid / T + 4 * r;
-        if (kb < k_left && n0 + dm < No) cpd::copy_async4(&dB[kb * T + dm], bb + (kst + kb) * No + n0 + dm);
-        else dB[kb * T + dm] = 0.0f;
-      }
+      fd_stage_raw<KS>(smem + st * FdC16Shape<S, KS>::STAGE_WORDS, ab, bb, M, K, N, m0, n0, kst);
     };
     // per output: c, the group's emax less F - 2 (the chunks' shifts are emf - xa - xb), its sum;
     // slow: outputs whose group fd_chunk16_step takes (a chunk's cut truncates, the rounding is
@@ -654,6 +664,92 @@ __device__ __forceinline__ void fd_c16_tiled(const float* __restrict__ a, const 
   }
 }
 
+// The AMD pairwise kernels (cpd/fused_dot_tiled.h fd_amdp_applies: CDNA1 / CDNA2 fp16 and bf16
+// MFMA, groups of 2 or 4; FTZ: CDNA2's flushes). fd_c16_tiled's tiles, threads and raw stages
+// (s1: one stage of 32; s2g2: two of 64, cp.async), then per 4 k (one group of 4, or two of 2)
+// each thread's 16 outputs' products (an FFMA with +0 each), pairwise sums and c + sum, in float32:
+// fd_amd_pairwise_step's operations on the same values in the same order. With FTZ the elements
+// below their format's smallest normal are flushed to +0 in the stage, once per slice.
+template <int S, int KS, bool FTZ>
+__device__ __forceinline__ void fd_amdp_tiled(const float* __restrict__ a, const float* __restrict__ b,
+                                              float* __restrict__ y, long long B, long long M, long long K,
+                                              long long N, const cpd::FusedDotSpec& s) {
+  constexpr int T = CPD_FD_T, R = CPD_FD_R, LD = FD_C16_LD;
+  float* const smem = (float*)cpd::dynamic_smem();
+  const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16, dm = tid % T, dq = tid / T;
+  const cpd::u32 amin = (cpd::u32)(s.a_emin + 127) << 23, bmin = (cpd::u32)(s.b_emin + 127) << 23;
+  const bool pairs = s.group == 2;
+  const long long tiles_m = (M + T - 1) / T, tiles_n = (N + T - 1) / T, tiles = B * tiles_m * tiles_n;
+  for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const cpd::TileOrigin o = cpd::tile_origin(t, tiles_m, tiles_n, T, T);
+    const long long bi = o.bi, m0 = o.m0, n0 = o.n0;
+    const float* ab = a + bi * M * K;
+    const float* bb = b + bi * K * N;
+    cpd::u32 c[R][R];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int j = 0; j < R; ++j) c[i][j] = 0u;
+    if (S > 1) {
+      fd_stage_raw<KS>(smem, ab, bb, M, K, N, m0, n0, 0);
+      cpd::copy_commit();
+    }
+    for (long long k0 = 0, sl = 0; k0 < K; k0 += KS, ++sl) {
+      const int st = S > 1 ? (int)(sl & 1) : 0;
+      float* const dA = smem + st * FdC16Shape<S, KS>::STAGE_WORDS;
+      float* const dB = dA + KS * LD;
+      if (S == 1) fd_stage_raw<KS>(dA, ab, bb, M, K, N, m0, n0, k0);
+      cpd::copy_wait_all();
+      __syncthreads();  // the slice is in; every thread is past the last reads of the other stage
+      if (S > 1 && k0 + KS < K) {
+        fd_stage_raw<KS>(smem + (st ^ 1) * FdC16Shape<S, KS>::STAGE_WORDS, ab, bb, M, K, N, m0, n0, k0 + KS);
+        cpd::copy_commit();
+      }
+      if (FTZ) {  // this thread's quarter of row dm of A and of column dm of B
+#pragma unroll
+        for (int r = 0; r < KS / 4; ++r) {
+          const int k = dq * (KS / 4) + r;
+          dA[k * LD + dm] = cpd::fd_amd_input(dA[k * LD + dm], amin, 1);
+          dB[k * T + dm] = cpd::fd_amd_input(dB[k * T + dm], bmin, 1);
+        }
+        __syncthreads();
+      }
+#pragma unroll 1
+      for (int k4 = 0; k4 < KS; k4 += 4) {
+        if (k0 + k4 >= K) break;  // (uniform across the block)
+        float p[4][R][R];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const float4 va = *(const float4*)&dA[(k4 + kk) * LD + ty * R];
+          const float4 vb = *(const float4*)&dB[(k4 + kk) * T + tx * R];
+          const float av[R] = {va.x, va.y, va.z, va.w}, bv[R] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+          for (int i = 0; i < R; ++i)
+#pragma unroll
+            for (int j = 0; j < R; ++j) p[kk][i][j] = cpd::fd_amd_product(av[i], bv[j], FTZ);
+        }
+        const bool second = k0 + k4 + 2 < K;  // groups of 2: whether the second one exists
+#pragma unroll
+        for (int i = 0; i < R; ++i)
+#pragma unroll
+          for (int j = 0; j < R; ++j) {
+            const float s01 = cpd::fd_amd_pair(p[0][i][j], p[1][i][j], FTZ);
+            const float s23 = cpd::fd_amd_pair(p[2][i][j], p[3][i][j], FTZ);
+            if (!pairs) {
+              c[i][j] = cpd::fd_amd_pairwise_finish(c[i][j], cpd::fd_amd_pair(s01, s23, FTZ), FTZ);
+            } else {
+              c[i][j] = cpd::fd_amd_pairwise_finish(c[i][j], s01, FTZ);
+              if (second) c[i][j] = cpd::fd_amd_pairwise_finish(c[i][j], s23, FTZ);
+            }
+          }
+      }
+      if (S == 1) __syncthreads();  // every thread is past this slice before the next is staged over it
+    }
+    if (S > 1) __syncthreads();  // ... and past the tile's last slice before the next tile's first stage
+    fd_store(y, c, bi, M, N, m0 + ty * R, n0 + tx * R);
+  }
+}
+
 }  // namespace
 
 // a: (B, M, K), b: (B, K, N), y: (B, M, N), contiguous float32; sa (B, M, nb) and sb (B, nb, N)
@@ -709,3 +805,22 @@ CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32ws, 32, true, true)   // Blackwell MX
   }
 CPD_FD_C16(cpd_fused_dot_tiled_c16_s1, 1, 32)    // Blackwell NVFP4, MXFP4 x MXFP4 (L 64, F 35)
 CPD_FD_C16(cpd_fused_dot_tiled_c16_s2g2, 2, 64)
+
+// The AMD pairwise kernels (fd_amdp_tiled): the same parameters; _amdpz with CDNA2's flushes.
+#define CPD_FD_AMDP(NAME, S, KS, FTZ)                                                                             \
+  extern "C" __global__ void __launch_bounds__(CPD_FD_THREADS, 1)                                                 \
+      NAME(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,                       \
+           const float* __restrict__ sa, const float* __restrict__ sb, long long B, long long M, long long K,      \
+           long long N, long long nb, int block, int s_emin, int group, int frac, int out, int a_emin, int b_emin, \
+           int zero_exp, int algo, int ftz, int a_man, int b_man) {                                               \
+    const cpd::FusedDotSpec s = cpd::make_fused_dot_spec(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz); \
+    if (sa == nullptr && cpd::fd_amdp_applies(s, 0) && (ftz != 0) == FTZ &&                                      \
+        cpd::dynamic_smem_size() >= FdC16Shape<S, KS>::BYTES)                                                    \
+      fd_amdp_tiled<S, KS, FTZ>(a, b, y, B, M, K, N, s);                                                          \
+    else /* a spec outside the family (a routing slip): the generic steps' bits, slowly */                       \
+      fd_outputs(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s);                                              \
+  }
+CPD_FD_AMDP(cpd_fused_dot_tiled_amdp_s1, 1, 32, false)  // AMD CDNA1 fp16 (L 4), bf16 (L 2)
+CPD_FD_AMDP(cpd_fused_dot_tiled_amdp_s2g2, 2, 64, false)
+CPD_FD_AMDP(cpd_fused_dot_tiled_amdpz_s1, 1, 32, true)  // AMD CDNA2 fp16, bf16 (L 4, subnormals flushed)
+CPD_FD_AMDP(cpd_fused_dot_tiled_amdpz_s2g2, 2, 64, true)

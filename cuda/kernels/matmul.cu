@@ -375,8 +375,12 @@ struct BF16Step {
 using FusedBF16Step = BF16Step<false, true>;  // (one macro argument each)
 using FusedKahanBF16Step = BF16Step<true, true>;
 
-// Row (column) of the i-th output of thread t along M (N): groups of 4, 64 apart.
-__device__ __forceinline__ int own(int t, int i) { return (i >> 2) * 64 + t * 4 + (i & 3); }
+// Row (column) of the i-th output of thread t along M (N) in a tile of R x R per thread: groups of
+// 4, 64 apart (R a multiple of 4: float4 loads), or R neighbours (R = 2: float2 loads).
+template <int R>
+__device__ __forceinline__ int own(int t, int i) {
+  return R % 4 == 0 ? (i >> 2) * 64 + t * 4 + (i & 3) : t * R + i;
+}
 
 // SR: stochastic rounding (cpd/gemm.h gemm_sr_step), a row of R outputs as float32 bits: sums s,
 // Kahan's compensations c, block sums bs. The step is keyed: output o's step k draws dot_words(o, K,
@@ -404,7 +408,7 @@ struct SrStep {
 #pragma unroll
     for (int j = 0; j < R; ++j) {
       cpd::u32 w[cpd::DOT_WORDS];
-      cpd::dot_words(o_row + (unsigned long long)own(tx, j), K, k, seed, offset, cpd::STOCHASTIC, high, w);
+      cpd::dot_words(o_row + (unsigned long long)own<R>(tx, j), K, k, seed, offset, cpd::STOCHASTIC, high, w);
       cpd::gemm_sr_step(d, cpd::bits_of(a), cpd::bits_of(b[j]), run_end, r.s[j], r.c[j], r.bs[j], w);
     }
   }
@@ -417,7 +421,7 @@ struct SrStep {
 };
 
 template <int R>
-struct alignas(16) Tiles {  // 16-byte rows: float4 loads
+struct alignas(16) Tiles {  // 16-byte rows: float4 (float2) loads
   static constexpr int T = 16 * R;
   float a[2][CPD_FK][T + 4];
   float b[2][CPD_FK][T + 4];
@@ -500,12 +504,19 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
     for (int i = 0; i < R; ++i) st.init(acc[i]);
     auto compute = [&](int buf, int kk, long long k) {
       float av[R], bv[R], bp[R];
+      if constexpr (R % 4 == 0) {
 #pragma unroll
-      for (int q = 0; q < R / 4; ++q) {
-        const float4 va = *reinterpret_cast<const float4*>(&sh.a[buf][kk][q * 64 + ty * 4]);
-        const float4 vb = *reinterpret_cast<const float4*>(&sh.b[buf][kk][q * 64 + tx * 4]);
-        av[4 * q] = va.x, av[4 * q + 1] = va.y, av[4 * q + 2] = va.z, av[4 * q + 3] = va.w;
-        bv[4 * q] = vb.x, bv[4 * q + 1] = vb.y, bv[4 * q + 2] = vb.z, bv[4 * q + 3] = vb.w;
+        for (int q = 0; q < R / 4; ++q) {
+          const float4 va = *reinterpret_cast<const float4*>(&sh.a[buf][kk][q * 64 + ty * 4]);
+          const float4 vb = *reinterpret_cast<const float4*>(&sh.b[buf][kk][q * 64 + tx * 4]);
+          av[4 * q] = va.x, av[4 * q + 1] = va.y, av[4 * q + 2] = va.z, av[4 * q + 3] = va.w;
+          bv[4 * q] = vb.x, bv[4 * q + 1] = vb.y, bv[4 * q + 2] = vb.z, bv[4 * q + 3] = vb.w;
+        }
+      } else {
+        static_assert(R == 2, "register tiles of 2 x 2 or a multiple of 4");
+        const float2 va = *reinterpret_cast<const float2*>(&sh.a[buf][kk][ty * 2]);
+        const float2 vb = *reinterpret_cast<const float2*>(&sh.b[buf][kk][tx * 2]);
+        av[0] = va.x, av[1] = va.y, bv[0] = vb.x, bv[1] = vb.y;
       }
 #pragma unroll
       for (int j = 0; j < R; ++j) bp[j] = st.prep(bv[j]);  // per operand of B, once per load
@@ -513,7 +524,7 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
       for (int i = 0; i < R; ++i) {
         if constexpr (Step::KEYED)
           st.step_keyed(acc[i], av[i], bv, (unsigned long long)k,
-                        (unsigned long long)((bi * M + m0 + own(ty, i)) * N + n0), tx);
+                        (unsigned long long)((bi * M + m0 + own<R>(ty, i)) * N + n0), tx);
         else
           st.step(acc[i], av[i], bv, bp);
       }
@@ -561,12 +572,12 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
     for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int j = 0; j < R; ++j) {
-        const long long gm = m0 + own(ty, i), gn = n0 + own(tx, j);
+        const long long gm = m0 + own<R>(ty, i), gn = n0 + own<R>(tx, j);
         if (gm < M && gn < N) y[(bi * M + gm) * N + gn] = st.value(acc[i], j);
       }
     for (int i = 0; i < R; ++i)
       for (int j = 0; j < R; ++j) {
-        const long long gm = m0 + own(ty, i), gn = n0 + own(tx, j), o = (bi * M + gm) * N + gn;
+        const long long gm = m0 + own<R>(ty, i), gn = n0 + own<R>(tx, j), o = (bi * M + gm) * N + gn;
         if (gm < M && gn < N &&
             (!mine || (Step::FROM_VALUE ? st.redo_value(y[o]) : (bool)((redo >> (i * R + j)) & 1ull))))
           y[o] = dot_output(ab + gm * K, bb + gn, N, K, (unsigned long long)o, spec, seed, offset);
@@ -583,7 +594,7 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
 //   where ptxas's code needs more (at 2 blocks every family spilled 36-164 bytes);
 // * the chain's 8 x 8 tile (64 sums): 1 block (186-197 registers from sm_80 on, 245 at sm_75; at 2
 //   blocks it spilled 56-328 bytes of staging values, 3 LDL per 512 FFMA in its K loop at sm_90);
-// * SR: 1 block (three words per output and the Philox state).
+// * SR: 2 x 2 outputs per thread, 1 block (three words per output and the Philox state).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
 #define CPD_FAMILY_MINB 1
 #else
@@ -617,5 +628,8 @@ CPD_FAMILY_KERNEL(cpd_matmul_kahanbf, BF16Step<true>, 4, CPD_FAMILY_MINB, (st.g 
 CPD_FAMILY_KERNEL(cpd_matmul_fusedbf, FusedBF16Step, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_fbf16(af)))
 CPD_FAMILY_KERNEL(cpd_matmul_fkahanbf, FusedKahanBF16Step, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_fbf16(af)))
 // SR keeps three words per output (s, c, bs: Kahan and blocks are run-time choices) and the Philox
-// state: one block of 256 per SM, up to 255 registers (at 128 it spills at sm_90).
-CPD_FAMILY_KERNEL(cpd_matmul_sr, SrStep, 4, 1, (st.d = d, st.seed = seed, st.offset = offset, st.K = (unsigned long long)K))
+// state: a 2 x 2 tile per thread (32 x 32 per block), one block of 256 per SM: 177-218 registers
+// from sm_70 to sm_121 (its 4 x 4 tile took 255 and spilled 1.5 KiB at sm_100 / sm_121; 2 x 2 at
+// 128 registers spilled 48 bytes at sm_90). The Philox block per output and step dominates its
+// cost, so the smaller tile's extra shared loads (0.5 per MAC) cost little.
+CPD_FAMILY_KERNEL(cpd_matmul_sr, SrStep, 2, 1, (st.d = d, st.seed = seed, st.offset = offset, st.K = (unsigned long long)K))

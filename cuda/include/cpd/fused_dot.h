@@ -247,6 +247,22 @@ CPD_FN float fd_flush_keep(float v, int ftz) {
   return (ftz && (bits_of(v) & ~SIGN) < 0x00800000u) ? float_of(bits_of(v) & SIGN) : v;
 }
 
+// The step's parts (the tiled kernels of cuda/kernels/fused_dot.cu run them too): an input x
+// flushed to +0 below its format's smallest normal (min_bits: that normal's float32 bits); a
+// product of two inputs; a pairwise sum; and c + the group's sum (c flushed to +0 when subnormal
+// or zero), flushed, a NaN made FD_AMD_NAN.
+CPD_FN float fd_amd_input(float x, u32 min_bits, int ftz) {
+  return (ftz && (bits_of(x) & ~SIGN) < min_bits) ? 0.0f : x;
+}
+CPD_FN float fd_amd_product(float x, float y, int ftz) { return fd_flush_keep(ffma(x, y, 0.0f), ftz); }
+CPD_FN float fd_amd_pair(float p, float q, int ftz) { return fd_flush_keep(fadd(p, q), ftz); }
+CPD_FN u32 fd_amd_pairwise_finish(u32 c, float sum, int ftz) {
+  float cf = float_of(c);
+  if (ftz && (c & ~SIGN) < 0x00800000u) cf = 0.0f;
+  u32 r = bits_of(fd_flush_keep(fadd(cf, sum), ftz));
+  return (r & ~SIGN) > INF_BITS ? FD_AMD_NAN : r;
+}
+
 CPD_FN u32 fd_amd_pairwise_step(const FusedDotSpec& s, const float* a, long long as, const float* b, long long bs,
                                 int n, u32 c) {
   // Loops of constant bounds, unrolled: p stays in registers on a GPU (no local memory).
@@ -256,20 +272,15 @@ CPD_FN u32 fd_amd_pairwise_step(const FusedDotSpec& s, const float* a, long long
 #pragma unroll
   for (int k = 0; k < 16; ++k) {
     if (k >= L) break;
-    float x = k < n ? a[k * as] : 0.0f, y = k < n ? b[k * bs] : 0.0f;
-    if (s.ftz && (bits_of(x) & ~SIGN) < amin) x = 0.0f;
-    if (s.ftz && (bits_of(y) & ~SIGN) < bmin) y = 0.0f;
-    p[k] = fd_flush_keep(ffma(x, y, 0.0f), s.ftz);
+    const float x = k < n ? a[k * as] : 0.0f, y = k < n ? b[k * bs] : 0.0f;
+    p[k] = fd_amd_product(fd_amd_input(x, amin, s.ftz), fd_amd_input(y, bmin, s.ftz), s.ftz);
   }
 #pragma unroll
   for (int w = 1; w < 16; w *= 2)
 #pragma unroll
     for (int k = 0; k + w < 16; k += 2 * w)
-      if (k + w < L) p[k] = fd_flush_keep(fadd(p[k], p[k + w]), s.ftz);
-  float cf = float_of(c);
-  if (s.ftz && (c & ~SIGN) < 0x00800000u) cf = 0.0f;
-  u32 r = bits_of(fd_flush_keep(fadd(cf, p[0]), s.ftz));
-  return (r & ~SIGN) > INF_BITS ? FD_AMD_NAN : r;
+      if (k + w < L) p[k] = fd_amd_pair(p[k], p[k + w], s.ftz);
+  return fd_amd_pairwise_finish(c, p[0], s.ftz);
 }
 
 // FD_AMD_RD / FD_AMD_RD_FP8 (CDNA3 fp16, bf16, xf32 and fp8/bf8 MFMA; MMA-Sim's

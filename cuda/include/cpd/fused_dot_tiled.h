@@ -206,6 +206,17 @@ CPD_FN u32 fd_tiled_finish32(const FusedDotSpec& s, int S, int neg, u32 emax2, u
 }
 
 // ------------------------------------------------------------------------------------------
+// fused_dot.h's FD_AMD_PAIRWISE (CDNA1 / CDNA2 fp16 and bf16 MFMA) on the tiled kernels
+// cpd_fused_dot_tiled_amdp / _amdpz (CDNA2's flushes): the step is float32 arithmetic throughout
+// (products, pairwise sums, c + sum, each rounded to nearest even, fd_amd_input /
+// fd_amd_product / fd_amd_pair / fd_amd_pairwise_finish), so the same operations in the same
+// order on the same values give its bits, NaN and inf included, with no integer form and no
+// fallback. Groups of 2 or 4 (every CDNA1/2 instruction's), no block scales.
+CPD_FN int fd_amdp_applies(const FusedDotSpec& s, int block) {
+  return (int)(s.algo == FD_AMD_PAIRWISE && (s.group == 2 || s.group == 4) && block == 0);
+}
+
+// ------------------------------------------------------------------------------------------
 // The tiled form of fused_dot.h's FD_NV_CHUNK16 step (Blackwell's kind::mxf4 / mxf4nvf4: e2m1
 // elements, a scale per block of K) for cpd_fused_dot_tiled_c16_* (cuda/kernels/fused_dot.cu).
 // Same bits as fd_chunk16_step, for specs fd_c16_applies takes:
