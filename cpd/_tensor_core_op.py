@@ -217,6 +217,7 @@ def raw_layout(algo: int) -> bool:
     and AMD pairwise families) rather than decomposed words (FdShape)."""
     return algo in (CHUNK16, AMD_PAIRWISE)
 
+
 #: The tiled kernels' shapes (fused_dot.cu FdShape and CPD_FD_TILED_SHAPES; the comment there says
 #: why): suffix -> (stages, K slice depth in groups of 16 or more elements: slice_groups). Every
 #: family is built in s1 and s2g2, the L 32 ones without scales in s2 too (:func:`shapes_of`).

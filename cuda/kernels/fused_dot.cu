@@ -1,7 +1,10 @@
 // CUDA GEMM of the fused-dot-product model (cpd/fused_dot.h). Compiled at run time by NVRTC
-// (cpd/_cuda.py compile_source). One thread per output element (grid-stride loop): the chain of
-// fd_step over the k-groups in k order from c = +0, on float32 bits: the CPU's generic loop,
-// hence the same bits as every CPU path, for every algorithm (NVIDIA, AMD, block-scaled).
+// (cpd/_cuda.py compile_source). cpd_fused_dot_matmul: one thread per output element (grid-stride
+// loop), the chain of fd_step over the k-groups in k order from c = +0, on float32 bits: the CPU's
+// generic loop, hence the same bits as every CPU path, for every algorithm (NVIDIA, AMD,
+// block-scaled). The tiled kernels below give those bits faster for the specs they take
+// (cpd/fused_dot_tiled.h): NVIDIA's step (cpd_fused_dot_tiled_l*), Blackwell's 16-product chunks
+// (_c16) and AMD's pairwise float32 sums (_amdp, _amdpz); AMD CDNA3's steps stay per output.
 #include "cpd/numerics.h"
 
 // Every output of y by the chain of fd_step, one thread per output, grid-stride. a: (B, M, K),

@@ -11,8 +11,10 @@
 #define CPD_THREADS 256  // threads per block of every launch of this file (__launch_bounds__)
 
 // One thread per output element, grid-stride over the B*M*N outputs (64-bit indices), A and B
-// read from global memory. a: (B, M, K), b: (B, K, N), y: (B, M, N), contiguous.
-extern "C" __global__ void __launch_bounds__(CPD_THREADS)
+// read from global memory. a: (B, M, K), b: (B, K, N), y: (B, M, N), contiguous. One block per SM
+// at least (__launch_bounds__'s minimum): without it ptxas held the kernel to 64 registers and it
+// spilled 4-28 bytes at sm_70 and sm_121.
+extern "C" __global__ void __launch_bounds__(CPD_THREADS, 1)
     cpd_matmul_simple(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, long long B,
                       long long M, long long K, long long N, int has_mul, int mexp, int mman, int mbias,
                       int mspecials, int msubnormals, int aexp, int aman, int abias, int aspecials, int asubnormals,

@@ -235,7 +235,7 @@ CPD_FN int fd_amdp_applies(const FusedDotSpec& s, int block) {
 //     (fd_c16_v, fd_c16_term);
 //   * emax (c's exponent and the group's chunks' e(Sa) + e(Sb)) depends on the scales alone, so
 //     the kernel forms it before the group's first chunk, and rounds once per group
-//     (fd_tiled_finish, with no count of negatives: the terms are signed).
+//     (fd_c16_finish: the terms are signed, no count of negatives).
 // Elements that are not e2m1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives: what
 // fd_chunk16_step assumes) are flagged too (fd_c16_bad_element); the outputs a flag reaches
 // take fd_chunk16_step for that group.
