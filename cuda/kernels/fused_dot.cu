@@ -475,6 +475,34 @@ __device__ __forceinline__ void fd_stage_raw(float* __restrict__ dA, const float
   }
 }
 
+// The K loop of the raw-element kernels over one output tile: each slice k0's raw elements in its
+// stage (S = 1: staged, then used; S > 1: cp.async double buffering, the next slice copied while
+// this one runs), slice(k0, stage) called once every thread is past the barrier that publishes it;
+// returns once every thread is past the tile's last slice (the next tile may stage over it).
+template <int S, int KS, class Slice>
+__device__ __forceinline__ void fd_raw_slices(float* __restrict__ smem, const float* __restrict__ ab,
+                                              const float* __restrict__ bb, long long M, long long K, long long N,
+                                              long long m0, long long n0, const Slice& slice) {
+  constexpr int W = FdC16Shape<S, KS>::STAGE_WORDS;
+  if (S > 1) {
+    fd_stage_raw<KS>(smem, ab, bb, M, K, N, m0, n0, 0);
+    cpd::copy_commit();
+  }
+  for (long long k0 = 0, sl = 0; k0 < K; k0 += KS, ++sl) {
+    const int st = S > 1 ? (int)(sl & 1) : 0;
+    if (S == 1) fd_stage_raw<KS>(smem, ab, bb, M, K, N, m0, n0, k0);
+    cpd::copy_wait_all();
+    __syncthreads();  // the slice is in; every thread is past the last reads of the other stage
+    if (S > 1 && k0 + KS < K) {
+      fd_stage_raw<KS>(smem + (st ^ 1) * W, ab, bb, M, K, N, m0, n0, k0 + KS);
+      cpd::copy_commit();
+    }
+    slice(k0, smem + st * W);
+    if (S == 1) __syncthreads();  // every thread is past this slice before the next is staged over it
+  }
+  if (S > 1) __syncthreads();  // ... and past the tile's last slice before the next tile's first stage
+}
+
 template <int S, int KS>
 __device__ __forceinline__ void fd_c16_tiled(const float* __restrict__ a, const float* __restrict__ b,
                                              float* __restrict__ y, const float* __restrict__ sa,
@@ -511,10 +539,6 @@ __device__ __forceinline__ void fd_c16_tiled(const float* __restrict__ a, const 
     // scale q (of elements q block ..) of row i (column j): float32 bits
     auto scale_a = [&](int i, long long q) { return (in_a >> i) & 1u ? cpd::bits_of(pa[i][q]) : 0x3f800000u; };
     auto scale_b = [&](int j, long long qn) { return (in_b >> j) & 1u ? cpd::bits_of(pb[j][qn]) : 0x3f800000u; };
-    // the raw slice at kst into stage st: A transposed (k, m), B as it is (k, n); zeros outside
-    auto stage = [&](long long kst, int st) {
-      fd_stage_raw<KS>(smem + st * FdC16Shape<S, KS>::STAGE_WORDS, ab, bb, M, K, N, m0, n0, kst);
-    };
     // per output: c, the group's emax less F - 2 (the chunks' shifts are emf - xa - xb), its sum;
     // slow: outputs whose group fd_chunk16_step takes (a chunk's cut truncates, the rounding is
     // float32-subnormal); bad_a / bad_b: rows / columns with a flagged element or scale in the group
@@ -525,10 +549,6 @@ __device__ __forceinline__ void fd_c16_tiled(const float* __restrict__ a, const 
     for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int j = 0; j < R; ++j) c[i][j] = 0u, emf[i][j] = 0, Sg[i][j] = 0;
-    if (S > 1) {
-      stage(0, 0);
-      cpd::copy_commit();
-    }
     long long kg = 0;  // the current group's first element
     // chunk counters, no divisions in the loop: the chunk's index in its group (the group has
     // gch = G / 16), and its scale q = kc / block with kq = kc - q block (block >= 16: a chunk
@@ -536,18 +556,10 @@ __device__ __forceinline__ void fd_c16_tiled(const float* __restrict__ a, const 
     const int gch = (int)(G / 16);
     int cig = 0, kq = 0;
     long long qc = 0;
-    for (long long k0 = 0, sl = 0; k0 < K; k0 += KS, ++sl) {
-      const int st = S > 1 ? (int)(sl & 1) : 0;
-      if (S == 1) stage(k0, 0);
-      cpd::copy_wait_all();
-      __syncthreads();  // the slice is in; every thread is past the last reads of the other stage
-      if (S > 1 && k0 + KS < K) {
-        stage(k0 + KS, st ^ 1);
-        cpd::copy_commit();
-      }
-      const float* const dA = smem + st * FdC16Shape<S, KS>::STAGE_WORDS;
+    fd_raw_slices<S, KS>(smem, ab, bb, M, K, N, m0, n0, [&](long long k0, float* stage) {
+      const float* const dA = stage;
       const float* const dB = dA + KS * LD;
-      cpd::u32* const fA = (cpd::u32*)(smem + st * FdC16Shape<S, KS>::STAGE_WORDS + KS * (LD + T));
+      cpd::u32* const fA = (cpd::u32*)(stage + KS * (LD + T));
       cpd::u32* const fB = fA + T;
       {
         cpd::u32 ba = 0u, bb2 = 0u;
@@ -660,9 +672,7 @@ __device__ __forceinline__ void fd_c16_tiled(const float* __restrict__ a, const 
 #pragma unroll
           for (int j = 0; j < R; ++j) c[i][j] = cn[i][j];
       }
-      if (S == 1) __syncthreads();  // every thread is past this slice before the next is staged over it
-    }
-    if (S > 1) __syncthreads();  // ... and past the tile's last slice before the next tile's first stage
+    });
     fd_store(y, c, bi, M, N, m0 + ty * R, n0 + tx * R);
   }
 }
@@ -693,21 +703,8 @@ __device__ __forceinline__ void fd_amdp_tiled(const float* __restrict__ a, const
     for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int j = 0; j < R; ++j) c[i][j] = 0u;
-    if (S > 1) {
-      fd_stage_raw<KS>(smem, ab, bb, M, K, N, m0, n0, 0);
-      cpd::copy_commit();
-    }
-    for (long long k0 = 0, sl = 0; k0 < K; k0 += KS, ++sl) {
-      const int st = S > 1 ? (int)(sl & 1) : 0;
-      float* const dA = smem + st * FdC16Shape<S, KS>::STAGE_WORDS;
+    fd_raw_slices<S, KS>(smem, ab, bb, M, K, N, m0, n0, [&](long long k0, float* dA) {
       float* const dB = dA + KS * LD;
-      if (S == 1) fd_stage_raw<KS>(dA, ab, bb, M, K, N, m0, n0, k0);
-      cpd::copy_wait_all();
-      __syncthreads();  // the slice is in; every thread is past the last reads of the other stage
-      if (S > 1 && k0 + KS < K) {
-        fd_stage_raw<KS>(smem + (st ^ 1) * FdC16Shape<S, KS>::STAGE_WORDS, ab, bb, M, K, N, m0, n0, k0 + KS);
-        cpd::copy_commit();
-      }
       if (FTZ) {  // this thread's quarter of row dm of A and of column dm of B
 #pragma unroll
         for (int r = 0; r < KS / 4; ++r) {
@@ -746,9 +743,7 @@ __device__ __forceinline__ void fd_amdp_tiled(const float* __restrict__ a, const
             }
           }
       }
-      if (S == 1) __syncthreads();  // every thread is past this slice before the next is staged over it
-    }
-    if (S > 1) __syncthreads();  // ... and past the tile's last slice before the next tile's first stage
+    });
     fd_store(y, c, bi, M, N, m0 + ty * R, n0 + tx * R);
   }
 }
