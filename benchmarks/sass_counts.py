@@ -265,11 +265,12 @@ def fused_dot_counts(arch: str = "sm_90", shapes=None) -> dict[str, dict]:
     from cpd import _cuda, _tensor_core_op
 
     functions = sass(_cuda.compile_source("fused_dot.cu", arch))
+    major = int(arch[3:-1])
     out = {}
     for family, (label, L, goal) in FUSED_DOT.items():
         if "_amdp" in family:
             for shape in shapes or SHAPES:
-                if shape not in _tensor_core_op.shapes_of(L, 0):
+                if shape not in _tensor_core_op.shapes_of(L, 0, major, raw=True):
                     continue
                 ks = 32 * TILE_DEPTH[shape]
                 insns = functions[f"{family}_{shape}"]
@@ -280,7 +281,7 @@ def fused_dot_counts(arch: str = "sm_90", shapes=None) -> dict[str, dict]:
             continue
         if family.endswith("_c16"):
             for shape in shapes or SHAPES:
-                if shape not in _tensor_core_op.shapes_of(L, 16):
+                if shape not in _tensor_core_op.shapes_of(L, 16, major, raw=True):
                     continue
                 chunks = 2 * TILE_DEPTH[shape]  # K slices of 32 elements per depth
                 insns = functions[f"{family}_{shape}"]
@@ -291,8 +292,8 @@ def fused_dot_counts(arch: str = "sm_90", shapes=None) -> dict[str, dict]:
                                             "goal": goal, "shape": shape}
             continue
         for shape in shapes or SHAPES:
-            if shape not in _tensor_core_op.shapes_of(L, 32 if family.endswith("s") else 0):
-                continue  # not built (s2: L 32 without scales only)
+            if shape not in _tensor_core_op.shapes_of(L, 32 if family.endswith("s") else 0, major):
+                continue  # not built at this arch (s1 before sm_80; s2: L 32 without scales only)
             G = _tensor_core_op.slice_groups(L, shape)
             insns = functions[f"{family}_{shape}"]
             a, b = inner_loop(insns)

@@ -219,15 +219,24 @@ def raw_layout(algo: int) -> bool:
 
 
 #: The tiled kernels' shapes (fused_dot.cu FdShape and CPD_FD_TILED_SHAPES; the comment there says
-#: why): suffix -> (stages, K slice depth in groups of 16 or more elements: slice_groups). Every
-#: family is built in s1 and s2g2, the L 32 ones without scales in s2 too (:func:`shapes_of`).
+#: why): suffix -> (stages, K slice depth in groups of 16 or more elements: slice_groups). Which
+#: of them a compile builds depends on the GPU (:func:`shapes_of`).
 TILE_SHAPES = {"s1": (1, 1), "s2": (2, 1), "s2g2": (2, 2)}
 
 
-def shapes_of(group: int, block: int = 0) -> tuple[str, ...]:
-    """The tile shapes built for the family of ``group`` (and block scales, ``block`` > 0):
-    s2 only where s2g2 may not fit beside it (L 32 without scales: 130 KiB against 99 KiB GPUs)."""
-    return ("s1", "s2", "s2g2") if group == 32 and not block else ("s1", "s2g2")
+def shapes_of(group: int, block: int = 0, major: int | None = None, raw: bool = False) -> tuple[str, ...]:
+    """The tile shapes built for the family of ``group`` (and block scales, ``block`` > 0;
+    ``raw``: the chunk16 and AMD pairwise families, :func:`raw_layout`) by a compile for a GPU
+    of compute capability ``major`` (fused_dot.cu CPD_FD_ONE_STAGE / CPD_FD_TWO_STAGES), or by
+    the host shim (None: every shape, for the tests). s2 is built only where s2g2 may not fit
+    beside it (L 32 without scales: 130 KiB against 99 KiB GPUs); before sm_80 (no cp.async)
+    only s1; from sm_80 no s1 but the scaled L 32 family's (its s2g2 needs 130 KiB)."""
+    every = ("s1", "s2", "s2g2") if group == 32 and not block and not raw else ("s1", "s2g2")
+    if major is None:
+        return every
+    if major < 8:
+        return ("s1",)
+    return tuple(s for s in every if s != "s1" or (group == 32 and block and not raw))
 
 
 def slice_groups(group: int, shape: str) -> int:
@@ -251,17 +260,18 @@ def tile_smem(group: int, shape: str, raw: bool = False) -> int:
     return (4 * ks + 4 * groups + (2 * stages * ks if stages > 1 else 0)) * 64 * 4
 
 
-def tile_shape(capability: tuple[int, int], smem_optin: int, group: int, block: int = 0, raw: bool = False) -> str:
+def tile_shape(capability: tuple[int, int], smem_optin: int, group: int, block: int = 0,
+               raw: bool = False) -> str | None:
     """The tile shape for a GPU of compute ``capability`` whose blocks may take ``smem_optin``
-    bytes of shared memory: two stages where cp.async exists (sm_80+), slices of twice the depth
-    where they fit (sm_80, sm_87, sm_90, sm_100: 163-227 KiB; L <= 16 on sm_86, sm_89, sm_120:
-    99 KiB), else one; one stage before sm_80 (no cp.async). Chosen by capacity; not yet timed on a GPU."""
-    if capability[0] < 8:
-        return "s1"
-    for shape in ("s2g2", "s2"):
-        if shape in shapes_of(group, block) and tile_smem(group, shape, raw) <= smem_optin:
+    bytes of shared memory, among those built for it (:func:`shapes_of`): two stages where
+    cp.async exists (sm_80+), slices of twice the depth where they fit (sm_80, sm_87, sm_90,
+    sm_100: 163-227 KiB; L <= 16 on sm_86, sm_89, sm_120: 99 KiB), else one; one stage before
+    sm_80 (no cp.async). None where no built shape fits (the per-output kernel runs). Chosen by
+    capacity; not yet timed on a GPU."""
+    for shape in ("s2g2", "s2", "s1"):
+        if shape in shapes_of(group, block, capability[0], raw) and tile_smem(group, shape, raw) <= smem_optin:
             return shape
-    return "s1"
+    return None
 
 
 def tiled_launch_of(a3, b3, y, p: _fused_dot_ref.Params, fields, kernel: str, blocks: int, shape: str = "s1",
@@ -271,9 +281,9 @@ def tiled_launch_of(a3, b3, y, p: _fused_dot_ref.Params, fields, kernel: str, bl
     tiles, :func:`tile_smem` bytes of dynamic shared memory; block scales ``sa`` (B, M, nb) and
     ``sb`` (B, nb, N), one per ``block`` elements along K, or None."""
     scaled = sa is not None and sa.numel() > 0
-    if shape not in shapes_of(p.group, block if scaled else 0):
-        raise ValueError(f"tiled_launch_of: shape={shape!r}; allowed {list(shapes_of(p.group, block if scaled else 0))}"
-                         f" for {kernel}")
+    built = shapes_of(p.group, block if scaled else 0, raw=raw_layout(p.algo))
+    if shape not in built:
+        raise ValueError(f"tiled_launch_of: shape={shape!r}; allowed {list(built)} for {kernel}")
     B, M, K = a3.shape
     N = b3.shape[2]
     i, ll, ptr = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
@@ -291,7 +301,7 @@ _SMEM_OPTIN = {(7, 0): 96 << 10, (7, 2): 96 << 10, (7, 5): 64 << 10, (8, 0): 163
                (8, 7): 163 << 10, (8, 9): 99 << 10, (9, 0): 227 << 10, (10, 0): 227 << 10, (12, 0): 99 << 10}
 
 
-def _device_shape(device: torch.device, group: int, block: int = 0, raw: bool = False) -> str:
+def _device_shape(device: torch.device, group: int, block: int = 0, raw: bool = False) -> str | None:
     props = torch.cuda.get_device_properties(device)
     cap = (props.major, props.minor)
     optin = getattr(props, "shared_memory_per_block_optin", None) or _SMEM_OPTIN.get(cap, 48 << 10)
@@ -309,9 +319,9 @@ def _cuda_matmul(a3, b3, sa, sb, block, s_emin, p: _fused_dot_ref.Params, fields
     sms = torch.cuda.get_device_properties(a3.device).multi_processor_count
     scaled = sa.numel() > 0
     kernel = None if fields is None else tiled_kernel(p, fields, block if scaled else 0)
-    if kernel is not None:
+    shape = None if kernel is None else _device_shape(a3.device, p.group, block if scaled else 0, raw_layout(p.algo))
+    if shape is not None:
         tiles = B * ((M + 63) // 64) * ((N + 63) // 64)
-        shape = _device_shape(a3.device, p.group, block if scaled else 0, raw_layout(p.algo))
         _cuda.launch(tiled_launch_of(a3, b3, y, p, fields, kernel, max(1, min(tiles, sms * 8)), shape, sa, sb, block,
                                      s_emin), a3.device)
         return y

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import cpd
-from cpd import _cuda
+from cpd import _cuda, _tensor_core_op
 from cpd._cuda import cpu_twin as _cpu_twin
 from kernel_limits import check_family_kernels, check_local_memory
 
@@ -101,20 +101,29 @@ def test_gemm_family_kernels_do_not_spill(arch):
 
 
 
+FD_FAMILIES = {"l32": (32, 0), "l16": (16, 0), "l32w": (32, 0), "l16w": (16, 0), "l8": (8, 0), "l8w": (8, 0),
+               "l4": (4, 0), "l32ws": (32, 32), "c16": (64, 16), "amdp": (4, 0), "amdpz": (4, 0)}  # (L, block)
+
+
 @nvrtc
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90"])
 def test_fused_dot_tiled_kernels_do_not_spill(arch):
     """The tiled fused-dot kernels (fused_dot.cu: 4 x 4 outputs per thread, one block of 256 per
-    SM by __launch_bounds__) keep their tiles, exponents and sums in registers on Ampere and Hopper,
-    in every tile shape (one stage; cp.async double buffering with slices of one or two depths),
-    groups of 4 to 32, with and without block scales, the chunk16 kernels (NVFP4) and AMD's
-    CDNA1 / CDNA2 pairwise kernels."""
+    SM by __launch_bounds__) keep their tiles, exponents and sums in registers on Turing, Ampere and
+    Hopper, in every tile shape built there (sm_75: one stage; sm_80+: cp.async double buffering
+    with slices of one or two depths, and the scaled L 32 family's one stage), groups of 4 to 32,
+    with and without block scales, the chunk16 kernels (NVFP4) and AMD's CDNA1 / CDNA2 pairwise
+    kernels. A compile builds exactly the shapes _tensor_core_op.shapes_of says it does (what the
+    launch picks from: a shape it lacks would be a launch of a missing kernel)."""
     if int(arch[3:]) not in _cuda.supported_archs():
         pytest.skip(f"NVRTC lacks {arch}")
     usage = _usage("fused_dot.cu", arch)
-    for name in (f"cpd_fused_dot_tiled_{f}_{shape}"
-                 for f in ("l32", "l16", "l32w", "l16w", "l8", "l8w", "l4", "l32ws", "c16", "amdp", "amdpz")
-                 for shape in ("s1", "s2", "s2g2") if shape != "s2" or f in ("l32", "l32w")):
+    major = int(arch[3:-1])
+    want = {f"cpd_fused_dot_tiled_{f}_{shape}" for f, (L, block) in FD_FAMILIES.items()
+            for shape in _tensor_core_op.shapes_of(L, block, major, raw=f in ("c16", "amdp", "amdpz"))}
+    assert {k for k in usage if k.startswith("cpd_fused_dot_tiled_")} == want, arch
+    assert "cpd_fused_dot_matmul" in usage
+    for name in want:
         u = usage[name]
         assert u["stack"] == 0 and u["spill_stores"] == 0 and u["spill_loads"] == 0, (arch, name, u)
 

@@ -314,11 +314,17 @@ def test_tile_shape_per_architecture():
     assert shape((8, 0), 163 * kib, 32) == "s2g2" and shape((9, 0), 227 * kib, 32) == "s2g2"
     assert shape((8, 9), 99 * kib, 32) == "s2" and shape((8, 6), 99 * kib, 16) == "s2g2"
     assert shape((8, 6), 99 * kib, 4) == shape((8, 6), 99 * kib, 8) == "s2g2" and shape((7, 0), 96 * kib, 4) == "s1"
-    assert shape((8, 0), 70 * kib, 4) == "s1" and shape((8, 0), 70 * kib, 8) == "s2g2"  # no s2 at L 4
+    # from sm_80 no s1 is built but the scaled L 32 family's: where nothing built fits, the per-output kernel
+    assert shape((8, 0), 70 * kib, 4) is None and shape((8, 0), 70 * kib, 8) == "s2g2"  # no s2 at L 4
     assert shape((8, 9), 99 * kib, 32, 32) == "s1" and shape((9, 0), 227 * kib, 32, 32) == "s2g2"  # MX: no s2
-    assert _tensor_core_op.shapes_of(32) == ("s1", "s2", "s2g2")
-    assert _tensor_core_op.shapes_of(16) == _tensor_core_op.shapes_of(32, 32) == ("s1", "s2g2")
-    assert shape((8, 0), 48 * kib, 32) == "s1"  # nothing more than the default allowed
+    assert shape((8, 0), 48 * kib, 32) is None and shape((8, 0), 48 * kib, 32, 32) == "s1"
+    assert shape((7, 5), 16 * kib, 16) is None  # not even s1
+    shapes_of = _tensor_core_op.shapes_of
+    assert shapes_of(32) == ("s1", "s2", "s2g2")  # the host shim's: every shape
+    assert shapes_of(16) == shapes_of(32, 32) == shapes_of(32, raw=True) == ("s1", "s2g2")
+    assert shapes_of(32, major=7) == shapes_of(4, 32, 7) == shapes_of(64, 16, 7, True) == ("s1",)
+    assert shapes_of(32, major=8) == ("s2", "s2g2") and shapes_of(32, 32, 9) == ("s1", "s2g2")
+    assert shapes_of(16, major=9) == shapes_of(4, major=12) == shapes_of(32, 16, 10, True) == ("s2g2",)
     acc = model("hopper", "e4m3")
     z = torch.zeros(1, 1, 1)
     for s in SHAPES:
@@ -458,7 +464,7 @@ def test_chunk16_routing_and_shapes():
     assert [_tensor_core_op.tile_smem(64, s, raw=True) for s in C16_SHAPES] == [17 * kib, 67 * kib]
     shape = _tensor_core_op.tile_shape
     assert shape((7, 5), 64 * kib, 64, 16, True) == "s1" and shape((8, 6), 99 * kib, 64, 16, True) == "s2g2"
-    assert shape((8, 0), 48 * kib, 64, 16, True) == "s1" and shape((9, 0), 227 * kib, 64, 16, True) == "s2g2"
+    assert shape((8, 0), 48 * kib, 64, 16, True) is None and shape((9, 0), 227 * kib, 64, 16, True) == "s2g2"
     z = torch.zeros(1, 1, 1)
     launch = _tensor_core_op.tiled_launch_of(z, z, z, base.params, fields(base), "cpd_fused_dot_tiled_c16", 1, "s2g2",
                                              z, z, 16, -9)

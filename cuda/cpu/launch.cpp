@@ -556,17 +556,27 @@ unsigned fd_tile_smem(int group, const FdShape& sh, bool raw) {
   return unsigned(4 * ks + 4 * groups + (sh.stages > 1 ? 2 * sh.stages * ks : 0)) * 64 * 4;
 }
 
-// Whether shape i is built for the family of `group` (block: 0 without block scales): s1 and s2g2
-// always, s2 for L 32 without scales only (_tensor_core_op.shapes_of).
-bool fd_shape_built(int i, int group, int64_t block) { return i != 1 || (group == 32 && block == 0); }
+// Whether shape i is built for the family of `group` (block: 0 without block scales; raw:
+// fd_raw_layout) by a compile for a GPU of compute capability `major` (fused_dot.cu
+// CPD_FD_ONE_STAGE / CPD_FD_TWO_STAGES), or by the host shim (major < 0): s1 and s2g2, s2 for L 32
+// without scales only; before sm_80 s1 only, from sm_80 no s1 but the scaled L 32 family's
+// (_tensor_core_op.shapes_of).
+bool fd_shape_built(int i, int group, int64_t block, bool raw, int major = -1) {
+  const bool l32 = group == 32 && !raw;
+  if (i == 1 && !(l32 && block == 0)) return false;
+  if (major < 0) return true;
+  if (major < 8) return i == 0;
+  return i != 0 || (l32 && block > 0);
+}
 
-// _tensor_core_op.tile_shape: two stages where cp.async exists (sm_80+), slices of twice the depth
-// where they fit in the opt-in shared memory, else one (where built); one stage before sm_80.
+// _tensor_core_op.tile_shape: among the shapes built for the GPU, two stages where cp.async exists
+// (sm_80+), slices of twice the depth where they fit in the opt-in shared memory, else one; one
+// stage before sm_80; -1 where none fits (the per-output kernel).
 int fd_tile_shape(int major, int smem_optin, int group, int64_t block, bool raw) {
-  if (major < 8) return 0;
-  if (fd_tile_smem(group, kFdShapes[2], raw) <= unsigned(smem_optin)) return 2;
-  if (fd_shape_built(1, group, block) && fd_tile_smem(group, kFdShapes[1], raw) <= unsigned(smem_optin)) return 1;
-  return 0;
+  for (int i : {2, 1, 0})
+    if (fd_shape_built(i, group, block, raw, major) && fd_tile_smem(group, kFdShapes[i], raw) <= unsigned(smem_optin))
+      return i;
+  return -1;
 }
 
 // The tiled family (name without the shape suffix) by fused_dot_tiled.h's own predicates, or "";
@@ -582,19 +592,20 @@ std::string fd_tiled_family(const FdParams& p, int64_t block) {
   return "cpd_fused_dot_tiled_l" + std::to_string(p.group) + (cpd::fd_tiled_wide(s) ? "w" : "") + (block ? "s" : "");
 }
 
-// The shape a request for shape i runs for a family: i where built, else s2g2 (the shim's host
-// shape s2 on a family built without it).
-int fd_built_shape(int i, int group, int64_t block) { return fd_shape_built(i, group, block) ? i : 2; }
+// The shape a request for shape i runs for a family on the shim: i where built, else s2g2 (the
+// shim's host shape s2 on a family built without it).
+int fd_built_shape(int i, int group, int64_t block, bool raw) { return fd_shape_built(i, group, block, raw) ? i : 2; }
 }  // namespace
 
 std::string fused_dot_kernel(const FdParams& p, int64_t block, const std::string& shape) {
   const std::string family = fd_tiled_family(p, block);
-  const int i = fd_built_shape(fd_shape_index(shape), p.group, block);
+  const int i = fd_built_shape(fd_shape_index(shape), p.group, block, fd_raw_layout(p.algo));
   return family.empty() ? "cpd_fused_dot_matmul" : family + "_" + kFdShapes[i].suffix;
 }
 
 std::string fused_dot_tile_shape(int64_t major, int64_t smem_optin, int64_t group, int64_t block, int64_t algo) {
-  return kFdShapes[fd_tile_shape(int(major), int(smem_optin), int(group), block, fd_raw_layout(int(algo)))].suffix;
+  const int i = fd_tile_shape(int(major), int(smem_optin), int(group), block, fd_raw_layout(int(algo)));
+  return i < 0 ? "" : kFdShapes[i].suffix;
 }
 
 void set_fused_dot_host_shape(const std::string& shape) {
@@ -610,17 +621,18 @@ void fused_dot(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, c
   const bool scaled = sa.numel() > 0;
   const Geometry& g = geometry_of(a);
   const std::string family = fd_tiled_family(p, scaled ? block : 0);
-  if (!family.empty()) {
-    int shape;
-    int64_t most = g.max_blocks;  // the shim's (<= 0: none)
-    if (a.is_cuda()) {
-      const DeviceState& d = device_state(a.device().index());
-      shape = fd_tile_shape(d.major, d.smem_optin, p.group, scaled ? block : 0, fd_raw_layout(p.algo));
-      most = int64_t(d.sms) * 8;  // _tensor_core_op._cuda_matmul: up to 8 tiled blocks per SM
-    } else {
-      std::lock_guard<std::mutex> lock(g_mutex);
-      shape = fd_built_shape(g_fd_host_shape, p.group, scaled ? block : 0);
-    }
+  const bool raw = fd_raw_layout(p.algo);
+  int shape = -1;               // the tiled kernel's shape (-1: the per-output kernel)
+  int64_t most = g.max_blocks;  // the shim's (<= 0: none)
+  if (!family.empty() && a.is_cuda()) {
+    const DeviceState& d = device_state(a.device().index());
+    shape = fd_tile_shape(d.major, d.smem_optin, p.group, scaled ? block : 0, raw);
+    most = int64_t(d.sms) * 8;  // _tensor_core_op._cuda_matmul: up to 8 tiled blocks per SM
+  } else if (!family.empty()) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    shape = fd_built_shape(g_fd_host_shape, p.group, scaled ? block : 0, raw);
+  }
+  if (shape >= 0) {
     const FdShape& sh = kFdShapes[shape];
     int64_t tiles = B * ((M + kFdTile - 1) / kFdTile) * ((N + kFdTile - 1) / kFdTile);
     if (most > 0 && tiles > most) tiles = most;
@@ -633,7 +645,7 @@ void fused_dot(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, c
     x.add<int>(scaled ? int(s_emin) : -127).add<int>(p.group).add<int>(p.frac).add<int>(p.out).add<int>(p.a_emin).add<int>(p.b_emin).add<int>(p.zero_exp);
     x.add<int>(p.algo).add<int>(p.ftz).add<int>(p.a_man).add<int>(p.b_man);
     run(a, "fused_dot.cu", name.c_str(), unsigned(std::max<int64_t>(tiles, 1)), kFdThreads, x,
-        fd_tile_smem(p.group, sh, fd_raw_layout(p.algo)));
+        fd_tile_smem(p.group, sh, raw));
     return;
   }
   Args x;  // the per-output kernel: one thread per output, grid-stride

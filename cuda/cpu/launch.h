@@ -77,14 +77,16 @@ struct FdParams {
 };
 // y (B, M, N) = a (B, M, K) @ b (B, K, N), all contiguous float32 (block scales sa (B, M, nb), sb
 // (B, nb, N), or empty): the tiled kernel where cpd/fused_dot_tiled.h's fd_tiled_applies takes
-// the spec (in the device's tile shape: fused_dot_tile_shape; on the shim the one set by
-// set_fused_dot_host_shape, s1 by default; s2g2 where the family has no s2), else the per-output kernel.
+// the spec (in the device's tile shape: fused_dot_tile_shape, among those built for its
+// architecture; on the shim the one set by set_fused_dot_host_shape, s1 by default; s2g2 where the
+// family has no s2), else the per-output kernel.
 void fused_dot(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb,
                const at::Tensor& y, int64_t block, int64_t s_emin, const FdParams& p);
 // For the tests: the kernel fused_dot() launches in tile shape `shape` (block: 0 without block
 // scales, else the elements per scale), the shape a GPU of compute
 // capability `major` with `smem_optin` bytes per block gets (algo: the spec's, which picks the
-// raw-element families' shared memory), and the shim's shape.
+// raw-element families' shared memory; "" where no shape built for the GPU fits: the per-output
+// kernel), and the shim's shape.
 std::string fused_dot_kernel(const FdParams& p, int64_t block, const std::string& shape);
 std::string fused_dot_tile_shape(int64_t major, int64_t smem_optin, int64_t group, int64_t block, int64_t algo = 0);
 void set_fused_dot_host_shape(const std::string& shape);

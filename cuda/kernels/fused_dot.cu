@@ -71,7 +71,9 @@ extern "C" __global__ void cpd_fused_dot_matmul(const float* __restrict__ a, con
 // D / L groups take D + G KiB of shared memory for their words and flags, and each raw stage D:
 //   s1    one stage (stage, decompose in place, compute): D + G KiB (17 / 33 KiB at L 16 / 32,
 //         20 / 18 at L 4 / 8). For GPUs without cp.async (sm_70, sm_75: there copy_async4 is a
-//         plain load and store, so a second buffer would hide nothing) and as the fallback.
+//         plain load and store, so a second buffer would hide nothing), and for the scaled L 32
+//         family on the 99 KiB GPUs. A GPU compile builds only the shapes its GPU can take
+//         (CPD_FD_ONE_STAGE / CPD_FD_TWO_STAGES below): s1 before sm_80, s2 / s2g2 from sm_80.
 //   s2    two stages, cp.async double buffering: the copy of slice s + 1 is issued once slice s
 //         is decomposed, and lands while the block runs slice s's passes (about 85% of a slice's
 //         instructions, docs/gpu.md); decomposition reads the raw stage into separate word arrays,
@@ -771,13 +773,30 @@ __device__ __forceinline__ void fd_amdp_tiled(const float* __restrict__ a, const
   }
 // G groups of L per K slice: d slices of 16 (at least one group)
 #define CPD_FD_GROUPS(L, d) ((L) >= 16 ? (d) : (d) * (16 / (L)))
-// s1 and s2g2 for every family; s2 for the L 32 families without scales only (see the shapes above)
-#define CPD_FD_TILED_SHAPES(NAME, L, WIDE, SC)                 \
-  CPD_FD_TILED(NAME##_s1, L, WIDE, 1, CPD_FD_GROUPS(L, 1), SC) \
-  CPD_FD_TILED(NAME##_s2g2, L, WIDE, 2, CPD_FD_GROUPS(L, 2), SC)
+// Which shapes a compile builds: those its GPU can launch (cpd/_tensor_core_op.py shapes_of,
+// cuda/cpu/launch.cpp fd_shape_built; every kernel is NVRTC time on the user's first call):
+//   * before sm_80 (no cp.async): s1 only;
+//   * sm_80 and later: s2g2; s2 for the L 32 families without scales and s1 for the one with
+//     (where s2g2's 130 KiB exceeds a 99 KiB GPU's blocks); no other s1 (s2g2 fits everywhere);
+//   * the host shim (no __CUDA_ARCH__: tests run every shape on the CPU): all of them.
+#if !defined(__CUDA_ARCH__)
+#define CPD_FD_ONE_STAGE(x) x
+#define CPD_FD_TWO_STAGES(x) x
+#elif __CUDA_ARCH__ < 800
+#define CPD_FD_ONE_STAGE(x) x
+#define CPD_FD_TWO_STAGES(x)
+#else
+#define CPD_FD_ONE_STAGE(x)
+#define CPD_FD_TWO_STAGES(x) x
+#endif
+// s1 and s2g2 of a family, each where the compile builds it; s2 too for the L 32 families without
+// scales (CPD_FD_TILED_SHAPES3). The L 32 family with scales is written out: its s1 is always built.
+#define CPD_FD_TILED_SHAPES(NAME, L, WIDE, SC)                                    \
+  CPD_FD_ONE_STAGE(CPD_FD_TILED(NAME##_s1, L, WIDE, 1, CPD_FD_GROUPS(L, 1), SC)) \
+  CPD_FD_TWO_STAGES(CPD_FD_TILED(NAME##_s2g2, L, WIDE, 2, CPD_FD_GROUPS(L, 2), SC))
 #define CPD_FD_TILED_SHAPES3(NAME, L, WIDE, SC) \
   CPD_FD_TILED_SHAPES(NAME, L, WIDE, SC)        \
-  CPD_FD_TILED(NAME##_s2, L, WIDE, 2, CPD_FD_GROUPS(L, 1), SC)
+  CPD_FD_TWO_STAGES(CPD_FD_TILED(NAME##_s2, L, WIDE, 2, CPD_FD_GROUPS(L, 1), SC))
 CPD_FD_TILED_SHAPES3(cpd_fused_dot_tiled_l32, 32, false, false)  // Hopper FP8 (F 13)
 CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16, 16, false, false)   // Ada FP8 (F 13)
 CPD_FD_TILED_SHAPES3(cpd_fused_dot_tiled_l32w, 32, true, false)  // Blackwell FP8 / FP6 / FP4 (F 25)
@@ -785,7 +804,8 @@ CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l16w, 16, true, false)   // Hopper, Blac
 CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8, 8, false, false)     // Turing, Ampere, Ada FP16 / BF16 (F 24)
 CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8w, 8, true, false)     // Hopper, Blackwell TF32 (F 25)
 CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l4, 4, false, false)     // Volta FP16 (F 23), Ampere, Ada TF32 (F 24)
-CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32ws, 32, true, true)   // Blackwell MXFP8 / MXFP6 / MXFP4 (F 25)
+CPD_FD_TILED(cpd_fused_dot_tiled_l32ws_s1, 32, true, 1, 1, true)  // Blackwell MXFP8 / MXFP6 / MXFP4 (F 25)
+CPD_FD_TWO_STAGES(CPD_FD_TILED(cpd_fused_dot_tiled_l32ws_s2g2, 32, true, 2, 2, true))
 
 // The chunk16 kernels (fd_c16_tiled): the same parameters; s1 one stage of 32, s2g2 two of 64.
 #define CPD_FD_C16(NAME, S, KS)                                                                                   \
@@ -801,8 +821,8 @@ CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l32ws, 32, true, true)   // Blackwell MX
     else /* a spec outside the family (a routing slip): the generic steps' bits, slowly */                       \
       fd_outputs(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s);                                              \
   }
-CPD_FD_C16(cpd_fused_dot_tiled_c16_s1, 1, 32)    // Blackwell NVFP4, MXFP4 x MXFP4 (L 64, F 35)
-CPD_FD_C16(cpd_fused_dot_tiled_c16_s2g2, 2, 64)
+CPD_FD_ONE_STAGE(CPD_FD_C16(cpd_fused_dot_tiled_c16_s1, 1, 32))  // Blackwell NVFP4, MXFP4 x MXFP4 (L 64, F 35)
+CPD_FD_TWO_STAGES(CPD_FD_C16(cpd_fused_dot_tiled_c16_s2g2, 2, 64))
 
 // The AMD pairwise kernels (fd_amdp_tiled): the same parameters; _amdpz with CDNA2's flushes.
 #define CPD_FD_AMDP(NAME, S, KS, FTZ)                                                                             \
@@ -818,7 +838,7 @@ CPD_FD_C16(cpd_fused_dot_tiled_c16_s2g2, 2, 64)
     else /* a spec outside the family (a routing slip): the generic steps' bits, slowly */                       \
       fd_outputs(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s);                                              \
   }
-CPD_FD_AMDP(cpd_fused_dot_tiled_amdp_s1, 1, 32, false)  // AMD CDNA1 fp16 (L 4), bf16 (L 2)
-CPD_FD_AMDP(cpd_fused_dot_tiled_amdp_s2g2, 2, 64, false)
-CPD_FD_AMDP(cpd_fused_dot_tiled_amdpz_s1, 1, 32, true)  // AMD CDNA2 fp16, bf16 (L 4, subnormals flushed)
-CPD_FD_AMDP(cpd_fused_dot_tiled_amdpz_s2g2, 2, 64, true)
+CPD_FD_ONE_STAGE(CPD_FD_AMDP(cpd_fused_dot_tiled_amdp_s1, 1, 32, false))  // AMD CDNA1 fp16 (L 4), bf16 (L 2)
+CPD_FD_TWO_STAGES(CPD_FD_AMDP(cpd_fused_dot_tiled_amdp_s2g2, 2, 64, false))
+CPD_FD_ONE_STAGE(CPD_FD_AMDP(cpd_fused_dot_tiled_amdpz_s1, 1, 32, true))  // AMD CDNA2 fp16, bf16 (L 4, flushes)
+CPD_FD_TWO_STAGES(CPD_FD_AMDP(cpd_fused_dot_tiled_amdpz_s2g2, 2, 64, true))
