@@ -48,8 +48,12 @@ inline cpd::Format loop_format(const cpd::Format& f) {
 // The cast.
 constexpr int64_t kSpan = 1024;  // elements of a span (4 KiB of results: stays in L1)
 
+// Always inlined: out of line (GCC's choice in the OpenMP build's encode loop) it took `mode` as a
+// run-time argument, held every mode's code, and ran one call per element: 16 ns per element
+// instead of 0.9 (encode e5m2 nearest, AVX2, 28 Nov 2026).
 template <bool FAST>
-inline uint32_t cast_one(uint32_t u, const cpd::Format& f, int mode, uint32_t rand, int sr_bits) {
+inline __attribute__((always_inline)) uint32_t cast_one(uint32_t u, const cpd::Format& f, int mode, uint32_t rand,
+                                                        int sr_bits) {
   return FAST ? cpd::cast_bits_fast(u, f, mode, rand, sr_bits) : cpd::cast_bits_generic(u, f, mode, rand, sr_bits);
 }
 
