@@ -10,8 +10,8 @@ Invariants defended (no GPU needed):
 * under on_host the op's C++ CPU kernel launches the CUDA kernels through the shim (host_kernels
   on), and outside it the loops again; the bits equal the loops' for Hopper e4m3, Ada e4m3, fp16,
   Blackwell e4m3 (tiled, in every tile shape the shim can be given), block-scaled MX kinds, NVFP4
-  and MXFP4 x MXFP4 (the chunk16 family), AMD CDNA1 / CDNA2 (the pairwise family) and CDNA3
-  (per-output), broadcast batch dims, NaN/inf operands;
+  and MXFP4 x MXFP4 (the chunk16 family), AMD CDNA1 / CDNA2 (the pairwise family), CDNA3 bf16 /
+  xf32 (_l8a / _l4a) and FP8 (per-output), broadcast batch dims, NaN/inf operands;
 * a bad tile shape is a clear error.
 Shapes are small: the shim runs GPU threads one after another on one core (run with -n 0).
 """
@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.skipif(not _shim.available(), reason="no host C++ comp
 SHAPES = list(_tensor_core_op.TILE_SHAPES)
 MODELS = [("hopper", "e4m3"), ("hopper", "e5m2"), ("hopper", "fp16"), ("hopper", "bf16"), ("hopper", "tf32"),
           ("ada", "e4m3"), ("ampere", "fp16"), ("blackwell", "bf16"), ("blackwell", "e4m3"), ("blackwell", "e2m1"),
-          ("blackwell", "tf32"), ("cdna3", "fp8"), ("cdna2", "fp16"), ("cdna1", "bf16"), ("volta", "fp16"),
+          ("blackwell", "tf32"), ("cdna3", "fp8"), ("cdna3", "fp16"), ("cdna3", "xf32"), ("cdna2", "fp16"),
+          ("cdna1", "bf16"), ("volta", "fp16"),
           ("blackwell", "mxfp8_e5m2"), ("blackwell", "mxfp6_e2m3"), ("blackwell", "nvfp4")]
 
 
@@ -105,7 +106,8 @@ def run_both(a, b, acc):
 
 
 @pytest.mark.parametrize("arch,ka", [("hopper", "e4m3"), ("ada", "e4m3"), ("hopper", "fp16"), ("blackwell", "e4m3"),
-                                     ("cdna3", "fp8"), ("hopper", "tf32"), ("volta", "fp16"), ("ampere", "bf16"),
+                                     ("cdna3", "fp8"), ("cdna3", "bf16"), ("cdna3", "xf32"), ("hopper", "tf32"),
+                                     ("volta", "fp16"), ("ampere", "bf16"),
                                      ("cdna2", "fp16"), ("cdna1", "bf16")])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_shim_launch_matches_the_loops(ext, arch, ka, shape):

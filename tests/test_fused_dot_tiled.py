@@ -203,9 +203,9 @@ def test_routing():
         acc = tensor_core(arch, a="tf32")
         assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) == \
             ("cpd_fused_dot_tiled_l8w" if arch == "blackwell" else "cpd_fused_dot_tiled_l4"), arch
-    for arch, ka in [("cdna3", "fp8"), ("cdna3", "xf32"), ("cdna3", "bf16")]:
-        acc = tensor_core(arch, a=ka)
-        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) is None, (arch, ka)
+    for ka, want in [("fp8", None), ("xf32", "cpd_fused_dot_tiled_l4a"), ("bf16", "cpd_fused_dot_tiled_l8a")]:
+        acc = tensor_core("cdna3", a=ka)  # FP8's even / odd halves: per output (test_cdna3_routing)
+        assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) == want, ka
     for arch, ka, want in [("cdna1", "fp16", "amdp"), ("cdna1", "bf16", "amdp"), ("cdna2", "fp16", "amdpz"),
                            ("cdna2", "bf16", "amdpz")]:
         acc = tensor_core(arch, a=ka)
@@ -500,3 +500,58 @@ def test_amd_pairwise_kernels(arch, ka, shape):
     _shim.launch(_tensor_core_op.tiled_launch_of(a3, b3, y, acc.params, fields(acc), kernel, 3, shape))
     assert torch.equal(y.view(torch.int32), want.view(torch.int32)), (arch, ka, shape, (y != want).sum())
     assert torch.isnan(want).any() and torch.isinf(want).any()
+
+
+# ------------------------------------------------------------------ AMD CDNA3 fp16 / bf16 / xf32
+CDNA3_MODELS = ["fp16", "bf16", "xf32"]
+
+
+@pytest.mark.parametrize("shape", C16_SHAPES)
+@pytest.mark.parametrize("ka", CDNA3_MODELS)
+def test_cdna3_kernels(ka, shape):
+    """The CDNA3 kernels (_l8a / _l4a: the NVIDIA words and passes with F 24 and emax over the
+    products alone, then the step's round-down alignment against c) == the CPU loops: random
+    codes of the input format (every bit pattern: subnormals, NaN, inf, signed zeros), values over
+    many binades (bf16 / xf32 products past 2^128, which take fd_step, and below float32's
+    normals), groups whose products cancel exactly (c alone, or a tiny negative c: the one-unit
+    asymmetry of rounding down), an odd K (a partial last group), several slices and tiles."""
+    acc = tensor_core("cdna3", a=ka)
+    kernel = _tensor_core_op.tiled_kernel(acc.params, fields(acc), 0)
+    assert kernel == f"cpd_fused_dot_tiled_l{acc.group}a"
+    gen = torch.Generator().manual_seed(sum(map(ord, ka + shape)))
+    B, M, K, N = 2, 67, 75, 70
+    reach = 15 if ka == "fp16" else 130
+    a3, b3 = (cpd.cast(torch.randn(*shp, generator=gen) *
+                       torch.exp2(torch.randint(-reach, reach, shp, generator=gen).float()), acc.a, saturate=True)
+              for shp in ((B, M, K), (B, K, N)))
+    a3[0, :7] = codes(acc.a, (7, K), gen, finite=False)
+    b3[1, :, :5] = codes(acc.b, (K, 5), gen)
+    a3[1, 20:23] = 1.0 + torch.arange(K).float() % 3  # products cancelling in pairs: k even + k odd
+    a3[1, 20:23, 1::2] *= -1.0
+    b3[1, 1::2, 10:14] = b3[1, 0:-1:2, 10:14]
+    a3[1, 22, -1] = 2.0 ** -20  # a tiny last product: a small c of either sign meets a zero sum
+    a3[1, 25:27] = 0.0
+    a3[1, 26, :3] = -0.0
+    a3[0, 9, 4], a3[1, 10, 70], b3[0, 11, 12] = float("nan"), float("inf"), -float("inf")
+    want = cpu(acc, a3, b3)
+    y = torch.full((B, M, N), 3.0)
+    _shim.launch(_tensor_core_op.tiled_launch_of(a3, b3, y, acc.params, fields(acc), kernel, 3, shape))
+    assert torch.equal(y.view(torch.int32), want.view(torch.int32)), (ka, shape, (y != want).sum())
+    assert torch.isnan(want).any() and torch.isinf(want).any()
+    assert (want[1, 20:23, 10:14] != 0).any() and (want == 0).any()
+
+
+def test_cdna3_routing():
+    """_tensor_core_op.tiled_kernel mirrors cpd::fd_amdrd_applies: CDNA3's fp16 / bf16 (L 8) and
+    xf32 (L 4) take _l8a / _l4a, its FP8 (even / odd halves) and other groups the per-output
+    kernel; the C++ launch picks the same (test_fused_dot_launch.py)."""
+    route = _tensor_core_op.tiled_kernel
+    for ka in CDNA3_MODELS:
+        acc = tensor_core("cdna3", a=ka)
+        assert route(acc.params, fields(acc), 0) == f"cpd_fused_dot_tiled_l{acc.group}a"
+        assert route(acc.params, fields(acc), 32) is None  # no block scales
+        assert route(acc.params._replace(group=16), fields(acc), 0) is None
+    fp8 = tensor_core("cdna3", a="fp8")
+    assert route(fp8.params, fields(fp8), 0) is None
+    acc = tensor_core("cdna3", a="fp16")
+    assert route(acc.params, (13, 15, 12, 15), 0) is None  # 13 + 12 > 24 fraction bits of products

@@ -4,7 +4,8 @@
 // generic loop, hence the same bits as every CPU path, for every algorithm (NVIDIA, AMD,
 // block-scaled). The tiled kernels below give those bits faster for the specs they take
 // (cpd/fused_dot_tiled.h): NVIDIA's step (cpd_fused_dot_tiled_l*), Blackwell's 16-product chunks
-// (_c16) and AMD's pairwise float32 sums (_amdp, _amdpz); AMD CDNA3's steps stay per output.
+// (_c16), AMD's pairwise float32 sums (_amdp, _amdpz) and AMD CDNA3's fp16 / bf16 / xf32 step
+// (_l8a, _l4a); CDNA3's FP8 step stays per output.
 #include "cpd/numerics.h"
 
 // Every output of y by the chain of fd_step, one thread per output, grid-stride. a: (B, M, K),
@@ -208,7 +209,9 @@ __device__ __forceinline__ void fd_store(float* __restrict__ y, const cpd::u32 (
 
 // SC: block scales (sa (B, M, nb), sb (B, nb, N), one per `block` elements along K, block a
 // multiple of L: one scale of a's row and one of b's column per group; see step 3 below).
-template <int L, bool WIDE, int S, int G, bool SC>
+// AMD: fused_dot.h's FD_AMD_RD (CDNA3 fp16 / bf16 / xf32: cpd/fused_dot_tiled.h fd_amdrd_applies):
+// F = 24, emax over the products alone, fd_amd_rd_finish's rounding; 32-bit sums, no scales.
+template <int L, bool WIDE, int S, int G, bool SC, bool AMD = false>
 __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
                                          const float* __restrict__ sa, const float* __restrict__ sb, long long B,
                                          long long M, long long K, long long N, long long nb, int block, int s_emin,
@@ -232,7 +235,8 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
   FdRow* const badB = badA + G;
   FdRow* const raw = badB + G;  // S > 1: stage t's A at raw + 2 t KS, its B at raw + (2 t + 1) KS
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
-  const int zb = 28 - s.frac;  // b's words: Mb 2^(F + 2 - mb) = (sig << 7) >> (r + 28 - F)
+  static_assert(!AMD || (!WIDE && !SC), "the CDNA3 kernels: 32-bit sums, no scales");
+  const int zb = 28 - (AMD ? 24 : s.frac);  // b's words: Mb 2^(F + 2 - mb) = (sig << 7) >> (r + 28 - F)
   // staging: A's element r is (row sa_m + (256 / KS) r, k sa_k), B's (k sb_k + 4 r, column sb_n);
   // decomposing: row / column dm, k g L + dq P + r
   const int sa_k = tid % KS, sa_m = tid / KS, sb_n = tid % T, sb_k = tid / T, dm = tid % T, dq = tid / T;
@@ -338,7 +342,8 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
           for (int i = 0; i < R; ++i)
 #pragma unroll
             for (int j = 0; j < R; ++j)
-              emax[i][j] = cpd::fd_tiled_cexp(s, c[i][j]) - (SC ? (cpd::u32)(so_a[i] + so_b[j]) : 0u);
+              emax[i][j] = AMD ? (cpd::u32)(2 * s.zero_exp + 2 * cpd::FD_TILED_EOFF)  // products only
+                               : cpd::fd_tiled_cexp(s, c[i][j]) - (SC ? (cpd::u32)(so_a[i] + so_b[j]) : 0u);
         }
 #pragma unroll 1
         for (int k8 = 0; k8 < L; k8 += C) {
@@ -398,8 +403,15 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
             const int neg = cpd::fd_popc(sga.v[i] ^ sgb.v[j]);
             cpd::u32 sl1 = (cpd::u32)((bda.v[i] | bdb.v[j]) != 0u) | (SC ? (sbad >> (i * R + j)) & 1u : 0u);
             const cpd::u32 em = emax[i][j] + (SC ? (cpd::u32)(so_a[i] + so_b[j]) : 0u);
-            if (WIDE) cn[i][j] = cpd::fd_tiled_finish(s, (long long)Sg[i][j], neg, em, c[i][j]);
-            else cn[i][j] = cpd::fd_tiled_finish32(s, (int)Sg[i][j], neg, em, c[i][j], &sl1);
+            if (AMD) {  // c non-finite, or a product that may reach 2^128: fd_step (fd_amdrd_applies)
+              const int e = (int)em - 2 * cpd::FD_TILED_EOFF;
+              sl1 |= (cpd::u32)((c[i][j] & ~cpd::SIGN) >= cpd::INF_BITS) | (cpd::u32)(e >= 126);
+              cn[i][j] = cpd::fd_amd_rd_finish(s, (long long)Sg[i][j] + neg, e, c[i][j], 0);
+            } else if (WIDE) {
+              cn[i][j] = cpd::fd_tiled_finish(s, (long long)Sg[i][j], neg, em, c[i][j]);
+            } else {
+              cn[i][j] = cpd::fd_tiled_finish32(s, (int)Sg[i][j], neg, em, c[i][j], &sl1);
+            }
             slow |= sl1 << (i * R + j);
           }
         // 6. the marked outputs: fd_step on global memory, one output at a time (one inlined copy)
@@ -407,6 +419,7 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
           const int len = K - kg < (long long)L ? (int)(K - kg) : L;
           fd_redo(slow, c, cn, m0 + ty * R, n0 + tx * R, M, N, [&](long long gm, long long gn, cpd::u32 cq) {
             const cpd::FdScales x = SC ? fd_output_scales(sa, sb, bi, M, N, nb, gm, gn, block, s_emin) : cpd::fd_no_scales();
+            if (AMD) return cpd::fd_amd_rd_step(s, ab + gm * K + kg, 1, bb + kg * N + gn, N, len, cq);
             return cpd::fused_dot_step_scaled(s, ab + gm * K + kg, 1, bb + kg * N + gn, N, len, cq, x, kg);  // FD_NV
           });
         }
@@ -806,6 +819,25 @@ CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l8w, 8, true, false)     // Hopper, Blac
 CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l4, 4, false, false)     // Volta FP16 (F 23), Ampere, Ada TF32 (F 24)
 CPD_FD_TILED(cpd_fused_dot_tiled_l32ws_s1, 32, true, 1, 1, true)  // Blackwell MXFP8 / MXFP6 / MXFP4 (F 25)
 CPD_FD_TWO_STAGES(CPD_FD_TILED(cpd_fused_dot_tiled_l32ws_s2g2, 32, true, 2, 2, true))
+
+// The CDNA3 kernels (fd_tiled with AMD: fd_amdrd_applies): the same parameters and shapes as l8 / l4.
+#define CPD_FD_TILED_AMD(NAME, L, S, G)                                                                          \
+  extern "C" __global__ void __launch_bounds__(CPD_FD_THREADS, 1)                                                 \
+      NAME(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,                       \
+           const float* __restrict__ sa, const float* __restrict__ sb, long long B, long long M, long long K,      \
+           long long N, long long nb, int block, int s_emin, int group, int frac, int out, int a_emin, int b_emin, \
+           int zero_exp, int algo, int ftz, int a_man, int b_man) {                                               \
+    const cpd::FusedDotSpec s = cpd::make_fused_dot_spec(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz); \
+    if (sa == nullptr && cpd::fd_amdrd_applies(s, a_man, b_man, 0) && group == L &&                              \
+        cpd::dynamic_smem_size() >= FdShape<L, S, G>::BYTES)                                                     \
+      fd_tiled<L, false, S, G, false, true>(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s, a_man, b_man);    \
+    else /* a spec outside the family (a routing slip): the generic steps' bits, slowly */                       \
+      fd_outputs(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s);                                              \
+  }
+CPD_FD_ONE_STAGE(CPD_FD_TILED_AMD(cpd_fused_dot_tiled_l8a_s1, 8, 1, CPD_FD_GROUPS(8, 1)))  // CDNA3 fp16, bf16 (F 24)
+CPD_FD_TWO_STAGES(CPD_FD_TILED_AMD(cpd_fused_dot_tiled_l8a_s2g2, 8, 2, CPD_FD_GROUPS(8, 2)))
+CPD_FD_ONE_STAGE(CPD_FD_TILED_AMD(cpd_fused_dot_tiled_l4a_s1, 4, 1, CPD_FD_GROUPS(4, 1)))  // CDNA3 xf32 (F 24)
+CPD_FD_TWO_STAGES(CPD_FD_TILED_AMD(cpd_fused_dot_tiled_l4a_s2g2, 4, 2, CPD_FD_GROUPS(4, 2)))
 
 // The chunk16 kernels (fd_c16_tiled): the same parameters; s1 one stage of 32, s2g2 two of 64.
 #define CPD_FD_C16(NAME, S, KS)                                                                                   \

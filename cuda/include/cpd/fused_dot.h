@@ -228,12 +228,13 @@ CPD_FN u32 fd_chunk16_step(const FusedDotSpec& s, const float* a, long long as, 
 // Their NaN is float32's default quiet NaN 0x7fc00000 (sign and payload are not modelled).
 const u32 FD_AMD_NAN = 0x7fc00000u;
 
-// floor(v * 2^sh) for a signed v (|v| < 2^40, sh <= 20 when positive).
+// floor(v * 2^sh) for a signed v (|v| < 2^40, sh <= 20 when positive): a right shift of a
+// negative v is arithmetic on every compiler cpd builds with (GCC, Clang, MSVC, NVRTC; C++20
+// defines it so), i.e. the floor (a 64-bit division here cost a GPU a subroutine call).
 CPD_FN long long fd_floor_shift(long long v, int sh) {
   if (sh >= 0) return v * (1ll << sh);
-  if (sh <= -62) return v < 0 ? -1ll : 0ll;
-  long long q = v / (1ll << -sh), r = v - q * (1ll << -sh);  // q toward zero; floor one lower when v < 0 is inexact
-  return (r < 0) ? q - 1 : q;
+  if (sh <= -63) return v < 0 ? -1ll : 0ll;
+  return v >> -sh;
 }
 
 // FD_AMD_PAIRWISE (CDNA1/CDNA2 fp16 and bf16 MFMA): each product rounded to float32 (an fma with
@@ -300,6 +301,17 @@ CPD_FN u32 fd_amd_round(long long T, int e, const FusedDotSpec& s) {
   return round_wide(fd_wide(T, e), s.of, NEAREST, 0u, 32);
 }
 
+// Steps 3 and 4 on the products' exact sum S in units 2^(e - 24) (FP8: the halves' sum, aligned
+// to e = the larger of their exponents), c finite (fd_amd_rd_step; the tiled kernels' rounding).
+CPD_FN u32 fd_amd_rd_finish(const FusedDotSpec& s, long long S, int e, u32 c, int fp8) {
+  const int ec = fd_exp(c, -126, s.zero_exp), m = imax(e, ec);  // 3.
+  long long sp = fd_floor_shift(S, 7 + e - m);                  // units 2^(m - 31)
+  Wide wc = wide_of(c);
+  long long C = wc.sign ? -(long long)wc.S : (long long)wc.S;
+  long long cp = (fp8 && ec < m - 25) ? 0ll : fd_floor_shift(C, wc.e + 24 - m);  // units 2^(m - 24)
+  return fd_amd_round(sp + cp * 128, m - 31, s);  // 4.
+}
+
 CPD_FN u32 fd_amd_rd_step(const FusedDotSpec& s, const float* a, long long as, const float* b, long long bs, int n,
                           u32 c) {
   u32 special;
@@ -333,12 +345,7 @@ CPD_FN u32 fd_amd_rd_step(const FusedDotSpec& s, const float* a, long long as, c
     e = imax(e0, e1);
     S = fd_floor_shift(S0, e0 - e) + fd_floor_shift(S1, e1 - e);
   }
-  const int ec = fd_exp(c, -126, s.zero_exp), m = imax(e, ec);  // 3.
-  long long sp = fd_floor_shift(S, 7 + e - m);                  // units 2^(m - 31)
-  Wide wc = wide_of(c);
-  long long C = wc.sign ? -(long long)wc.S : (long long)wc.S;
-  long long cp = (fp8 && ec < m - 25) ? 0ll : fd_floor_shift(C, wc.e + 24 - m);  // units 2^(m - 24)
-  return fd_amd_round(sp + cp * 128, m - 31, s);  // 4.
+  return fd_amd_rd_finish(s, S, e, c, fp8);
 }
 
 // One step of any algorithm (the CPU's generic loop and the CUDA kernel call this).

@@ -206,6 +206,24 @@ CPD_FN u32 fd_tiled_finish32(const FusedDotSpec& s, int S, int neg, u32 emax2, u
 }
 
 // ------------------------------------------------------------------------------------------
+// fused_dot.h's FD_AMD_RD (CDNA3 fp16 / bf16 MFMA, L 8, and xf32, L 4) on the tiled kernels
+// cpd_fused_dot_tiled_l8a / _l4a: step 2's terms are the NVIDIA step's (the words and passes
+// above) with F = 24 and emax over the products alone, c not included: pass 1 starts from
+// 2 zero_exp + 2 FD_TILED_EOFF (fd_amd_rd_step's e0: the exponent of 0 * 0, which every product's
+// reaches, padding's included) instead of c's exponent. The sum plus the count of negatives is
+// then fd_amd_rd_step's S exactly (sum of the signed cut terms; below 2^30 in magnitude: 8 terms
+// below 2^26), and fd_amd_rd_finish rounds it, c's round-down alignment included, as the step
+// does. Left to fd_step: flagged operands (non-finite, not a value of the format), a non-finite
+// c, and a group whose emax is 126 or more (a product may reach 2^128: step 1's infinities;
+// below that |product| < 2^(emax + 2) <= 2^127). F + 2 + log2(L + 1) <= 30: 32-bit sums;
+// pre = 24 - ma - mb >= 0. No block scales; CDNA3's FP8 (even / odd halves: two exponents and
+// two sums per output) stays on the per-output kernel.
+CPD_FN int fd_amdrd_applies(const FusedDotSpec& s, int a_man, int b_man, int block) {
+  return (int)(s.algo == FD_AMD_RD && (s.group == 4 || s.group == 8) && a_man + b_man <= 24 && a_man >= 0 &&
+               b_man >= 0 && a_man <= 23 && b_man <= 23 && s.zero_exp >= -255 && block == 0);
+}
+
+// ------------------------------------------------------------------------------------------
 // fused_dot.h's FD_AMD_PAIRWISE (CDNA1 / CDNA2 fp16 and bf16 MFMA) on the tiled kernels
 // cpd_fused_dot_tiled_amdp / _amdpz (CDNA2's flushes): the step is float32 arithmetic throughout
 // (products, pairwise sums, c + sum, each rounded to nearest even, fd_amd_input /
