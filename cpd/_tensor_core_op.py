@@ -201,7 +201,7 @@ def tiled_kernel(p: _fused_dot_ref.Params, fields, block: int = 0) -> str | None
         return f"cpd_fused_dot_tiled_amdp{'z' if p.ftz else ''}" if g in (2, 4) and block == 0 else None
     if p.algo == AMD_RD:  # cpd::fd_amdrd_applies: CDNA3 fp16 / bf16 (L 8), xf32 (L 4), no scales
         applies = (g in (4, 8) and 0 <= a_man <= 23 and 0 <= b_man <= 23 and a_man + b_man <= 24
-                   and p.zero_exp >= -255)
+                   and p.zero_exp >= -255 and p.out == 0)
         return f"cpd_fused_dot_tiled_l{g}a" if applies and block == 0 else None
     wide = p.frac + 2 + (g + 1 - 1).bit_length() > 30
     if not (p.algo == 0 and g in (4, 8, 16, 32) and p.frac >= a_man + b_man and p.frac <= 26

@@ -520,10 +520,16 @@ def test_cdna3_kernels(ka, shape):
     assert kernel == f"cpd_fused_dot_tiled_l{acc.group}a"
     gen = torch.Generator().manual_seed(sum(map(ord, ka + shape)))
     B, M, K, N = 2, 67, 75, 70
-    reach = 15 if ka == "fp16" else 130
-    a3, b3 = (cpd.cast(torch.randn(*shp, generator=gen) *
-                       torch.exp2(torch.randint(-reach, reach, shp, generator=gen).float()), acc.a, saturate=True)
-              for shp in ((B, M, K), (B, K, N)))
+    reach = 15 if ka == "fp16" else 40
+
+    def spread(shp, lo=-reach, hi=reach):
+        return cpd.cast(torch.randn(*shp, generator=gen) * torch.exp2(torch.randint(lo, hi, shp, generator=gen).float()),
+                        acc.a, saturate=True)
+
+    a3, b3 = spread((B, M, K)), spread((B, K, N))
+    if ka != "fp16":  # products past 2^128 (fd_step's infinities), and results below 2^-126 (fd_step's too)
+        a3[0, 40:44], b3[0, :, 40:44] = spread((4, K), 90, 127), spread((K, 4), 20, 127)
+        a3[0, 30:36], b3[0, :, 20:26] = spread((6, K), -90, -60), spread((K, 6), -90, -60)
     a3[0, :7] = codes(acc.a, (7, K), gen, finite=False)
     b3[1, :, :5] = codes(acc.b, (K, 5), gen)
     a3[1, 20:23] = 1.0 + torch.arange(K).float() % 3  # products cancelling in pairs: k even + k odd
@@ -539,6 +545,9 @@ def test_cdna3_kernels(ka, shape):
     assert torch.equal(y.view(torch.int32), want.view(torch.int32)), (ka, shape, (y != want).sum())
     assert torch.isnan(want).any() and torch.isinf(want).any()
     assert (want[1, 20:23, 10:14] != 0).any() and (want == 0).any()
+    if ka != "fp16":  # both reached, and most outputs finite (the tiled path's)
+        assert ((want.abs() < 2.0 ** -126) & (want != 0)).any() and not torch.isfinite(want[0, 40:44, 40:44]).any()
+        assert torch.isfinite(want).float().mean() > 0.5
 
 
 def test_cdna3_routing():

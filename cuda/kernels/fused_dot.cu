@@ -210,7 +210,7 @@ __device__ __forceinline__ void fd_store(float* __restrict__ y, const cpd::u32 (
 // SC: block scales (sa (B, M, nb), sb (B, nb, N), one per `block` elements along K, block a
 // multiple of L: one scale of a's row and one of b's column per group; see step 3 below).
 // AMD: fused_dot.h's FD_AMD_RD (CDNA3 fp16 / bf16 / xf32: cpd/fused_dot_tiled.h fd_amdrd_applies):
-// F = 24, emax over the products alone, fd_amd_rd_finish's rounding; 32-bit sums, no scales.
+// F = 24, emax over the products alone, fd_amd_rd_align and fd_amdrd_round; 32-bit sums, no scales.
 template <int L, bool WIDE, int S, int G, bool SC, bool AMD = false>
 __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
                                          const float* __restrict__ sa, const float* __restrict__ sb, long long B,
@@ -406,7 +406,9 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
             if (AMD) {  // c non-finite, or a product that may reach 2^128: fd_step (fd_amdrd_applies)
               const int e = (int)em - 2 * cpd::FD_TILED_EOFF;
               sl1 |= (cpd::u32)((c[i][j] & ~cpd::SIGN) >= cpd::INF_BITS) | (cpd::u32)(e >= 126);
-              cn[i][j] = cpd::fd_amd_rd_finish(s, (long long)Sg[i][j] + neg, e, c[i][j], 0);
+              int k;
+              const long long v = cpd::fd_amd_rd_align(s, (long long)Sg[i][j] + neg, e, c[i][j], 0, &k);
+              cn[i][j] = cpd::fd_amdrd_round(v, k, &sl1);  // a float32-subnormal result: fd_step
             } else if (WIDE) {
               cn[i][j] = cpd::fd_tiled_finish(s, (long long)Sg[i][j], neg, em, c[i][j]);
             } else {

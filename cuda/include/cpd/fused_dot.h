@@ -301,15 +301,24 @@ CPD_FN u32 fd_amd_round(long long T, int e, const FusedDotSpec& s) {
   return round_wide(fd_wide(T, e), s.of, NEAREST, 0u, 32);
 }
 
-// Steps 3 and 4 on the products' exact sum S in units 2^(e - 24) (FP8: the halves' sum, aligned
-// to e = the larger of their exponents), c finite (fd_amd_rd_step; the tiled kernels' rounding).
-CPD_FN u32 fd_amd_rd_finish(const FusedDotSpec& s, long long S, int e, u32 c, int fp8) {
-  const int ec = fd_exp(c, -126, s.zero_exp), m = imax(e, ec);  // 3.
-  long long sp = fd_floor_shift(S, 7 + e - m);                  // units 2^(m - 31)
+// Step 3 on the products' exact sum S in units 2^(e - 24) (FP8: the halves' sum, aligned to e =
+// the larger of their exponents), c finite: the step's value is the result times 2^*k, k = m - 31
+// (|result| < 2^39 for |S| < 2^30: S 2^7 and c's 25 bits times 2^7).
+CPD_FN long long fd_amd_rd_align(const FusedDotSpec& s, long long S, int e, u32 c, int fp8, int* k) {
+  const int ec = fd_exp(c, -126, s.zero_exp), m = imax(e, ec);
+  long long sp = fd_floor_shift(S, 7 + e - m);  // units 2^(m - 31)
   Wide wc = wide_of(c);
   long long C = wc.sign ? -(long long)wc.S : (long long)wc.S;
   long long cp = (fp8 && ec < m - 25) ? 0ll : fd_floor_shift(C, wc.e + 24 - m);  // units 2^(m - 24)
-  return fd_amd_round(sp + cp * 128, m - 31, s);  // 4.
+  *k = m - 31;
+  return sp + cp * 128;
+}
+
+// Steps 3 and 4 (fd_amd_rd_step; the tiled kernels round fd_amd_rd_align's sum themselves).
+CPD_FN u32 fd_amd_rd_finish(const FusedDotSpec& s, long long S, int e, u32 c, int fp8) {
+  int k;
+  const long long v = fd_amd_rd_align(s, S, e, c, fp8, &k);  // 3.
+  return fd_amd_round(v, k, s);                               // 4.
 }
 
 CPD_FN u32 fd_amd_rd_step(const FusedDotSpec& s, const float* a, long long as, const float* b, long long bs, int n,

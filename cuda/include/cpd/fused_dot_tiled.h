@@ -212,15 +212,43 @@ CPD_FN u32 fd_tiled_finish32(const FusedDotSpec& s, int S, int neg, u32 emax2, u
 // 2 zero_exp + 2 FD_TILED_EOFF (fd_amd_rd_step's e0: the exponent of 0 * 0, which every product's
 // reaches, padding's included) instead of c's exponent. The sum plus the count of negatives is
 // then fd_amd_rd_step's S exactly (sum of the signed cut terms; below 2^30 in magnitude: 8 terms
-// below 2^26), and fd_amd_rd_finish rounds it, c's round-down alignment included, as the step
-// does. Left to fd_step: flagged operands (non-finite, not a value of the format), a non-finite
-// c, and a group whose emax is 126 or more (a product may reach 2^128: step 1's infinities;
-// below that |product| < 2^(emax + 2) <= 2^127). F + 2 + log2(L + 1) <= 30: 32-bit sums;
-// pre = 24 - ma - mb >= 0. No block scales; CDNA3's FP8 (even / odd halves: two exponents and
-// two sums per output) stays on the per-output kernel.
+// below 2^26); fd_amd_rd_align adds c's round-down alignment to it, as the step does, and
+// fd_amdrd_round rounds the result. Left to fd_step: flagged operands (non-finite, not a value of
+// the format), a non-finite c, a float32-subnormal result, and a group whose emax is 126 or
+// more (a product may reach 2^128: step 1's infinities; below that |product| < 2^(emax + 2) <=
+// 2^127). F + 2 + log2(L + 1) <= 30: 32-bit sums; pre = 24 - ma - mb >= 0. No block scales; CDNA3's FP8 (even / odd halves: two exponents and
+// two sums per output) stays on the per-output kernel. Float32 out (every CDNA3 model's).
 CPD_FN int fd_amdrd_applies(const FusedDotSpec& s, int a_man, int b_man, int block) {
   return (int)(s.algo == FD_AMD_RD && (s.group == 4 || s.group == 8) && a_man + b_man <= 24 && a_man >= 0 &&
-               b_man >= 0 && a_man <= 23 && b_man <= 23 && s.zero_exp >= -255 && block == 0);
+               b_man >= 0 && a_man <= 23 && b_man <= 23 && s.zero_exp >= -255 && s.out == FD_OUT_F32 &&
+               block == 0);
+}
+
+CPD_FN int fd_clz64(u64 x) {  // x != 0
+#if defined(__CUDA_ARCH__)
+  return __clzll((long long)x);
+#else
+  return __builtin_clzll(x);
+#endif
+}
+
+// fd_amd_round(v, k, s) (round_wide to nearest even, float32 with subnormals, overflow to inf,
+// 0 to +0) for |v| < 2^62 whose result is a float32 normal or 0, as fd_tiled_round does it on 64
+// bits: t the top bit of |v|, E = t + k its exponent; when E >= -126 the quantum is 2^(E - 23),
+// the dr = max(t - 23, 0) low bits of |v| go, and q = (2 |v| + 2^dr - 1 + lsb) >> (dr + 1) is |v|
+// rounded to nearest even at bit dr (fd_tiled_round's proof; q <= 2^24, so (float)q is exact),
+// the value q 2^(k + dr) (an exponent add; >= 2^128 is +-inf). E < -126 (a result below 2^-126,
+// whose quantum is 2^-149, not 2^(E - 23)) sets *slow: the caller takes the generic step.
+CPD_FN u32 fd_amdrd_round(long long v, int k, u32* slow) {
+  if (v == 0) return 0u;
+  const u64 mag = (u64)(v < 0 ? -v : v);
+  const int t = 63 - fd_clz64(mag), dr = imax(t - 23, 0);
+  const u64 bias = (1ull << dr) - 1ull + ((mag >> dr) & 1ull);
+  const u32 q = (u32)((2ull * mag + bias) >> (dr + 1));
+  const u32 qb = bits_of((float)(int)q), sign = v < 0 ? SIGN : 0u;
+  const int fe = (int)(qb >> 23) + k + dr;  // the result's float32 exponent field
+  *slow |= (u32)(t + k < -126);
+  return fe >= 255 ? INF_BITS | sign : (qb + ((u32)(k + dr) << 23)) | sign;
 }
 
 // ------------------------------------------------------------------------------------------
