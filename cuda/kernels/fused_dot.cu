@@ -767,25 +767,32 @@ __device__ __forceinline__ void fd_amdp_tiled(const float* __restrict__ a, const
 
 }  // namespace
 
-// a: (B, M, K), b: (B, K, N), y: (B, M, N), contiguous float32; sa (B, M, nb) and sb (B, nb, N)
-// the block scales (one per `block` elements along K, exponent floor s_emin) or null (nb 0, block
-// 1, s_emin -127). For a spec that satisfies cpd::fd_tiled_applies with the kernel's L its group,
-// WIDE fd_tiled_wide and scales where SC (the kernel's `s` suffix), launched with at least
-// FdShape<L, S, G>::BYTES of dynamic shared memory; any other spec, or a launch with less shared
-// memory, gets every output from fd_outputs (the same bits, without the tiles).
-#define CPD_FD_TILED(NAME, L, WIDE, S, G, SC)                                                                    \
+// Every tiled kernel: these parameters, the spec made from them, then RUN where TAKES holds (the
+// family's own predicate, group and shared memory; each parenthesized, so that their commas stay
+// inside), else every output from fd_outputs (a routing slip: the generic steps' bits, slowly).
+#define CPD_FD_KERNEL(NAME, TAKES, RUN)                                                                           \
   extern "C" __global__ void __launch_bounds__(CPD_FD_THREADS, 1)                                                 \
       NAME(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,                       \
            const float* __restrict__ sa, const float* __restrict__ sb, long long B, long long M, long long K,      \
            long long N, long long nb, int block, int s_emin, int group, int frac, int out, int a_emin, int b_emin, \
            int zero_exp, int algo, int ftz, int a_man, int b_man) {                                               \
     const cpd::FusedDotSpec s = cpd::make_fused_dot_spec(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz); \
-    if ((sa != nullptr) == SC && cpd::fd_tiled_applies(s, a_man, b_man, SC ? block : 0) && group == L &&         \
-        cpd::fd_tiled_wide(s) == WIDE && cpd::dynamic_smem_size() >= FdShape<L, S, G>::BYTES)                    \
-      fd_tiled<L, WIDE, S, G, SC>(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s, a_man, b_man);              \
-    else /* a spec outside the kernel's family (a routing slip): the generic steps' bits, slowly */             \
+    if (TAKES)                                                                                                    \
+      RUN;                                                                                                        \
+    else                                                                                                          \
       fd_outputs(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s);                                              \
   }
+// a: (B, M, K), b: (B, K, N), y: (B, M, N), contiguous float32; sa (B, M, nb) and sb (B, nb, N)
+// the block scales (one per `block` elements along K, exponent floor s_emin) or null (nb 0, block
+// 1, s_emin -127). For a spec that satisfies cpd::fd_tiled_applies with the kernel's L its group,
+// WIDE fd_tiled_wide and scales where SC (the kernel's `s` suffix), launched with at least
+// FdShape<L, S, G>::BYTES of dynamic shared memory; any other spec, or a launch with less shared
+// memory, gets every output from fd_outputs (the same bits, without the tiles).
+#define CPD_FD_TILED(NAME, L, WIDE, S, G, SC)                                                                     \
+  CPD_FD_KERNEL(NAME,                                                                                             \
+                ((sa != nullptr) == SC && cpd::fd_tiled_applies(s, a_man, b_man, SC ? block : 0) && group == L && \
+                 cpd::fd_tiled_wide(s) == WIDE && cpd::dynamic_smem_size() >= FdShape<L, S, G>::BYTES),          \
+                (fd_tiled<L, WIDE, S, G, SC>(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s, a_man, b_man)))
 // G groups of L per K slice: d slices of 16 (at least one group)
 #define CPD_FD_GROUPS(L, d) ((L) >= 16 ? (d) : (d) * (16 / (L)))
 // Which shapes a compile builds: those its GPU can launch (cpd/_tensor_core_op.py shapes_of,
@@ -823,55 +830,32 @@ CPD_FD_TILED(cpd_fused_dot_tiled_l32ws_s1, 32, true, 1, 1, true)  // Blackwell M
 CPD_FD_TWO_STAGES(CPD_FD_TILED(cpd_fused_dot_tiled_l32ws_s2g2, 32, true, 2, 2, true))
 
 // The CDNA3 kernels (fd_tiled with AMD: fd_amdrd_applies): the same parameters and shapes as l8 / l4.
-#define CPD_FD_TILED_AMD(NAME, L, S, G)                                                                          \
-  extern "C" __global__ void __launch_bounds__(CPD_FD_THREADS, 1)                                                 \
-      NAME(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,                       \
-           const float* __restrict__ sa, const float* __restrict__ sb, long long B, long long M, long long K,      \
-           long long N, long long nb, int block, int s_emin, int group, int frac, int out, int a_emin, int b_emin, \
-           int zero_exp, int algo, int ftz, int a_man, int b_man) {                                               \
-    const cpd::FusedDotSpec s = cpd::make_fused_dot_spec(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz); \
-    if (sa == nullptr && cpd::fd_amdrd_applies(s, a_man, b_man, 0) && group == L &&                              \
-        cpd::dynamic_smem_size() >= FdShape<L, S, G>::BYTES)                                                     \
-      fd_tiled<L, false, S, G, false, true>(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s, a_man, b_man);    \
-    else /* a spec outside the family (a routing slip): the generic steps' bits, slowly */                       \
-      fd_outputs(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s);                                              \
-  }
+#define CPD_FD_TILED_AMD(NAME, L, S, G)                                                                 \
+  CPD_FD_KERNEL(NAME,                                                                                    \
+                (sa == nullptr && cpd::fd_amdrd_applies(s, a_man, b_man, 0) && group == L &&             \
+                 cpd::dynamic_smem_size() >= FdShape<L, S, G>::BYTES),                                   \
+                (fd_tiled<L, false, S, G, false, true>(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s, \
+                                                       a_man, b_man)))
 CPD_FD_ONE_STAGE(CPD_FD_TILED_AMD(cpd_fused_dot_tiled_l8a_s1, 8, 1, CPD_FD_GROUPS(8, 1)))  // CDNA3 fp16, bf16 (F 24)
 CPD_FD_TWO_STAGES(CPD_FD_TILED_AMD(cpd_fused_dot_tiled_l8a_s2g2, 8, 2, CPD_FD_GROUPS(8, 2)))
 CPD_FD_ONE_STAGE(CPD_FD_TILED_AMD(cpd_fused_dot_tiled_l4a_s1, 4, 1, CPD_FD_GROUPS(4, 1)))  // CDNA3 xf32 (F 24)
 CPD_FD_TWO_STAGES(CPD_FD_TILED_AMD(cpd_fused_dot_tiled_l4a_s2g2, 4, 2, CPD_FD_GROUPS(4, 2)))
 
 // The chunk16 kernels (fd_c16_tiled): the same parameters; s1 one stage of 32, s2g2 two of 64.
-#define CPD_FD_C16(NAME, S, KS)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(CPD_FD_THREADS, 1)                                                 \
-      NAME(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,                       \
-           const float* __restrict__ sa, const float* __restrict__ sb, long long B, long long M, long long K,      \
-           long long N, long long nb, int block, int s_emin, int group, int frac, int out, int a_emin, int b_emin, \
-           int zero_exp, int algo, int ftz, int a_man, int b_man) {                                               \
-    const cpd::FusedDotSpec s = cpd::make_fused_dot_spec(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz); \
-    if (sa != nullptr && cpd::fd_c16_applies(s, a_man, b_man, block) &&                                          \
-        cpd::dynamic_smem_size() >= FdC16Shape<S, KS>::BYTES)                                                    \
-      fd_c16_tiled<S, KS>(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s);                                     \
-    else /* a spec outside the family (a routing slip): the generic steps' bits, slowly */                       \
-      fd_outputs(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s);                                              \
-  }
+#define CPD_FD_C16(NAME, S, KS)                                                                 \
+  CPD_FD_KERNEL(NAME,                                                                            \
+                (sa != nullptr && cpd::fd_c16_applies(s, a_man, b_man, block) &&                 \
+                 cpd::dynamic_smem_size() >= FdC16Shape<S, KS>::BYTES),                          \
+                (fd_c16_tiled<S, KS>(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s)))
 CPD_FD_ONE_STAGE(CPD_FD_C16(cpd_fused_dot_tiled_c16_s1, 1, 32))  // Blackwell NVFP4, MXFP4 x MXFP4 (L 64, F 35)
 CPD_FD_TWO_STAGES(CPD_FD_C16(cpd_fused_dot_tiled_c16_s2g2, 2, 64))
 
 // The AMD pairwise kernels (fd_amdp_tiled): the same parameters; _amdpz with CDNA2's flushes.
-#define CPD_FD_AMDP(NAME, S, KS, FTZ)                                                                             \
-  extern "C" __global__ void __launch_bounds__(CPD_FD_THREADS, 1)                                                 \
-      NAME(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,                       \
-           const float* __restrict__ sa, const float* __restrict__ sb, long long B, long long M, long long K,      \
-           long long N, long long nb, int block, int s_emin, int group, int frac, int out, int a_emin, int b_emin, \
-           int zero_exp, int algo, int ftz, int a_man, int b_man) {                                               \
-    const cpd::FusedDotSpec s = cpd::make_fused_dot_spec(group, frac, out, a_emin, b_emin, zero_exp, algo, ftz); \
-    if (sa == nullptr && cpd::fd_amdp_applies(s, 0) && (ftz != 0) == FTZ &&                                      \
-        cpd::dynamic_smem_size() >= FdC16Shape<S, KS>::BYTES)                                                    \
-      fd_amdp_tiled<S, KS, FTZ>(a, b, y, B, M, K, N, s);                                                          \
-    else /* a spec outside the family (a routing slip): the generic steps' bits, slowly */                       \
-      fd_outputs(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s);                                              \
-  }
+#define CPD_FD_AMDP(NAME, S, KS, FTZ)                                                         \
+  CPD_FD_KERNEL(NAME,                                                                          \
+                (sa == nullptr && cpd::fd_amdp_applies(s, 0) && (ftz != 0) == FTZ &&           \
+                 cpd::dynamic_smem_size() >= FdC16Shape<S, KS>::BYTES),                        \
+                (fd_amdp_tiled<S, KS, FTZ>(a, b, y, B, M, K, N, s)))
 CPD_FD_ONE_STAGE(CPD_FD_AMDP(cpd_fused_dot_tiled_amdp_s1, 1, 32, false))  // AMD CDNA1 fp16 (L 4), bf16 (L 2)
 CPD_FD_TWO_STAGES(CPD_FD_AMDP(cpd_fused_dot_tiled_amdp_s2g2, 2, 64, false))
 CPD_FD_ONE_STAGE(CPD_FD_AMDP(cpd_fused_dot_tiled_amdpz_s1, 1, 32, true))  // AMD CDNA2 fp16, bf16 (L 4, flushes)
