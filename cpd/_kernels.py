@@ -44,7 +44,9 @@ TILE_M, TILE_N, GENERIC_TILE, MATMUL_THREADS = 64, 64, 32, 256
 #: The family kernels of matmul.cu (cpd/gemm.h gemm_family) and the side of their square output tile
 #: (16 R: an R x R register tile per thread of 256).
 FAMILY_KERNELS = {"chain": ("cpd_matmul_chain", 128), "lanes": ("cpd_matmul_lanes", 64),
-                  "kahan": ("cpd_matmul_kahan", 64), "lanes16": ("cpd_matmul_lanes16", 64),
+                  "kahan": ("cpd_matmul_kahan", 64), "f32": ("cpd_matmul_f32", 64),
+                  "kahan32": ("cpd_matmul_kahan32", 64), "fkahan32": ("cpd_matmul_fkahan32", 64),
+                  "lanes16": ("cpd_matmul_lanes16", 64),
                   "kahan16": ("cpd_matmul_kahan16", 64), "lanesbf": ("cpd_matmul_lanesbf", 64),
                   "kahanbf": ("cpd_matmul_kahanbf", 64), "fusedbf": ("cpd_matmul_fusedbf", 64),
                   "fkahanbf": ("cpd_matmul_fkahanbf", 64), "sr": ("cpd_matmul_sr", 32)}
@@ -224,9 +226,9 @@ def _sr_lane(spec) -> bool:  # cpd/accumulate.h sr_lane_applies
 
 
 def matmul_family(mul, acc, kahan: bool, block: int, mode: int, saturate: bool) -> str:
-    """Which kernel of matmul.cu runs a spec: "chain", "lanes16", "kahan16", "lanes", "kahan",
-    "lanesbf", "kahanbf", "fusedbf", "fkahanbf", "sr" (the family kernels) or "tiled" (the generic steps). The conditions are
-    cpd/gemm.h's gemm_family, whose kernels also check them on the device (a spec outside a
+    """Which kernel of matmul.cu runs a spec: "chain", "f32", "kahan32", "fkahan32", "lanes16",
+    "kahan16", "lanes", "kahan", "lanesbf", "kahanbf", "fusedbf", "fkahanbf", "sr" (the family
+    kernels) or "tiled" (the generic steps). The conditions are cpd/gemm.h's gemm_family, whose kernels also check them on the device (a spec outside a
     kernel's family gets the generic steps' bits there, only slower)."""
     if mode == 1:  # STOCHASTIC: gemm_sr_applies (any Kahan / blocks)
         return "sr" if _sr_lane(acc) and (mul is None or _sr_lane(mul)) else "tiled"
@@ -234,12 +236,14 @@ def matmul_family(mul, acc, kahan: bool, block: int, mode: int, saturate: bool) 
         return "tiled"
     af = FloatFormat.from_core(*acc)
     bfloat16 = tuple(acc[:4]) == (8, 7, 127, 0) and bool(acc[4]) and not saturate  # gemm.h is_bfloat16_format
+    fp32 = tuple(acc[:4]) == (8, 23, 127, 0) and bool(acc[4]) and not saturate    # gemm.h is_float32_format
     if mul is None:
-        fp32 = tuple(acc[:4]) == (8, 23, 127, 0) and bool(acc[4]) and not saturate
         if bfloat16:  # gemm_fbf16_applies
             return "fkahanbf" if kahan else "fusedbf"
-        return "chain" if fp32 and not kahan else "tiled"
+        return ("fkahan32" if kahan else "chain") if fp32 else "tiled"  # gemm_f32_applies / gemm_chain_applies
     mf = FloatFormat.from_core(*mul)
+    if fp32 and _nearest_f(mf, mul[3]) and mf.subnormals and _values_within(mf, af):  # gemm_f32_applies
+        return "kahan32" if kahan else "f32"
     if (_nearest_f(mf, mul[3]) and _nearest_f(af, acc[3]) and _add_fast(af, acc[3]) and _values_within(mf, af)):
         binary16 = tuple(acc[:4]) == (5, 10, 15, 0) and bool(acc[4]) and not saturate  # gemm.h is_binary16_format
         family = "kahan" if kahan else "lanes"

@@ -29,6 +29,10 @@ G = _kernels.Geometry
 F510 = cpd.FloatFormat(5, 10)
 FAMILY_CASES = {
     "chain": [dict(acc=cpd.FP32)],
+    "f32": [dict(mul=cpd.E4M3, acc=cpd.FP32), dict(mul=cpd.E5M2, acc=cpd.FP32), dict(mul=cpd.FP16, acc=cpd.FP32),
+            dict(mul=cpd.E4M3FN, acc=cpd.FP32), dict(mul=cpd.FloatFormat(6, 12), acc=cpd.FP32)],
+    "kahan32": [dict(mul=cpd.E4M3, acc=cpd.FP32, kahan=True), dict(mul=cpd.FP16, acc=cpd.FP32, kahan=True)],
+    "fkahan32": [dict(acc=cpd.FP32, kahan=True)],
     "lanes16": [dict(mul=cpd.E5M2, acc=F510), dict(mul=cpd.E4M3, acc=cpd.FP16), dict(mul=cpd.E4M3FN, acc=cpd.FP16)],
     "kahan16": [dict(mul=cpd.E5M2, acc=F510, kahan=True), dict(mul=cpd.E4M3, acc=cpd.FP16, kahan=True)],
     "lanes": [dict(mul=cpd.FloatFormat(4, 3, subnormals=False), acc=cpd.FloatFormat(6, 9)),
@@ -107,7 +111,16 @@ def test_matmul_family_routes_by_the_headers_predicates():
             assert fam(kw.get("mul"), kw["acc"], kw.get("kahan", False)) == family, kw
     # float32 chain: only float32 itself, nearest, no saturation, no Kahan, no blocks
     assert fam(None, cpd.FP32, sat=True) == "tiled"
-    assert fam(None, cpd.FP32, kahan=True) == "tiled"
+    # float32 accumulator, what the chain leaves: rounded products (plain, Kahan), exact products with Kahan
+    assert fam(None, cpd.FP32, kahan=True) == "fkahan32"
+    assert fam(cpd.E4M3FN, cpd.FP32) == "f32" and fam(cpd.E2M1, cpd.FP32, kahan=True) == "kahan32"
+    assert fam(cpd.E4M3, cpd.FP32, sat=True) == "tiled" and fam(cpd.E4M3, cpd.FP32, block=4) == "tiled"
+    assert fam(cpd.E4M3, cpd.FP32, mode=2) == "tiled" and fam(None, cpd.FP32, kahan=True, block=2) == "tiled"
+    assert fam(cpd.E4M3FNUZ, cpd.FP32) == "tiled"      # not a plain convention
+    assert fam(cpd.FloatFormat(8, 22), cpd.FP32) == "tiled"  # 23 bits: mul_f's fused rounding needs <= 21
+    assert fam(cpd.BF16, cpd.FP32) == "tiled"          # emax 127: the product's constant 2^(E + 23 - man) overflows
+    assert fam(cpd.FloatFormat(4, 3, subnormals=False), cpd.FP32) == "tiled"  # the product's clamp needs subnormals
+    assert fam(cpd.E4M3, cpd.FloatFormat(8, 23, subnormals=False)) == "tiled"
     assert fam(None, cpd.FP32, block=4) == "tiled"
     assert fam(None, cpd.FP32, mode=1) == "tiled"
     assert fam(None, cpd.FloatFormat(8, 23, subnormals=False)) == "tiled"
@@ -244,10 +257,10 @@ def _grid_targets(fmt, n, g, top=None):
     return t * (torch.randint(0, 2, (n,), generator=g).double() * 2 - 1)
 
 
-@pytest.mark.parametrize("case", [c for c in cases() if c[0] in ("lanes16", "kahan16", "lanesbf", "kahanbf")],
-                         ids=ids)
+@pytest.mark.parametrize("case", [c for c in cases() if c[0] in ("lanes16", "kahan16", "lanesbf", "kahanbf", "f32",
+                                                                  "kahan32")], ids=ids)
 def test_binary16_families_at_the_rounding_points(case):
-    """(The binary16 and BF16 families.) Products exactly on the mul format's ties (normal and
+    """(The binary16, BF16 and float32 families with a mul format: one product rounding.) Products exactly on the mul format's ties (normal and
     subnormal), at its overflow threshold
     and half its smallest subnormal, and just beside them (the exact product a*b off a tie by less
     than float32's own rounding of a*b: only the exact product decides, one FFMA); sums that round,
@@ -286,7 +299,7 @@ def test_binary16_families_at_the_rounding_points(case):
     assert same_bits(got, want), kw
     assert torch.isfinite(got).sum() > M * N // 3                        # many outputs are finite sums
     assert torch.isnan(got[0, 6]).all()                                  # a NaN a
-    if kw["acc"] is not cpd.BF16:
+    if kw["acc"] not in (cpd.BF16, cpd.FP32):
         assert not torch.isfinite(got[0, 9, 2])                          # binary16 overflow
 
 

@@ -300,6 +300,9 @@ Family family_kernel(int family) {
     case cpd::GEMM_CHAIN: return {"cpd_matmul_chain", 128};
     case cpd::GEMM_LANES: return {"cpd_matmul_lanes", 64};
     case cpd::GEMM_KAHAN: return {"cpd_matmul_kahan", 64};
+    case cpd::GEMM_F32: return {"cpd_matmul_f32", 64};
+    case cpd::GEMM_KAHAN32: return {"cpd_matmul_kahan32", 64};
+    case cpd::GEMM_FKAHAN32: return {"cpd_matmul_fkahan32", 64};
     case cpd::GEMM_LANES16: return {"cpd_matmul_lanes16", 64};
     case cpd::GEMM_KAHAN16: return {"cpd_matmul_kahan16", 64};
     case cpd::GEMM_LANESBF: return {"cpd_matmul_lanesbf", 64};

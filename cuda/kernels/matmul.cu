@@ -197,8 +197,8 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 1)
 }
 
 // ------------------------------------------------------------------------------------------
-// The family kernels: one per family of cpd/gemm.h (CHAIN, LANES, KAHAN, LANES16, KAHAN16, LANESBF,
-// KAHANBF, FUSEDBF, FKAHANBF, SR), each with its step fixed at compile time, so that the inner loop is the step's
+// The family kernels: one per family of cpd/gemm.h (CHAIN, LANES, KAHAN, F32, KAHAN32, FKAHAN32, LANES16,
+// KAHAN16, LANESBF, KAHANBF, FUSEDBF, FKAHANBF, SR), each with its step fixed at compile time, so that the inner loop is the step's
 // instructions and two shared-memory loads per four outputs. A block of 256 threads (16 x 16)
 // owns T x T outputs, T = 16 R; thread (tx, ty) owns the R x R outputs in rows own(ty, i) and columns own(tx, j)
 // (groups of four neighbours, 64 apart: each float4 load from shared memory is conflict-free).
@@ -376,6 +376,47 @@ struct BF16Step {
 
 using FusedBF16Step = BF16Step<false, true>;  // (one macro argument each)
 using FusedKahanBF16Step = BF16Step<true, true>;
+
+// F32, KAHAN32 and FKAHAN32 (cpd/gemm.h gemm_f32_step, gemm_kahan32_step, gemm_fkahan32_step): float32
+// lanes, one per output: sums s, Kahan's compensations c and (with a mul format) the largest
+// |product| w.
+template <bool KAHAN, bool FUSED>
+struct F32Step {
+  static constexpr int FAMILY = FUSED ? cpd::GEMM_FKAHAN32 : (KAHAN ? cpd::GEMM_KAHAN32 : cpd::GEMM_F32);
+  cpd::GemmBF16 g;  // the product's constants and the mul format's max (FUSED: unused)
+  template <int R>
+  struct Row {
+    float s[R], w[FUSED ? 1 : R], c[KAHAN ? R : 1];
+  };
+  __device__ __forceinline__ float prep(float b) const { return FUSED ? b : cpd::gemm_f16_scale(b, g.m); }
+  template <int R>
+  __device__ __forceinline__ void init(Row<R>& r) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) r.s[j] = r.w[FUSED ? 0 : j] = r.c[KAHAN ? j : 0] = 0.0f;
+  }
+  template <int R>
+  __device__ __forceinline__ void step(Row<R>& r, float a, const float (&b)[R], const float (&bs)[R]) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      if (FUSED) cpd::gemm_fkahan32_step(r.s[j], r.c[j], a, b[j]);
+      else if (KAHAN) cpd::gemm_kahan32_step(r.s[j], r.c[j], r.w[j], a, b[j], bs[j], g);
+      else cpd::gemm_f32_step(r.s[j], r.w[j], a, b[j], bs[j], g);
+    }
+  }
+  template <int R>
+  __device__ __forceinline__ float value(const Row<R>& r, int j) const { return r.s[j]; }
+  template <int R>
+  __device__ __forceinline__ bool redo(const Row<R>& r, int j) const {
+    return FUSED ? cpd::gemm_redo(r.s[j]) : cpd::gemm_f32_redo(r.s[j], r.w[j], g);
+  }
+  static constexpr bool FROM_VALUE = false;
+  static constexpr bool KEYED = false;
+  __device__ __forceinline__ bool redo_value(float) const { return false; }
+};
+
+using F32PlainStep = F32Step<false, false>;  // (one macro argument each)
+using F32KahanStep = F32Step<true, false>;
+using F32FusedKahanStep = F32Step<true, true>;
 
 // Row (column) of the i-th output of thread t along M (N) in a tile of R x R per thread: groups of
 // 4, 64 apart (R a multiple of 4: float4 loads), or R neighbours (R = 2: float2 loads).
@@ -623,6 +664,9 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
 CPD_FAMILY_KERNEL(cpd_matmul_chain, Rows<ChainStep>, 8, 1, (void)0)
 CPD_FAMILY_KERNEL(cpd_matmul_lanes, Rows<LanesStep>, 4, CPD_FAMILY_MINB, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
 CPD_FAMILY_KERNEL(cpd_matmul_kahan, Rows<KahanStep>, 4, CPD_FAMILY_MINB, (st.mg = cpd::make_format_f(mf), st.ag = cpd::make_format_f(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_f32, F32PlainStep, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_bf16(mf, af)))
+CPD_FAMILY_KERNEL(cpd_matmul_kahan32, F32KahanStep, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_bf16(mf, af)))
+CPD_FAMILY_KERNEL(cpd_matmul_fkahan32, F32FusedKahanStep, 4, CPD_FAMILY_MINB, (void)0)
 CPD_FAMILY_KERNEL(cpd_matmul_lanes16, Binary16Step<false>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_f16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_kahan16, Binary16Step<true>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_f16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_lanesbf, BF16Step<false>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_bf16(mf, af)))

@@ -40,6 +40,9 @@ CPD_FN int gemm_chain_applies(const DotSpec& d) {
 
 CPD_FN void gemm_chain_step(float& s, float a, float b) { s = ffma(a, b, s); }
 
+// Whether a family's output s must be redone by dot_step (a NaN: see CHAIN and LANES).
+CPD_FN int gemm_redo(float s) { return (int)((bits_of(s) & ~SIGN) > INF_BITS); }
+
 // LANES (gemm_lanes_applies): round to nearest, products rounded to a mul format whose values are
 // values of an accumulator of at most 11 significant bits whose quanta are float32 normals (E5M2 or
 // E4M3 into (5, 10), FP16, (6, 9), ...; not BF16, whose finest quantum is 2^-133), no blocks: the CPU matmul's float32-lane steps, mul_f then add_f (cpd/arith.h:
@@ -464,6 +467,63 @@ CPD_FN void gemm_fkahanbf_step(float& s, float& c, float& w, float& top, float a
   s = t;
 }
 
+// F32 / KAHAN32 / FKAHAN32 (gemm_f32_applies): the accumulator float32 itself (is_float32_format:
+// no saturation), round to nearest, no blocks, and what CHAIN leaves of it: products rounded to a
+// mul format with subnormals whose values are float32 values and with nearest_f_applies (E4M3,
+// E5M2, E4M3FN, FP16, ...; not BF16 or TF32, whose emax leaves no room for the product's constant),
+// summed plainly (F32) or with Kahan (KAHAN32), and exact products with Kahan (FKAHAN32; exact
+// products summed plainly are CHAIN).
+//   * The product is LANESBF's: gemm_f16_product (LANES16's proof: nearest_f_applies, and its
+//     clamp lo = 2^(emin + 23 - man) a float32 normal since emin - man >= -149 by values_within),
+//     watched against the mul format's max (fmax_abs_nan: NaN too) and redone past it; so every
+//     product that is not redone is mul_bits(a, b, m, NEAREST), finite, but for the sign of a
+//     zero (its +0 for mul_bits' -0).
+//   * Every sum is the float32 unit's addition to nearest, FADD, which is add_bits(x, y, FP32,
+//     NEAREST) for finite and infinite x, y: IEEE 754 addition rounded once to nearest even, with
+//     gradual underflow (no FTZ: NVRTC's default, the shim's IEEE definitions), +-inf on overflow
+//     (outward_bits is inf without saturation) and an exact zero sum +0 unless both terms are -0
+//     (IEEE 754 §6.3: zero_sum_sign's rule to nearest). FKAHAN32's y = a*b - c, rounded once as
+//     dot_step rounds it (fma_bits(-c, a, b)), is one FFMA (CHAIN's argument). Kahan's order is
+//     kahan_step's.
+//   * Signs of zeros: s starts at +0 and an exact zero sum is -0 only when both terms are, so s is
+//     never -0 and s + p does not depend on the sign of a zero p. Kahan: y = p - c is -0 only for
+//     p = -0 and c = +0 (our +0 gives +0 there); t = s + y is the same for either zero y (s is never
+//     -0), and c = (t - s) - y = +0 - y is +0 for either (t - s is +0: x - x to nearest), so c is
+//     never -0 and nothing after y depends on the zero's sign.
+//   * With every product within max, the sums stay finite (|s| <= K max < 2^128 for any K a GPU
+//     holds); a NaN or infinite product is seen by the watch, and a NaN sum redoes the output too
+//     (gemm_redo, as in CHAIN: a NaN's bits are the unit's). FKAHAN32 has no watch: until a step
+//     gives NaN both paths hold the same values and s depends on nothing else (a NaN c reaches s
+//     at the next step or never shows), so a NaN s alone redoes.
+// Every other output is bit for bit the generic path's.
+CPD_FN int gemm_f32_applies(const DotSpec& d) {
+  return (int)(is_float32_format(d.af) && d.mode == NEAREST && !d.block &&
+               (d.has_mul ? nearest_f_applies(d.mf, d.mode) && d.mf.subnormals && values_within(d.mf, d.af)
+                          : d.kahan));
+}
+
+CPD_FN float f32_add(float x, float y, int) { return fadd(x, y); }  // kahan_step's additions
+
+// Step k of one output (F32): s the sum, w the largest |product| so far; bs = b * scale.
+CPD_FN void gemm_f32_step(float& s, float& w, float a, float b, float bs, const GemmBF16& g) {
+  const float p = gemm_f16_product(a, b, bs, g.m);
+  w = fmax_abs_nan(w, p);
+  s = fadd(s, p);
+}
+
+// Kahan's step (KAHAN32).
+CPD_FN void gemm_kahan32_step(float& s, float& c, float& w, float a, float b, float bs, const GemmBF16& g) {
+  const float p = gemm_f16_product(a, b, bs, g.m);
+  w = fmax_abs_nan(w, p);
+  kahan_step(s, c, p, f32_add);
+}
+
+// Kahan's step with the exact product (FKAHAN32): y = a*b - c rounded once, then t, c and s.
+CPD_FN void gemm_fkahan32_step(float& s, float& c, float a, float b) { kahan_finish(s, c, ffma(a, b, -c), f32_add); }
+
+// Whether an output must be redone by dot_step: a product past max or NaN (w), or a NaN sum.
+CPD_FN int gemm_f32_redo(float s, float w, const GemmBF16& g) { return (int)(!(w <= g.max)) | gemm_redo(s); }
+
 // SR (gemm_sr_applies): stochastic rounding, the formats within sr_lane's reach (accumulate.h
 // sr_lane_applies: at most 11 significant bits, the fast cast, a plain signed convention), plain,
 // Kahan or blocked. Each rounding of dot_step (the same order, operands and words: dot_term_add,
@@ -548,17 +608,16 @@ CPD_FN void gemm_sr_step(const DotSpec& d, u32 ua, u32 ub, int run_end, u32& s, 
   }
 }
 
-// Whether a family's output s must be redone by dot_step (a NaN: see CHAIN and LANES).
-CPD_FN int gemm_redo(float s) { return (int)((bits_of(s) & ~SIGN) > INF_BITS); }
-
 // The family of a spec: which kernel of matmul.cu runs it (GEMM_GENERIC: cpd_matmul_tiled).
 enum {
   GEMM_GENERIC = 0, GEMM_CHAIN = 1, GEMM_LANES = 2, GEMM_KAHAN = 3, GEMM_LANES16 = 4, GEMM_KAHAN16 = 5,
-  GEMM_LANESBF = 6, GEMM_KAHANBF = 7, GEMM_FUSEDBF = 8, GEMM_FKAHANBF = 9, GEMM_SR = 10
+  GEMM_LANESBF = 6, GEMM_KAHANBF = 7, GEMM_FUSEDBF = 8, GEMM_FKAHANBF = 9, GEMM_SR = 10, GEMM_F32 = 11,
+  GEMM_KAHAN32 = 12, GEMM_FKAHAN32 = 13
 };
 
 CPD_FN int gemm_family(const DotSpec& d) {
   if (gemm_chain_applies(d)) return GEMM_CHAIN;
+  if (gemm_f32_applies(d)) return d.has_mul ? (d.kahan ? GEMM_KAHAN32 : GEMM_F32) : GEMM_FKAHAN32;
   if (gemm_f16_applies(d)) return d.kahan ? GEMM_KAHAN16 : GEMM_LANES16;
   if (gemm_lanes_applies(d)) return d.kahan ? GEMM_KAHAN : GEMM_LANES;
   if (gemm_bf16_applies(d)) return d.kahan ? GEMM_KAHANBF : GEMM_LANESBF;
