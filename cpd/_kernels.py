@@ -235,7 +235,8 @@ def matmul_family(mul, acc, kahan: bool, block: int, mode: int, saturate: bool) 
     if mode != 0 or block:  # NEAREST, no blocks
         return "tiled"
     af = FloatFormat.from_core(*acc)
-    bfloat16 = tuple(acc[:4]) == (8, 7, 127, 0) and bool(acc[4]) and not saturate  # gemm.h is_bfloat16_format
+    # gemm.h is_f32_range_format: BF16, TF32, ... (float32's exponent range, <= 11 bits)
+    bfloat16 = acc[0] == 8 and 1 <= acc[1] <= 10 and tuple(acc[2:4]) == (127, 0) and bool(acc[4]) and not saturate
     fp32 = tuple(acc[:4]) == (8, 23, 127, 0) and bool(acc[4]) and not saturate    # gemm.h is_float32_format
     if mul is None:
         if bfloat16:  # gemm_fbf16_applies

@@ -38,11 +38,14 @@ FAMILY_CASES = {
     "lanes": [dict(mul=cpd.FloatFormat(4, 3, subnormals=False), acc=cpd.FloatFormat(6, 9)),
               dict(mul=cpd.FloatFormat(5, 2, subnormals=False), acc=F510)],
     "kahan": [dict(mul=cpd.E4M3, acc=cpd.FloatFormat(6, 9), kahan=True)],
+    # (the "bf" families: accumulators of float32's exponent range and <= 11 bits: BF16, TF32, (8, 3))
     "lanesbf": [dict(mul=cpd.E5M2, acc=cpd.BF16), dict(mul=cpd.E4M3FN, acc=cpd.BF16),
-                dict(mul=cpd.FloatFormat(7, 2), acc=cpd.BF16)],
-    "kahanbf": [dict(mul=cpd.E4M3, acc=cpd.BF16, kahan=True), dict(mul=cpd.E5M2, acc=cpd.BF16, kahan=True)],
-    "fusedbf": [dict(acc=cpd.BF16)],
-    "fkahanbf": [dict(acc=cpd.BF16, kahan=True)],
+                dict(mul=cpd.FloatFormat(7, 2), acc=cpd.BF16), dict(mul=cpd.FP16, acc=cpd.TF32),
+                dict(mul=cpd.E4M3, acc=cpd.FloatFormat(8, 3))],
+    "kahanbf": [dict(mul=cpd.E4M3, acc=cpd.BF16, kahan=True), dict(mul=cpd.E5M2, acc=cpd.BF16, kahan=True),
+                dict(mul=cpd.E5M2, acc=cpd.TF32, kahan=True)],
+    "fusedbf": [dict(acc=cpd.BF16), dict(acc=cpd.TF32), dict(acc=cpd.FloatFormat(8, 3))],
+    "fkahanbf": [dict(acc=cpd.BF16, kahan=True), dict(acc=cpd.TF32, kahan=True)],
 }
 SEED = (0x123456789ABCDEF, 7)
 #: (mul, acc) pairs of the SR family (stochastic rounding: cpd/gemm.h gemm_sr_applies)
@@ -131,6 +134,8 @@ def test_matmul_family_routes_by_the_headers_predicates():
     assert fam(None, cpd.BF16) == "fusedbf" and fam(None, cpd.BF16, kahan=True) == "fkahanbf"
     assert fam(None, cpd.BF16, sat=True) == "tiled" and fam(None, cpd.BF16, mode=1) == "sr"
     assert fam(None, cpd.BF16, block=4) == "tiled" and fam(None, cpd.FloatFormat(8, 7, subnormals=False)) == "tiled"
+    assert fam(None, cpd.FloatFormat(8, 11)) == "tiled"  # 12 bits: Figueroa's 24 >= 2p + 2 fails
+    assert fam(None, cpd.FloatFormat(8, 0)) == "tiled" and fam(None, cpd.FloatFormat(8, 7, bias=130)) == "tiled"
     assert fam(cpd.FloatFormat(4, 3, subnormals=False), cpd.BF16) == "tiled"
     assert fam(cpd.FP16, cpd.BF16) == "tiled"          # FP16 values are not BF16 values
     assert fam(cpd.E5M2, cpd.BF16, sat=True) == "tiled"
@@ -299,37 +304,39 @@ def test_binary16_families_at_the_rounding_points(case):
     assert same_bits(got, want), kw
     assert torch.isfinite(got).sum() > M * N // 3                        # many outputs are finite sums
     assert torch.isnan(got[0, 6]).all()                                  # a NaN a
-    if kw["acc"] not in (cpd.BF16, cpd.FP32):
+    if kw["acc"].exp == 5:
         assert not torch.isfinite(got[0, 9, 2])                          # binary16 overflow
 
 
+@pytest.mark.parametrize("acc", [cpd.BF16, cpd.TF32], ids=["bf16", "tf32"])
 @pytest.mark.parametrize("kahan", [False, True], ids=["fusedbf", "fkahanbf"])
-def test_fused_bf16_families_round_once(kahan):
+def test_fused_bf16_families_round_once(kahan, acc):
     """FUSEDBF / FKAHANBF round a*b + x once (rounding to odd through float32): exact products a
-    hair off bfloat16's ties, T (1 + d)(1 - d) = T - T d^2 with d = 2^-15, which float32 rounds onto
-    the tie T itself (a double rounding would then go to the even neighbour, half the time the
-    wrong one), exactly on the ties (to even), in the subnormal range and at the overflow threshold;
-    K = 1 (one rounding per output) and K = 3 (the tie reached by a running sum)."""
+    hair off the accumulator's ties, T (1 + d)(1 - d) = T - T d^2 with d = 2^-(22 - man) (BF16:
+    2^-15), which float32 rounds onto the tie T itself (a double rounding would then go to the even
+    neighbour, half the time the wrong one), exactly on the ties (to even), in the subnormal range
+    and at the overflow threshold; K = 1 (one rounding per output) and K = 3 (the tie reached by a
+    running sum). BF16 and TF32: the same kernels, the rounding's cut 16 or 13 bits."""
     g = torch.Generator().manual_seed(31)
-    M, N = 40, 6
-    i = torch.randint(0, 128, (M,), generator=g).double()
-    e = torch.randint(-133, 120, (M,), generator=g).double()
-    t = torch.where(e < -126, (i + 0.5) * 2.0 ** -133, (128 + i + 0.5) * torch.exp2(e - 7))  # ties of BF16
-    t[0] = (256 - 0.5) * 2.0 ** 120                                   # the overflow threshold (a tie)
+    M, N, p = 40, 6, acc.man
+    i = torch.randint(0, 2 ** p, (M,), generator=g).double()
+    e = torch.randint(-126 - p, 120, (M,), generator=g).double()
+    t = torch.where(e < -126, (i + 0.5) * 2.0 ** (-126 - p), (2 ** p + i + 0.5) * torch.exp2(e - p))  # ties
+    t[0] = (2 ** (p + 1) - 0.5) * 2.0 ** (127 - p)                   # the overflow threshold (a tie)
     t = t * (torch.randint(0, 2, (M,), generator=g).double() * 2 - 1)
-    d = 2.0 ** -15
-    a = (t * (1 + d)).float()[:, None]                                # exact in float32 (9 + 15 bits)
+    d = 2.0 ** -(22 - p)
+    a = (t * (1 + d)).float()[:, None]                                # exact in float32 (p + 2 + 22 - p bits)
     b = torch.tensor([[1 - d, 1 + d, 1.0, -(1 - d), 1 - 2 * d, 1 + 2 * d]]).float()  # below, above, on ...
-    assert N == b.shape[1]
-    kw = dict(acc=cpd.BF16, kahan=kahan)
+    assert N == b.shape[1] and torch.equal(a.double()[:, 0], t * (1 + d))
+    kw = dict(acc=acc, kahan=kahan)
     fam = "fkahanbf" if kahan else "fusedbf"
     want, got = run(a[None], b[None], kw, fam)
     assert exact(got, want)
     assert not torch.isfinite(got[0, 0, :3]).all()                    # the threshold's products overflow
-    # K = 3: a running sum s = u + v (a value of BF16) then s + a*b near a tie of BF16
+    # K = 3: a running sum s = u + v (a value of acc) then s + a*b near a tie of acc
     u = torch.zeros(M, 3)
-    u[:, 1] = (t * 0.25).float()                                      # a value of BF16 (t / 4 has 9 bits: no)
-    u[:, 1] = cpd.cast(u[:, 1], cpd.BF16)
+    u[:, 1] = (t * 0.25).float()                                      # a value of acc (t / 4 has p + 2 bits: no)
+    u[:, 1] = cpd.cast(u[:, 1], acc)
     u[:, 2] = a[:, 0]
     v = torch.zeros(3, N)
     v[1] = 1.0

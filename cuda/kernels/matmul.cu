@@ -357,8 +357,8 @@ struct BF16Step {
   __device__ __forceinline__ void step(Row<R>& r, float a, const float (&b)[R], const float (&bs)[R]) const {
 #pragma unroll
     for (int j = 0; j < R; ++j) {
-      if (FUSED && KAHAN) cpd::gemm_fkahanbf_step(r.s[j], r.c[j], r.w[j], r.top[j], a, b[j]);
-      else if (FUSED) cpd::gemm_fbf16_step(r.s[j], r.w[j], a, b[j]);
+      if (FUSED && KAHAN) cpd::gemm_fkahanbf_step(r.s[j], r.c[j], r.w[j], r.top[j], a, b[j], g);
+      else if (FUSED) cpd::gemm_fbf16_step(r.s[j], r.w[j], a, b[j], g);
       else if (KAHAN) cpd::gemm_kahanbf_step(r.s[j], r.c[j], r.w[j], r.top[j], a, b[j], bs[j], g);
       else cpd::gemm_bf16_step(r.s[j], r.w[j], a, b[j], bs[j], g);
     }

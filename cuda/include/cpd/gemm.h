@@ -284,18 +284,21 @@ CPD_FN int gemm_f16_redo(u32 s, u32 mx, int i, const GemmF16& g) {
 }
 
 // LANESBF / KAHANBF (gemm_bf16_applies): round to nearest, products rounded to a mul format with
-// subnormals whose values are bfloat16 values and with nearest_f_applies (E5M2, E4M3, ...;
-// mul=None is FUSEDBF / FKAHANBF below), the accumulator IEEE bfloat16 itself ((8, 7), bias
-// 127, subnormals, no saturation), no blocks: float32 lanes, one integer rounding per sum.
+// subnormals whose values are accumulator values and with nearest_f_applies (E5M2, E4M3, FP16
+// into TF32, ...; mul=None is FUSEDBF / FKAHANBF below), the accumulator a format of float32's
+// exponent range with at most 11 significant bits (is_f32_range_format: IEEE bfloat16 (8, 7),
+// TF32 (8, 10), ...: bias 127, subnormals, no saturation), no blocks: float32 lanes, one integer
+// rounding per sum. Below, "bfloat16" stands for any such format and 16 for its cut 23 - man.
 //   * the product: gemm_f16_product (LANES16's proof above holds for any such mul format: E, C
 //     and the clamp lo only ask nearest_f_applies, and lo is a float32 normal, emin - man >= -133
 //     by values_within), watched against max (fmax_abs_nan: NaN too) and redone past it;
 //   * the sum of two bfloat16 values, fl32(x + y) then rounded once to bfloat16, is
-//     add_bits(x, y, BF16, NEAREST) (add_lane_applies: Figueroa's 24 >= 2 * 8 + 2 above 2^-126,
+//     add_bits(x, y, BF16, NEAREST) (add_lane_applies: Figueroa's 24 >= 2 * 11 + 2 above 2^-126,
 //     exact float32 subnormals below, no flush-to-zero on the GPU or in the shim);
 //   * the rounding of finite float32 bits u to bfloat16 (whose values are the float32 values with
 //     16 low zero bits, subnormals included: the same exponent field and emin) is
-//     (u + 0x7fff + bit 16 of u) & 0xffff0000 (round_bf16_bits): to nearest on the magnitude
+//     (u + 0x7fff + bit 16 of u) & 0xffff0000 (round_bf16_bits; for the cut k = 23 - man,
+//     (u + 2^(k-1) - 1 + bit k of u) & ~(2^k - 1), GemmBF16's half and mask): to nearest on the magnitude
 //     bits (the sign bit untouched: RN is symmetric), ties to the even code, a carry out of the
 //     mantissa the next binade, past 0x7f7f8000 (the overflow threshold, a tie to the even "code"
 //     0x7f80) +-inf, and +-inf itself unchanged; cast_bits(u, BF16, NEAREST) for finite and
@@ -309,19 +312,16 @@ CPD_FN int gemm_f16_redo(u32 s, u32 mx, int i, const GemmF16& g) {
 //     keeps NaN (max.NaN); an output whose |t| reached G, or NaN, is redone, as is one whose product
 //     watch fired.
 // Signs of zeros as in LANES16 / KAHAN16 (the sums start at +0; the product's zero is +0).
-CPD_FN int is_bfloat16_format(const Format& f) {
-  return (int)(f.exp == 8 && f.man == 7 && f.bias == 127 && f.specials == SPECIALS_IEEE && f.is_signed &&
-               f.subnormals && f.outward_bits == INF_BITS);
+CPD_FN int is_f32_range_format(const Format& f) {
+  return (int)(f.exp == 8 && f.man >= 1 && f.man <= 10 && f.bias == 127 && f.specials == SPECIALS_IEEE &&
+               f.is_signed && f.subnormals && f.outward_bits == INF_BITS);
 }
 
 CPD_FN int gemm_bf16_applies(const DotSpec& d) {
-  return (int)(d.has_mul && d.mode == NEAREST && !d.block && is_bfloat16_format(d.af) &&
+  return (int)(d.has_mul && d.mode == NEAREST && !d.block && is_f32_range_format(d.af) &&
                nearest_f_applies(d.mf, d.mode) && d.mf.subnormals && values_within(d.mf, d.af));
 }
 
-CPD_FN u32 round_bf16_bits(u32 u) { return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; }
-
-CPD_FN float bf16_add(float x, float y) { return float_of(round_bf16_bits(bits_of(fadd(x, y)))); }
 
 // max(w, |x|), NaN when either is (PTX max.NaN.f32, sm_80 and later).
 CPD_FN float fmax_abs_nan(float w, float x) {
@@ -338,8 +338,22 @@ CPD_FN float fmax_abs_nan(float w, float x) {
 struct GemmBF16 {
   GemmF16 m;    // the product's constants (m.scale, m.lo; m.ag unused)
   float max;    // the mul format's largest value
-  float guard;  // G = 2^125 (KAHANBF)
+  float guard;  // G = 2^(emax - 2) = 2^125 (KAHANBF)
+  u32 cut, half, mask;  // the accumulator's rounding: k = 23 - man, 2^(k-1) - 1, ~(2^k - 1)
 };
+
+CPD_FN u32 round_bf16_bits(u32 u, const GemmBF16& g) { return (u + g.half + ((u >> g.cut) & 1u)) & g.mask; }
+
+CPD_FN float bf16_add(float x, float y, const GemmBF16& g) {
+  return float_of(round_bf16_bits(bits_of(fadd(x, y)), g));
+}
+
+// The accumulator's rounding constants (acc.man <= 22; float32 itself, the F32 families', none).
+CPD_FN void gemm_bf16_cut(GemmBF16& g, const Format& acc) {
+  g.cut = acc.man < 23 ? (u32)(23 - acc.man) : 0u;
+  g.half = g.cut ? (1u << (g.cut - 1u)) - 1u : 0u;
+  g.mask = ~((1u << g.cut) - 1u);
+}
 
 CPD_FN GemmBF16 make_gemm_bf16(const Format& m, const Format& acc) {
   GemmBF16 g;
@@ -349,6 +363,7 @@ CPD_FN GemmBF16 make_gemm_bf16(const Format& m, const Format& acc) {
   g.m.max_code = 0u;
   g.max = float_of(m.max_bits);
   g.guard = float_of(lane_guard_bits(acc));
+  gemm_bf16_cut(g, acc);
   return g;
 }
 
@@ -356,7 +371,7 @@ CPD_FN GemmBF16 make_gemm_bf16(const Format& m, const Format& acc) {
 CPD_FN void gemm_bf16_step(float& s, float& w, float a, float b, float bs, const GemmBF16& g) {
   const float p = gemm_f16_product(a, b, bs, g.m);
   w = fmax_abs_nan(w, p);
-  s = bf16_add(s, p);
+  s = bf16_add(s, p, g);
 }
 
 // Kahan's step (kahan_step's order); top: the largest |t| so far.
@@ -364,10 +379,10 @@ CPD_FN void gemm_kahanbf_step(float& s, float& c, float& w, float& top, float a,
                               const GemmBF16& g) {
   const float p = gemm_f16_product(a, b, bs, g.m);
   w = fmax_abs_nan(w, p);
-  const float y = bf16_add(p, -c);
-  const float t = bf16_add(s, y);
+  const float y = bf16_add(p, -c, g);
+  const float t = bf16_add(s, y, g);
   top = fmax_abs_nan(top, t);
-  c = bf16_add(bf16_add(t, -s), -y);
+  c = bf16_add(bf16_add(t, -s, g), -y, g);
   s = t;
 }
 
@@ -382,8 +397,8 @@ CPD_FN int gemm_bf16_redo(float w, float top, const GemmBF16& g) {
 //   * The fused sum is rounded once through float32 by rounding to odd (Boldo & Melquiond,
 //     "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd",
 //     IEEE TC 2008: a value rounded to odd with p + 2 or more bits, then to nearest with p bits, is
-//     rounded to nearest once; float32's 24 >= 8 + 2, and bfloat16 shares float32's exponent range
-//     and subnormal grid, 16 bits coarser). lo, hi: the exact sum rounded down and up (one FFMA
+//     rounded to nearest once; float32's 24 >= 11 + 2, and bfloat16 shares float32's exponent range
+//     and subnormal grid, 16 (TF32: 13) bits coarser). lo, hi: the exact sum rounded down and up (one FFMA
 //     each, .rm / .rp); it is exact when lo == hi; its rounding toward zero is lo when hi > 0 (a
 //     positive sum), else hi; the rounding to odd is that with its last bit set when inexact.
 //     Past float32's range (|sum| > FLT_MAX) the odd value is +-FLT_MAX, which rounds to +-inf as
@@ -395,7 +410,7 @@ CPD_FN int gemm_bf16_redo(float w, float top, const GemmBF16& g) {
 //     right; Kahan's guard on |t| (KAHANBF) stands as it is: y is a bfloat16 value or +-inf.
 // With no mul format the constants are make_gemm_fbf16's: max = +inf (only a NaN w redoes).
 CPD_FN int gemm_fbf16_applies(const DotSpec& d) {
-  return (int)(!d.has_mul && d.mode == NEAREST && !d.block && is_bfloat16_format(d.af));
+  return (int)(!d.has_mul && d.mode == NEAREST && !d.block && is_f32_range_format(d.af));
 }
 
 // a*b + x rounded toward -inf / +inf (IEEE 754 fusedMultiplyAdd, roundTowardNegative/Positive).
@@ -431,11 +446,11 @@ CPD_FN float fma_directed(float a, float b, float x, int up) {
 }
 
 // round(a*b + x) to nearest bfloat16 (finite or infinite; see NaN above) and the watch's hi.
-CPD_FN float fbf16_fused(float a, float b, float x, float& hi) {
+CPD_FN float fbf16_fused(float a, float b, float x, float& hi, const GemmBF16& g) {
   const float lo = fma_directed(a, b, x, 0);
   hi = fma_directed(a, b, x, 1);
   const u32 odd = bits_of(hi > 0.0f ? lo : hi) | (u32)(lo != hi);
-  return float_of(round_bf16_bits(odd));
+  return float_of(round_bf16_bits(odd, g));
 }
 
 CPD_FN GemmBF16 make_gemm_fbf16(const Format& acc) {
@@ -446,24 +461,25 @@ CPD_FN GemmBF16 make_gemm_fbf16(const Format& acc) {
   g.m.max_code = 0u;
   g.max = float_of(INF_BITS);
   g.guard = float_of(lane_guard_bits(acc));
+  gemm_bf16_cut(g, acc);
   return g;
 }
 
 // Step k of one output (FUSEDBF): s = round(s + a*b), w the largest |hi| so far.
-CPD_FN void gemm_fbf16_step(float& s, float& w, float a, float b) {
+CPD_FN void gemm_fbf16_step(float& s, float& w, float a, float b, const GemmBF16& g) {
   float hi;
-  s = fbf16_fused(a, b, s, hi);
+  s = fbf16_fused(a, b, s, hi, g);
   w = fmax_abs_nan(w, hi);
 }
 
 // Kahan's step (FKAHANBF): y = round(a*b - c), then KAHANBF's t, c and s; top the largest |t|.
-CPD_FN void gemm_fkahanbf_step(float& s, float& c, float& w, float& top, float a, float b) {
+CPD_FN void gemm_fkahanbf_step(float& s, float& c, float& w, float& top, float a, float b, const GemmBF16& g) {
   float hi;
-  const float y = fbf16_fused(a, b, -c, hi);
+  const float y = fbf16_fused(a, b, -c, hi, g);
   w = fmax_abs_nan(w, hi);
-  const float t = bf16_add(s, y);
+  const float t = bf16_add(s, y, g);
   top = fmax_abs_nan(top, t);
-  c = bf16_add(bf16_add(t, -s), -y);
+  c = bf16_add(bf16_add(t, -s, g), -y, g);
   s = t;
 }
 
