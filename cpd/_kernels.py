@@ -49,7 +49,8 @@ FAMILY_KERNELS = {"chain": ("cpd_matmul_chain", 128), "lanes": ("cpd_matmul_lane
                   "lanes16": ("cpd_matmul_lanes16", 64),
                   "kahan16": ("cpd_matmul_kahan16", 64), "lanesbf": ("cpd_matmul_lanesbf", 64),
                   "kahanbf": ("cpd_matmul_kahanbf", 64), "fusedbf": ("cpd_matmul_fusedbf", 64),
-                  "fkahanbf": ("cpd_matmul_fkahanbf", 64), "sr": ("cpd_matmul_sr", 32)}
+                  "fkahanbf": ("cpd_matmul_fkahanbf", 64), "fused16": ("cpd_matmul_fused16", 64),
+                  "fkahan16": ("cpd_matmul_fkahan16", 64), "sr": ("cpd_matmul_sr", 32)}
 
 
 @dataclass(frozen=True)
@@ -227,8 +228,9 @@ def _sr_lane(spec) -> bool:  # cpd/accumulate.h sr_lane_applies
 
 def matmul_family(mul, acc, kahan: bool, block: int, mode: int, saturate: bool) -> str:
     """Which kernel of matmul.cu runs a spec: "chain", "f32", "kahan32", "fkahan32", "lanes16",
-    "kahan16", "lanes", "kahan", "lanesbf", "kahanbf", "fusedbf", "fkahanbf", "sr" (the family
-    kernels) or "tiled" (the generic steps). The conditions are cpd/gemm.h's gemm_family, whose kernels also check them on the device (a spec outside a
+    "kahan16", "lanes", "kahan", "lanesbf", "kahanbf", "fusedbf", "fkahanbf", "fused16",
+    "fkahan16", "sr" (the family kernels) or "tiled" (the generic steps). The conditions are
+    cpd/gemm.h's gemm_family, whose kernels also check them on the device (a spec outside a
     kernel's family gets the generic steps' bits there, only slower)."""
     if mode == 1:  # STOCHASTIC: gemm_sr_applies (any Kahan / blocks)
         return "sr" if _sr_lane(acc) and (mul is None or _sr_lane(mul)) else "tiled"
@@ -241,6 +243,8 @@ def matmul_family(mul, acc, kahan: bool, block: int, mode: int, saturate: bool) 
     if mul is None:
         if bfloat16:  # gemm_fbf16_applies
             return "fkahanbf" if kahan else "fusedbf"
+        if tuple(acc[:4]) == (5, 10, 15, 0) and bool(acc[4]) and not saturate:  # gemm_fh16_applies
+            return "fkahan16" if kahan else "fused16"
         return ("fkahan32" if kahan else "chain") if fp32 else "tiled"  # gemm_f32_applies / gemm_chain_applies
     mf = FloatFormat.from_core(*mul)
     if fp32 and _nearest_f(mf, mul[3]) and mf.subnormals and _values_within(mf, af):  # gemm_f32_applies

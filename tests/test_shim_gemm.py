@@ -46,6 +46,8 @@ FAMILY_CASES = {
                 dict(mul=cpd.E5M2, acc=cpd.TF32, kahan=True)],
     "fusedbf": [dict(acc=cpd.BF16), dict(acc=cpd.TF32), dict(acc=cpd.FloatFormat(8, 3))],
     "fkahanbf": [dict(acc=cpd.BF16, kahan=True), dict(acc=cpd.TF32, kahan=True)],
+    "fused16": [dict(acc=cpd.FP16)],
+    "fkahan16": [dict(acc=cpd.FP16, kahan=True)],
 }
 SEED = (0x123456789ABCDEF, 7)
 #: (mul, acc) pairs of the SR family (stochastic rounding: cpd/gemm.h gemm_sr_applies)
@@ -127,7 +129,10 @@ def test_matmul_family_routes_by_the_headers_predicates():
     assert fam(None, cpd.FP32, block=4) == "tiled"
     assert fam(None, cpd.FP32, mode=1) == "tiled"
     assert fam(None, cpd.FloatFormat(8, 23, subnormals=False)) == "tiled"
-    assert fam(None, cpd.FP16) == "tiled"
+    # binary16 with exact products: the fused families (not F510 with another bias, not saturating)
+    assert fam(None, cpd.FP16) == "fused16" and fam(None, cpd.FP16, kahan=True) == "fkahan16"
+    assert fam(None, cpd.FP16, sat=True) == "tiled" and fam(None, cpd.FP16, block=2) == "tiled"
+    assert fam(None, cpd.FloatFormat(5, 10, bias=14)) == "tiled" and fam(None, cpd.FP16, mode=3) == "tiled"
     # lanes: accumulators of <= 11 bits whose quanta are float32 normals; mul values within acc
     assert fam(cpd.E5M2, cpd.BF16) == "lanesbf"        # BF16's quantum 2^-133: not add_fast_applies, its own family
     # BF16 lanes: an 8-bit-like mul with subnormals and nearest_f_applies; mul=None: the fused families
@@ -308,28 +313,29 @@ def test_binary16_families_at_the_rounding_points(case):
         assert not torch.isfinite(got[0, 9, 2])                          # binary16 overflow
 
 
-@pytest.mark.parametrize("acc", [cpd.BF16, cpd.TF32], ids=["bf16", "tf32"])
-@pytest.mark.parametrize("kahan", [False, True], ids=["fusedbf", "fkahanbf"])
-def test_fused_bf16_families_round_once(kahan, acc):
-    """FUSEDBF / FKAHANBF round a*b + x once (rounding to odd through float32): exact products a
-    hair off the accumulator's ties, T (1 + d)(1 - d) = T - T d^2 with d = 2^-(22 - man) (BF16:
-    2^-15), which float32 rounds onto the tie T itself (a double rounding would then go to the even
-    neighbour, half the time the wrong one), exactly on the ties (to even), in the subnormal range
-    and at the overflow threshold; K = 1 (one rounding per output) and K = 3 (the tie reached by a
-    running sum). BF16 and TF32: the same kernels, the rounding's cut 16 or 13 bits."""
+@pytest.mark.parametrize("acc", [cpd.BF16, cpd.TF32, cpd.FP16], ids=["bf16", "tf32", "fp16"])
+@pytest.mark.parametrize("kahan", [False, True], ids=["fused", "fkahan"])
+def test_fused_families_round_once(kahan, acc):
+    """FUSEDBF / FKAHANBF (BF16, TF32: the rounding's cut 16 or 13 bits) and FUSED16 / FKAHAN16
+    (binary16) round a*b + x once (rounding to odd through float32): exact products a hair off the
+    accumulator's ties, T (1 + d)(1 - d) = T - T d^2 with d = 2^-(22 - man) (BF16: 2^-15), which
+    float32 rounds onto the tie T itself (a double rounding would then go to the even neighbour,
+    half the time the wrong one), exactly on the ties (to even), in the subnormal range and at the
+    overflow threshold; K = 1 (one rounding per output) and K = 3 (the tie reached by a running
+    sum)."""
     g = torch.Generator().manual_seed(31)
-    M, N, p = 40, 6, acc.man
+    M, N, p, emin, emax = 40, 6, acc.man, acc.emin, acc.emax
     i = torch.randint(0, 2 ** p, (M,), generator=g).double()
-    e = torch.randint(-126 - p, 120, (M,), generator=g).double()
-    t = torch.where(e < -126, (i + 0.5) * 2.0 ** (-126 - p), (2 ** p + i + 0.5) * torch.exp2(e - p))  # ties
-    t[0] = (2 ** (p + 1) - 0.5) * 2.0 ** (127 - p)                   # the overflow threshold (a tie)
+    e = torch.randint(emin - p, emax - 7, (M,), generator=g).double()
+    t = torch.where(e < emin, (i + 0.5) * 2.0 ** (emin - p), (2 ** p + i + 0.5) * torch.exp2(e - p))  # ties
+    t[0] = (2 ** (p + 1) - 0.5) * 2.0 ** (emax - p)                  # the overflow threshold (a tie)
     t = t * (torch.randint(0, 2, (M,), generator=g).double() * 2 - 1)
     d = 2.0 ** -(22 - p)
     a = (t * (1 + d)).float()[:, None]                                # exact in float32 (p + 2 + 22 - p bits)
     b = torch.tensor([[1 - d, 1 + d, 1.0, -(1 - d), 1 - 2 * d, 1 + 2 * d]]).float()  # below, above, on ...
     assert N == b.shape[1] and torch.equal(a.double()[:, 0], t * (1 + d))
     kw = dict(acc=acc, kahan=kahan)
-    fam = "fkahanbf" if kahan else "fusedbf"
+    fam = ("fkahan" if kahan else "fused") + ("16" if acc.exp == 5 else "bf")
     want, got = run(a[None], b[None], kw, fam)
     assert exact(got, want)
     assert not torch.isfinite(got[0, 0, :3]).all()                    # the threshold's products overflow

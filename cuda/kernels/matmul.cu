@@ -198,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 1)
 
 // ------------------------------------------------------------------------------------------
 // The family kernels: one per family of cpd/gemm.h (CHAIN, LANES, KAHAN, F32, KAHAN32, FKAHAN32, LANES16,
-// KAHAN16, LANESBF, KAHANBF, FUSEDBF, FKAHANBF, SR), each with its step fixed at compile time, so that the inner loop is the step's
+// KAHAN16, LANESBF, KAHANBF, FUSEDBF, FKAHANBF, FUSED16, FKAHAN16, SR), each with its step fixed at compile time, so that the inner loop is the step's
 // instructions and two shared-memory loads per four outputs. A block of 256 threads (16 x 16)
 // owns T x T outputs, T = 16 R; thread (tx, ty) owns the R x R outputs in rows own(ty, i) and columns own(tx, j)
 // (groups of four neighbours, 64 apart: each float4 load from shared memory is conflict-free).
@@ -376,6 +376,39 @@ struct BF16Step {
 
 using FusedBF16Step = BF16Step<false, true>;  // (one macro argument each)
 using FusedKahanBF16Step = BF16Step<true, true>;
+
+// FUSED16 and FKAHAN16 (cpd/gemm.h gemm_fh16_step, gemm_fkahan16_step): float32 lanes, one per
+// output: binary16 sums s, Kahan's compensations c, the largest |hi| w.
+template <bool KAHAN>
+struct FusedH16Step {
+  static constexpr int FAMILY = KAHAN ? cpd::GEMM_FKAHAN16 : cpd::GEMM_FUSED16;
+  cpd::FormatF ag;  // binary16's (the host's conversion)
+  template <int R>
+  struct Row {
+    float s[R], w[R], c[KAHAN ? R : 1];
+  };
+  __device__ __forceinline__ float prep(float b) const { return b; }
+  template <int R>
+  __device__ __forceinline__ void init(Row<R>& r) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) r.s[j] = r.w[j] = r.c[KAHAN ? j : 0] = 0.0f;
+  }
+  template <int R>
+  __device__ __forceinline__ void step(Row<R>& r, float a, const float (&b)[R], const float (&)[R]) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      if (KAHAN) cpd::gemm_fkahan16_step(r.s[j], r.c[j], r.w[j], a, b[j], ag);
+      else cpd::gemm_fh16_step(r.s[j], r.w[j], a, b[j], ag);
+    }
+  }
+  template <int R>
+  __device__ __forceinline__ float value(const Row<R>& r, int j) const { return r.s[j]; }
+  template <int R>
+  __device__ __forceinline__ bool redo(const Row<R>& r, int j) const { return cpd::gemm_fh16_redo(r.s[j], r.w[j]); }
+  static constexpr bool FROM_VALUE = false;
+  static constexpr bool KEYED = false;
+  __device__ __forceinline__ bool redo_value(float) const { return false; }
+};
 
 // F32, KAHAN32 and FKAHAN32 (cpd/gemm.h gemm_f32_step, gemm_kahan32_step, gemm_fkahan32_step): float32
 // lanes, one per output: sums s, Kahan's compensations c and (with a mul format) the largest
@@ -638,6 +671,7 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
 // * the chain's 8 x 8 tile (64 sums): 1 block (186-197 registers from sm_80 on, 245 at sm_75; at 2
 //   blocks it spilled 56-328 bytes of staging values, 3 LDL per 512 FFMA in its K loop at sm_90);
 // * SR: 2 x 2 outputs per thread, 1 block (three words per output and the Philox state).
+// * KAHANBF before sm_80: 1 block (below).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
 #define CPD_FAMILY_MINB 1
 #else
@@ -670,9 +704,18 @@ CPD_FAMILY_KERNEL(cpd_matmul_fkahan32, F32FusedKahanStep, 4, CPD_FAMILY_MINB, (v
 CPD_FAMILY_KERNEL(cpd_matmul_lanes16, Binary16Step<false>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_f16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_kahan16, Binary16Step<true>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_f16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_lanesbf, BF16Step<false>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_bf16(mf, af)))
-CPD_FAMILY_KERNEL(cpd_matmul_kahanbf, BF16Step<true>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_bf16(mf, af)))
+// KAHANBF on Turing: one block per SM (at two, with the rounding's cut in registers for TF32, ptxas
+// at sm_75 spilled 16 bytes at 128 registers).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define CPD_KAHANBF_MINB 1
+#else
+#define CPD_KAHANBF_MINB CPD_FAMILY_MINB
+#endif
+CPD_FAMILY_KERNEL(cpd_matmul_kahanbf, BF16Step<true>, 4, CPD_KAHANBF_MINB, (st.g = cpd::make_gemm_bf16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_fusedbf, FusedBF16Step, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_fbf16(af)))
 CPD_FAMILY_KERNEL(cpd_matmul_fkahanbf, FusedKahanBF16Step, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_fbf16(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_fused16, FusedH16Step<false>, 4, CPD_FAMILY_MINB, (st.ag = cpd::make_format_f(af)))
+CPD_FAMILY_KERNEL(cpd_matmul_fkahan16, FusedH16Step<true>, 4, CPD_FAMILY_MINB, (st.ag = cpd::make_format_f(af)))
 // SR keeps three words per output (s, c, bs: Kahan and blocks are run-time choices) and the Philox
 // state: a 2 x 2 tile per thread (32 x 32 per block), one block of 256 per SM: 177-218 registers
 // from sm_70 to sm_121 (its 4 x 4 tile took 255 and spilled 1.5 KiB at sm_100 / sm_121; 2 x 2 at

@@ -445,12 +445,16 @@ CPD_FN float fma_directed(float a, float b, float x, int up) {
 #endif
 }
 
-// round(a*b + x) to nearest bfloat16 (finite or infinite; see NaN above) and the watch's hi.
-CPD_FN float fbf16_fused(float a, float b, float x, float& hi, const GemmBF16& g) {
+// a*b + x rounded to odd on float32's grid (the bits), and hi, the sum rounded up (the watch's).
+CPD_FN u32 fused_odd(float a, float b, float x, float& hi) {
   const float lo = fma_directed(a, b, x, 0);
   hi = fma_directed(a, b, x, 1);
-  const u32 odd = bits_of(hi > 0.0f ? lo : hi) | (u32)(lo != hi);
-  return float_of(round_bf16_bits(odd, g));
+  return bits_of(hi > 0.0f ? lo : hi) | (u32)(lo != hi);
+}
+
+// round(a*b + x) to nearest bfloat16 (finite or infinite; see NaN above) and the watch's hi.
+CPD_FN float fbf16_fused(float a, float b, float x, float& hi, const GemmBF16& g) {
+  return float_of(round_bf16_bits(fused_odd(a, b, x, hi), g));
 }
 
 CPD_FN GemmBF16 make_gemm_fbf16(const Format& acc) {
@@ -482,6 +486,57 @@ CPD_FN void gemm_fkahanbf_step(float& s, float& c, float& w, float& top, float a
   c = bf16_add(bf16_add(t, -s, g), -y, g);
   s = t;
 }
+
+// FUSED16 / FKAHAN16 (gemm_fh16_applies): FUSEDBF / FKAHANBF for the accumulator IEEE binary16
+// itself ((5, 10), bias 15, subnormals, no saturation): round to nearest, mul=None (exact products,
+// `acc=FP16` or `fma=True`), no blocks.
+//   * The fused sum a*b + x (x = s, or -c for Kahan's y) rounded to odd through float32 (fused_odd:
+//     Boldo & Melquiond as above; 24 >= 11 + 2 bits, and in binary16's subnormal range float32's
+//     quantum is at most 2^-37, far below binary16's 2^-24), then rounded once to binary16 by the
+//     conversion to nearest (cvt.rn.f16.f32: IEEE 754 convertFormat, gradual underflow, +-inf
+//     from 65520 on) and back (exact): fma_bits(x, a, b, FP16, NEAREST). Past float32's range the
+//     odd value is +-FLT_MAX, which rounds to +-inf as the exact sum does; an exact zero sum takes
+//     hi's sign, round to nearest's (FUSEDBF's argument), which the conversion keeps.
+//   * Kahan's other sums: two binary16 values added in float32 and converted, add_bits(x, y, FP16,
+//     NEAREST) (Figueroa's 24 >= 2 * 11 + 2; LANES16's h2_add, one half).
+//   * The conversion rounds infinities and overflows right (unlike the integer rounding of the BF16
+//     families, it needs no guard on |t|); a NaN is the unit's, so the watch w keeps the largest
+//     |hi| with NaN and a NaN w or a NaN s redoes the output (gemm_fh16_redo).
+// On the host (the shim) the conversion is round_f to binary16 (LANES16's h2_pack).
+CPD_FN int gemm_fh16_applies(const DotSpec& d) {
+  return (int)(!d.has_mul && d.mode == NEAREST && !d.block && is_binary16_format(d.af));
+}
+
+// x rounded to nearest binary16, as a float32 (cvt.rn.f16.f32, cvt.f32.f16); ag: binary16's.
+CPD_FN float round_half_f(float x, const FormatF& ag) {
+#if defined(__CUDA_ARCH__)
+  unsigned short h;
+  float r;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
+  (void)ag;
+  return r;
+#else
+  return float_of(round_f(bits_of(x), ag));
+#endif
+}
+
+// Step k of one output (FUSED16): s = round(s + a*b), w the largest |hi| so far.
+CPD_FN void gemm_fh16_step(float& s, float& w, float a, float b, const FormatF& ag) {
+  float hi;
+  s = round_half_f(float_of(fused_odd(a, b, s, hi)), ag);
+  w = fmax_abs_nan(w, hi);
+}
+
+// Kahan's step (FKAHAN16): y = round(a*b - c), then t = s + y, c = (t - s) - y, s = t in binary16.
+CPD_FN void gemm_fkahan16_step(float& s, float& c, float& w, float a, float b, const FormatF& ag) {
+  float hi;
+  const float y = round_half_f(float_of(fused_odd(a, b, -c, hi)), ag);
+  w = fmax_abs_nan(w, hi);
+  kahan_finish(s, c, y, [&ag](float x, float z, int) { return round_half_f(fadd(x, z), ag); });
+}
+
+CPD_FN int gemm_fh16_redo(float s, float w) { return (int)(w != w) | gemm_redo(s); }
 
 // F32 / KAHAN32 / FKAHAN32 (gemm_f32_applies): the accumulator float32 itself (is_float32_format:
 // no saturation), round to nearest, no blocks, and what CHAIN leaves of it: products rounded to a
@@ -628,7 +683,7 @@ CPD_FN void gemm_sr_step(const DotSpec& d, u32 ua, u32 ub, int run_end, u32& s, 
 enum {
   GEMM_GENERIC = 0, GEMM_CHAIN = 1, GEMM_LANES = 2, GEMM_KAHAN = 3, GEMM_LANES16 = 4, GEMM_KAHAN16 = 5,
   GEMM_LANESBF = 6, GEMM_KAHANBF = 7, GEMM_FUSEDBF = 8, GEMM_FKAHANBF = 9, GEMM_SR = 10, GEMM_F32 = 11,
-  GEMM_KAHAN32 = 12, GEMM_FKAHAN32 = 13
+  GEMM_KAHAN32 = 12, GEMM_FKAHAN32 = 13, GEMM_FUSED16 = 14, GEMM_FKAHAN16 = 15
 };
 
 CPD_FN int gemm_family(const DotSpec& d) {
@@ -638,6 +693,7 @@ CPD_FN int gemm_family(const DotSpec& d) {
   if (gemm_lanes_applies(d)) return d.kahan ? GEMM_KAHAN : GEMM_LANES;
   if (gemm_bf16_applies(d)) return d.kahan ? GEMM_KAHANBF : GEMM_LANESBF;
   if (gemm_fbf16_applies(d)) return d.kahan ? GEMM_FKAHANBF : GEMM_FUSEDBF;
+  if (gemm_fh16_applies(d)) return d.kahan ? GEMM_FKAHAN16 : GEMM_FUSED16;
   if (gemm_sr_applies(d)) return GEMM_SR;
   return GEMM_GENERIC;
 }
