@@ -102,6 +102,7 @@ GEMM_FAMILIES = (
     ("float32 chain (mul=None, acc=FP32)", lambda: dict(acc=cpd.FP32)),
     ("E4M3 products, FP32 accumulator (the default acc)", lambda: dict(mul=cpd.E4M3)),
     ("Kahan FP32 (mul=None)", lambda: dict(acc=cpd.FP32, kahan=True)),
+    ("E4M3 products, FP32 in blocks of 32", lambda: dict(mul=cpd.E4M3, block=32)),
     ("FP16 fused multiply-add (mul=None, acc=FP16)", lambda: dict(acc=cpd.FP16)),
     ("Hopper e4m3 model", lambda: dict(acc=cpd.tensor_core("hopper", a="e4m3"))),
     ("Ampere bf16 model (L 8)", lambda: dict(acc=cpd.tensor_core("ampere", a="bf16"))),

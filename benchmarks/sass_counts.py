@@ -42,6 +42,8 @@ FAMILIES = {
     "cpd_matmul_fkahanbf": ("Kahan BF16, mul=None (the issue's row)", 8 * 4 * 4, 30.0),
     "cpd_matmul_fused16": ("mul=None -> FP16 (fused, round to odd)", 8 * 4 * 4, None),
     "cpd_matmul_fkahan16": ("Kahan FP16, mul=None", 8 * 4 * 4, None),
+    "cpd_matmul_f32b": ("blocks, E4M3/E5M2/FP16 -> FP32 (Kahan at run ends)", 8 * 4 * 4, None),
+    "cpd_matmul_ff32b": ("blocks, mul=None -> FP32", 8 * 4 * 4, None),
     "cpd_matmul_sr": ("stochastic <= 11 bits (all variants, static)", 2 * 2, None),
 }
 

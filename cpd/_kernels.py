@@ -50,7 +50,8 @@ FAMILY_KERNELS = {"chain": ("cpd_matmul_chain", 128), "lanes": ("cpd_matmul_lane
                   "kahan16": ("cpd_matmul_kahan16", 64), "lanesbf": ("cpd_matmul_lanesbf", 64),
                   "kahanbf": ("cpd_matmul_kahanbf", 64), "fusedbf": ("cpd_matmul_fusedbf", 64),
                   "fkahanbf": ("cpd_matmul_fkahanbf", 64), "fused16": ("cpd_matmul_fused16", 64),
-                  "fkahan16": ("cpd_matmul_fkahan16", 64), "sr": ("cpd_matmul_sr", 32)}
+                  "fkahan16": ("cpd_matmul_fkahan16", 64), "f32b": ("cpd_matmul_f32b", 64),
+                  "ff32b": ("cpd_matmul_ff32b", 64), "sr": ("cpd_matmul_sr", 32)}
 
 
 @dataclass(frozen=True)
@@ -229,17 +230,24 @@ def _sr_lane(spec) -> bool:  # cpd/accumulate.h sr_lane_applies
 def matmul_family(mul, acc, kahan: bool, block: int, mode: int, saturate: bool) -> str:
     """Which kernel of matmul.cu runs a spec: "chain", "f32", "kahan32", "fkahan32", "lanes16",
     "kahan16", "lanes", "kahan", "lanesbf", "kahanbf", "fusedbf", "fkahanbf", "fused16",
-    "fkahan16", "sr" (the family kernels) or "tiled" (the generic steps). The conditions are
+    "fkahan16", "f32b", "ff32b", "sr" (the family kernels) or "tiled" (the generic steps). The conditions are
     cpd/gemm.h's gemm_family, whose kernels also check them on the device (a spec outside a
     kernel's family gets the generic steps' bits there, only slower)."""
     if mode == 1:  # STOCHASTIC: gemm_sr_applies (any Kahan / blocks)
         return "sr" if _sr_lane(acc) and (mul is None or _sr_lane(mul)) else "tiled"
-    if mode != 0 or block:  # NEAREST, no blocks
+    if mode != 0:  # NEAREST
         return "tiled"
     af = FloatFormat.from_core(*acc)
     # gemm.h is_f32_range_format: BF16, TF32, ... (float32's exponent range, <= 11 bits)
     bfloat16 = acc[0] == 8 and 1 <= acc[1] <= 10 and tuple(acc[2:4]) == (127, 0) and bool(acc[4]) and not saturate
     fp32 = tuple(acc[:4]) == (8, 23, 127, 0) and bool(acc[4]) and not saturate    # gemm.h is_float32_format
+    if block:  # gemm_f32_applies with blocks: float32 accumulators only
+        if not fp32:
+            return "tiled"
+        if mul is None:
+            return "ff32b"
+        mf = FloatFormat.from_core(*mul)
+        return "f32b" if _nearest_f(mf, mul[3]) and mf.subnormals and _values_within(mf, af) else "tiled"
     if mul is None:
         if bfloat16:  # gemm_fbf16_applies
             return "fkahanbf" if kahan else "fusedbf"

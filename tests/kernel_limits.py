@@ -23,12 +23,12 @@ def check_local_memory(usage: dict, where) -> None:
 
 def check_family_kernels(usage: dict, arch: str, local: bool = True) -> None:
     """matmul.cu's GEMM family kernels in ``usage`` (ptxas's report of the file at ``arch``): at
-    most 128 registers (two blocks of 256 per SM; the chain and SR one block, 255, and KAHANBF
-    before sm_80), and with ``local`` within LOCAL_ALLOWED."""
+    most 128 registers (two blocks of 256 per SM; the chain, SR and the blocked float32 families
+    one block, 255, and KAHANBF before sm_80), and with ``local`` within LOCAL_ALLOWED."""
     family = {name: usage[name] for name, _ in _kernels.FAMILY_KERNELS.values()}
     if local:
         check_local_memory(family, arch)
     for name, u in family.items():
-        one_block = name in ("cpd_matmul_sr", "cpd_matmul_chain") or (name == "cpd_matmul_kahanbf"
-                                                                       and int(arch[3:]) < 80)
+        one_block = name in ("cpd_matmul_sr", "cpd_matmul_chain", "cpd_matmul_f32b", "cpd_matmul_ff32b") or (
+            name == "cpd_matmul_kahanbf" and int(arch[3:]) < 80)
         assert u["registers"] <= (255 if one_block else 128), (arch, name, u)

@@ -289,7 +289,9 @@ def test_gpu_matmul_matches_cpu(rounding, kw):
                                 dict(mul=cpd.E4M3, acc=cpd.FP16), dict(mul=cpd.E4M3, acc=cpd.FP16, kahan=True),
                                 dict(mul=cpd.E4M3, acc=cpd.FloatFormat(6, 9), kahan=True),
                                 dict(mul=cpd.E5M2, acc=cpd.BF16), dict(mul=cpd.E4M3, acc=cpd.BF16, kahan=True),
-                                dict(mul=cpd.E4M3), dict(mul=cpd.FP16, kahan=True), dict(acc=cpd.FP32, kahan=True)],
+                                dict(mul=cpd.E4M3), dict(mul=cpd.FP16, kahan=True), dict(acc=cpd.FP32, kahan=True),
+                                dict(acc=cpd.FP16), dict(acc=cpd.TF32, kahan=True), dict(mul=cpd.E4M3, block=32),
+                                dict(block=4, kahan=True)],
                          ids=lambda k: "-".join(f"{n}={getattr(v, 'name', v)}" for n, v in k.items()))
 def test_gpu_gemm_families_match_cpu(kw):
     """The family kernels (cpd/gemm.h) on the hardware: the FFMA chain, the binary16 pair

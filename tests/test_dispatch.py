@@ -389,15 +389,15 @@ def test_cpp_launches_pick_the_python_launches_matmul_kernel(ext):
     seen = set()
     for mul in [None, *fmts]:
         for acc in fmts:
-            for kahan in (False, True):
+            for kahan, block in ((False, 0), (True, 0), (False, 4), (True, 3)):
                 for mode in (0, 1, 2):
                     for saturate in (False, True):
                         m5, a5 = (SPEC(mul) if mul is not None else SPEC(acc)), SPEC(acc)
-                        family = _kernels.matmul_family(tuple(m5) if mul is not None else None, tuple(a5), kahan, 0,
-                                                        mode, saturate)
+                        family = _kernels.matmul_family(tuple(m5) if mul is not None else None, tuple(a5), kahan,
+                                                        block, mode, saturate)
                         want = _kernels.FAMILY_KERNELS[family][0] if family in _kernels.FAMILY_KERNELS \
                             else "cpd_matmul_tiled"
-                        got = ext.matmul_kernel(mul is not None, list(m5), list(a5), kahan, 0, mode, saturate)
-                        assert got == want, (mul, acc, kahan, mode, saturate)
+                        got = ext.matmul_kernel(mul is not None, list(m5), list(a5), kahan, block, mode, saturate)
+                        assert got == want, (mul, acc, kahan, block, mode, saturate)
                         seen.add(got)
     assert seen == {name for name, _ in _kernels.FAMILY_KERNELS.values()} | {"cpd_matmul_tiled"}, seen  # every one

@@ -3,9 +3,10 @@ NVRTC cubin at sm_90 disassembled by cuobjdump, SASS per multiply-accumulate of 
 the goals of the GPU issue (float32 chain <= 1.5, E5M2/E4M3 into binary16 <= 12, Kahan into
 binary16 <= 30, Kahan BF16 <= 30), the binary16 families held closer to today's counts (7.48 and
 9.09, docs/gpu.md), the BF16 lanes (12.1), the float32 families (f32, kahan32, fkahan32: 8.1,
-11.0, 4.8) and binary16's fused ones (fused16, fkahan16: 10.7, 19.8) likewise. Needs no GPU;
-skipped without NVRTC or cuobjdump/nvdisasm (pip: nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm, in
-the test extra).
+11.0, 4.8), binary16's fused ones (fused16, fkahan16: 10.7, 19.8) and the blocked float32 ones
+(f32b, ff32b: 21.3, 10.2, a run end's fold counted at every step: upper bounds) likewise. Needs no
+GPU; skipped without NVRTC or cuobjdump/nvdisasm (pip: nvidia-cuda-cuobjdump,
+nvidia-cuda-nvdisasm, in the test extra).
 A change that bloats a loop fails here on any machine."""
 
 import importlib.util
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.skipif(not (_cuda.available() and sass_counts.available
 BOUNDS = {"cpd_matmul_chain": 1.35, "cpd_matmul_lanes16": 8.5, "cpd_matmul_kahan16": 10.0,
           "cpd_matmul_lanes": 31.0, "cpd_matmul_kahan": 70.0, "cpd_matmul_lanesbf": 13.5, "cpd_matmul_kahanbf": 30.0,
           "cpd_matmul_fusedbf": 14.0, "cpd_matmul_fkahanbf": 30.0, "cpd_matmul_f32": 9.0, "cpd_matmul_kahan32": 12.0,
-          "cpd_matmul_fkahan32": 5.5, "cpd_matmul_fused16": 11.5, "cpd_matmul_fkahan16": 21.0}
+          "cpd_matmul_fkahan32": 5.5, "cpd_matmul_fused16": 11.5, "cpd_matmul_fkahan16": 21.0,
+          "cpd_matmul_f32b": 23.0, "cpd_matmul_ff32b": 11.5}
 
 
 def test_inner_loop_counts(capsys):

@@ -48,6 +48,9 @@ FAMILY_CASES = {
     "fkahanbf": [dict(acc=cpd.BF16, kahan=True), dict(acc=cpd.TF32, kahan=True)],
     "fused16": [dict(acc=cpd.FP16)],
     "fkahan16": [dict(acc=cpd.FP16, kahan=True)],
+    "f32b": [dict(mul=cpd.E4M3, acc=cpd.FP32, block=4), dict(mul=cpd.E5M2, acc=cpd.FP32, kahan=True, block=3),
+             dict(mul=cpd.FP16, acc=cpd.FP32, block=32)],
+    "ff32b": [dict(acc=cpd.FP32, block=5), dict(acc=cpd.FP32, kahan=True, block=2)],
 }
 SEED = (0x123456789ABCDEF, 7)
 #: (mul, acc) pairs of the SR family (stochastic rounding: cpd/gemm.h gemm_sr_applies)
@@ -70,8 +73,8 @@ def same_bits(a, b):
 def launch(a, b, kw, kernel, geometry=G()):
     mul, acc = kw.get("mul"), kw["acc"]
     out = torch.full((a.shape[0], a.shape[1], b.shape[2]), 3.0)
-    _kernels.matmul(a, b, out, None if mul is None else _fmt_args(mul), _fmt_args(acc), kw.get("kahan", False), 0, 0,
-                    False, 32, *SEED, _shim.launch, geometry, kernel=kernel)
+    _kernels.matmul(a, b, out, None if mul is None else _fmt_args(mul), _fmt_args(acc), kw.get("kahan", False),
+                    kw.get("block", 0), 0, False, 32, *SEED, _shim.launch, geometry, kernel=kernel)
     return out
 
 
@@ -82,7 +85,7 @@ def run(a, b, kw, kernel, geometry=G()):
     B, M, _ = a.shape
     want = torch.empty(B, M, b.shape[2])
     _cpu.extension().matmul_out(a, b, want, mul is not None, *_fmt_args(mul or acc), *_fmt_args(acc),
-                                kw.get("kahan", False), 0, 0, False, 32, *SEED, 1)
+                                kw.get("kahan", False), kw.get("block", 0), 0, False, 32, *SEED, 1)
     got = launch(a, b, kw, kernel, geometry)
     assert exact(got, launch(a, b, kw, "simple")), (kernel, kw)
     return want, got
@@ -113,20 +116,22 @@ def test_matmul_family_routes_by_the_headers_predicates():
         f(mul), f(acc), kahan, block, mode, sat)
     for family, kws in FAMILY_CASES.items():
         for kw in kws:
-            assert fam(kw.get("mul"), kw["acc"], kw.get("kahan", False)) == family, kw
+            assert fam(kw.get("mul"), kw["acc"], kw.get("kahan", False), kw.get("block", 0)) == family, kw
     # float32 chain: only float32 itself, nearest, no saturation, no Kahan, no blocks
     assert fam(None, cpd.FP32, sat=True) == "tiled"
     # float32 accumulator, what the chain leaves: rounded products (plain, Kahan), exact products with Kahan
     assert fam(None, cpd.FP32, kahan=True) == "fkahan32"
     assert fam(cpd.E4M3FN, cpd.FP32) == "f32" and fam(cpd.E2M1, cpd.FP32, kahan=True) == "kahan32"
-    assert fam(cpd.E4M3, cpd.FP32, sat=True) == "tiled" and fam(cpd.E4M3, cpd.FP32, block=4) == "tiled"
-    assert fam(cpd.E4M3, cpd.FP32, mode=2) == "tiled" and fam(None, cpd.FP32, kahan=True, block=2) == "tiled"
+    assert fam(cpd.E4M3, cpd.FP32, sat=True) == "tiled" and fam(cpd.E4M3, cpd.FP32, block=4) == "f32b"
+    assert fam(cpd.E4M3, cpd.FP32, mode=2) == "tiled" and fam(None, cpd.FP32, kahan=True, block=2) == "ff32b"
+    assert fam(cpd.E4M3, cpd.FP32, sat=True, block=4) == "tiled" and fam(cpd.BF16, cpd.FP32, block=4) == "tiled"
+    assert fam(cpd.E4M3, cpd.FP32, block=4, mode=2) == "tiled" and fam(None, cpd.FP16, block=4) == "tiled"
     assert fam(cpd.E4M3FNUZ, cpd.FP32) == "tiled"      # not a plain convention
     assert fam(cpd.FloatFormat(8, 22), cpd.FP32) == "tiled"  # 23 bits: mul_f's fused rounding needs <= 21
     assert fam(cpd.BF16, cpd.FP32) == "tiled"          # emax 127: the product's constant 2^(E + 23 - man) overflows
     assert fam(cpd.FloatFormat(4, 3, subnormals=False), cpd.FP32) == "tiled"  # the product's clamp needs subnormals
     assert fam(cpd.E4M3, cpd.FloatFormat(8, 23, subnormals=False)) == "tiled"
-    assert fam(None, cpd.FP32, block=4) == "tiled"
+    assert fam(None, cpd.FP32, block=4) == "ff32b"   # blocks: the blocked float32 family
     assert fam(None, cpd.FP32, mode=1) == "tiled"
     assert fam(None, cpd.FloatFormat(8, 23, subnormals=False)) == "tiled"
     # binary16 with exact products: the fused families (not F510 with another bias, not saturating)
@@ -228,9 +233,10 @@ def test_spec_outside_the_family_gets_the_generic_bits(kernel):
     generic steps for every output: right bits, only slower."""
     g = torch.Generator().manual_seed(11)
     a, b = torch.randn(2, 9, 12, generator=g), torch.randn(2, 12, 5, generator=g)
-    for kw in (dict(acc=cpd.BF16, kahan=True), dict(mul=cpd.E5M2, acc=cpd.BF16), dict(acc=cpd.FP32)):
+    for kw in (dict(acc=cpd.BF16, kahan=True), dict(mul=cpd.E5M2, acc=cpd.BF16), dict(acc=cpd.FP32),
+               dict(mul=cpd.E4M3, acc=cpd.FP32, block=3)):
         if _kernels.matmul_family(None if kw.get("mul") is None else _fmt_args(kw["mul"]), _fmt_args(kw["acc"]),
-                                  kw.get("kahan", False), 0, 0, False) == kernel:
+                                  kw.get("kahan", False), kw.get("block", 0), 0, False) == kernel:
             continue
         want, got = run(a, b, kw, kernel)
         assert same_bits(got, want), kw
@@ -249,7 +255,7 @@ def test_auto_routes_and_matches():
         want = launch(a, b, kw, "simple")
         got = torch.empty_like(want)
         _kernels.matmul(a, b, got, None if kw.get("mul") is None else _fmt_args(kw["mul"]), _fmt_args(kw["acc"]),
-                        kw.get("kahan", False), 0, 0, False, 32, *SEED, spy)
+                        kw.get("kahan", False), kw.get("block", 0), 0, False, 32, *SEED, spy)
         assert exact(got, want) and seen[-1] == _kernels.FAMILY_KERNELS[fam][0], (fam, seen)
 
 
@@ -268,7 +274,7 @@ def _grid_targets(fmt, n, g, top=None):
 
 
 @pytest.mark.parametrize("case", [c for c in cases() if c[0] in ("lanes16", "kahan16", "lanesbf", "kahanbf", "f32",
-                                                                  "kahan32")], ids=ids)
+                                                                  "kahan32", "f32b")], ids=ids)
 def test_binary16_families_at_the_rounding_points(case):
     """(The binary16, BF16 and float32 families with a mul format: one product rounding.) Products exactly on the mul format's ties (normal and
     subnormal), at its overflow threshold

@@ -311,6 +311,8 @@ Family family_kernel(int family) {
     case cpd::GEMM_FKAHANBF: return {"cpd_matmul_fkahanbf", 64};
     case cpd::GEMM_FUSED16: return {"cpd_matmul_fused16", 64};
     case cpd::GEMM_FKAHAN16: return {"cpd_matmul_fkahan16", 64};
+    case cpd::GEMM_F32B: return {"cpd_matmul_f32b", 64};
+    case cpd::GEMM_FF32B: return {"cpd_matmul_ff32b", 64};
     case cpd::GEMM_SR: return {"cpd_matmul_sr", 32};
     default: return {nullptr, 0};
   }

@@ -198,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 1)
 
 // ------------------------------------------------------------------------------------------
 // The family kernels: one per family of cpd/gemm.h (CHAIN, LANES, KAHAN, F32, KAHAN32, FKAHAN32, LANES16,
-// KAHAN16, LANESBF, KAHANBF, FUSEDBF, FKAHANBF, FUSED16, FKAHAN16, SR), each with its step fixed at compile time, so that the inner loop is the step's
+// KAHAN16, LANESBF, KAHANBF, FUSEDBF, FKAHANBF, FUSED16, FKAHAN16, F32B, FF32B, SR), each with its step fixed at compile time, so that the inner loop is the step's
 // instructions and two shared-memory loads per four outputs. A block of 256 threads (16 x 16)
 // owns T x T outputs, T = 16 R; thread (tx, ty) owns the R x R outputs in rows own(ty, i) and columns own(tx, j)
 // (groups of four neighbours, 64 apart: each float4 load from shared memory is conflict-free).
@@ -295,6 +295,7 @@ struct Rows : S {
   __device__ __forceinline__ float value(const Row<R>& r, int j) const { return r.x[j].s; }
   static constexpr bool FROM_VALUE = true;
   static constexpr bool KEYED = false;  // step(), not step_keyed() (SrStep)
+  static constexpr bool BLOCKED = false;  // step(), not step_run() (F32BlockStep)
   __device__ __forceinline__ bool redo_value(float s) const { return S::REDO && S::redo(s); }
 };
 
@@ -332,6 +333,7 @@ struct Binary16Step {
   }
   static constexpr bool FROM_VALUE = false;
   static constexpr bool KEYED = false;
+  static constexpr bool BLOCKED = false;
   __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
@@ -371,6 +373,7 @@ struct BF16Step {
   }
   static constexpr bool FROM_VALUE = false;
   static constexpr bool KEYED = false;
+  static constexpr bool BLOCKED = false;
   __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
@@ -407,6 +410,7 @@ struct FusedH16Step {
   __device__ __forceinline__ bool redo(const Row<R>& r, int j) const { return cpd::gemm_fh16_redo(r.s[j], r.w[j]); }
   static constexpr bool FROM_VALUE = false;
   static constexpr bool KEYED = false;
+  static constexpr bool BLOCKED = false;
   __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
@@ -444,6 +448,51 @@ struct F32Step {
   }
   static constexpr bool FROM_VALUE = false;
   static constexpr bool KEYED = false;
+  static constexpr bool BLOCKED = false;
+  __device__ __forceinline__ bool redo_value(float) const { return false; }
+};
+
+// F32B and FF32B (cpd/gemm.h gemm_f32b_term, gemm_f32b_fold): F32 with blocks, products rounded or
+// exact (FUSED); sums s, Kahan's compensations c, block sums bs, the largest |product| w. Step k
+// adds each output's term to bs; at a run's end (run_end, the same for every output: family_gemm
+// counts the run down) bs is folded into s. Kahan is the spec's, read at run ends only.
+template <bool FUSED>
+struct F32BlockStep {
+  static constexpr int FAMILY = FUSED ? cpd::GEMM_FF32B : cpd::GEMM_F32B;
+  cpd::GemmBF16 g;  // the product's constants and the mul format's max (FUSED: unused)
+  int kahan;
+  template <int R>
+  struct Row {
+    float s[R], c[R], bs[R], w[FUSED ? 1 : R];
+  };
+  __device__ __forceinline__ float prep(float b) const { return FUSED ? b : cpd::gemm_f16_scale(b, g.m); }
+  template <int R>
+  __device__ __forceinline__ void init(Row<R>& r) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) r.s[j] = r.c[j] = r.bs[j] = r.w[FUSED ? 0 : j] = 0.0f;
+  }
+  template <int R>
+  __device__ __forceinline__ void step_run(Row<R>& r, float a, const float (&b)[R], const float (&bs)[R],
+                                           bool run_end) const {
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      if (FUSED) r.bs[j] = cpd::ffma(a, b[j], r.bs[j]);
+      else cpd::gemm_f32b_term(r.bs[j], r.w[j], a, b[j], bs[j], g);
+    }
+    if (run_end) {
+#pragma unroll
+      for (int j = 0; j < R; ++j) cpd::gemm_f32b_fold(r.s[j], r.c[j], r.bs[j], kahan);
+    }
+  }
+  template <int R>
+  __device__ __forceinline__ float value(const Row<R>& r, int j) const { return r.s[j]; }
+  template <int R>
+  __device__ __forceinline__ bool redo(const Row<R>& r, int j) const {
+    return FUSED ? cpd::gemm_redo(r.s[j]) : cpd::gemm_f32_redo(r.s[j], r.w[j], g);
+  }
+  static constexpr bool FROM_VALUE = false;
+  static constexpr bool KEYED = false;
+  static constexpr bool BLOCKED = true;
   __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
@@ -464,6 +513,7 @@ __device__ __forceinline__ int own(int t, int i) {
 struct SrStep {
   static constexpr int FAMILY = cpd::GEMM_SR;
   static constexpr bool KEYED = true;
+  static constexpr bool BLOCKED = false;
   cpd::DotSpec d;
   unsigned long long seed, offset, K;
   template <int R>
@@ -578,6 +628,7 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
     typename Step::template Row<R> acc[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) st.init(acc[i]);
+    int left = d.block;  // BLOCKED: the steps left in the current run (k runs 0, 1, ..., K - 1 here)
     auto compute = [&](int buf, int kk, long long k) {
       float av[R], bv[R], bp[R];
       if constexpr (R % 4 == 0) {
@@ -596,9 +647,17 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
       }
 #pragma unroll
       for (int j = 0; j < R; ++j) bp[j] = st.prep(bv[j]);  // per operand of B, once per load
+      bool run_end = false;
+      if constexpr (Step::BLOCKED) {  // dot_step's run end: k + 1 a multiple of the block, or K
+        run_end = --left == 0 || k + 1 == K;
+        if (left == 0) left = d.block;
+      }
+      (void)run_end;
 #pragma unroll
       for (int i = 0; i < R; ++i) {
-        if constexpr (Step::KEYED)
+        if constexpr (Step::BLOCKED)
+          st.step_run(acc[i], av[i], bv, bp, run_end);
+        else if constexpr (Step::KEYED)
           st.step_keyed(acc[i], av[i], bv, (unsigned long long)k,
                         (unsigned long long)((bi * M + m0 + own<R>(ty, i)) * N + n0), tx);
         else
@@ -671,7 +730,7 @@ __device__ __forceinline__ void family_gemm(const float* __restrict__ a, const f
 // * the chain's 8 x 8 tile (64 sums): 1 block (186-197 registers from sm_80 on, 245 at sm_75; at 2
 //   blocks it spilled 56-328 bytes of staging values, 3 LDL per 512 FFMA in its K loop at sm_90);
 // * SR: 2 x 2 outputs per thread, 1 block (three words per output and the Philox state).
-// * KAHANBF before sm_80: 1 block (below).
+// * KAHANBF before sm_80, and the blocked float32 families (F32B, FF32B): 1 block (below).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
 #define CPD_FAMILY_MINB 1
 #else
@@ -701,6 +760,9 @@ CPD_FAMILY_KERNEL(cpd_matmul_kahan, Rows<KahanStep>, 4, CPD_FAMILY_MINB, (st.mg 
 CPD_FAMILY_KERNEL(cpd_matmul_f32, F32PlainStep, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_bf16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_kahan32, F32KahanStep, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_bf16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_fkahan32, F32FusedKahanStep, 4, CPD_FAMILY_MINB, (void)0)
+// The blocked float32 families keep four values per output (s, c, bs, w): one block per SM.
+CPD_FAMILY_KERNEL(cpd_matmul_f32b, F32BlockStep<false>, 4, 1, (st.g = cpd::make_gemm_bf16(mf, af), st.kahan = d.kahan))
+CPD_FAMILY_KERNEL(cpd_matmul_ff32b, F32BlockStep<true>, 4, 1, (st.kahan = d.kahan))
 CPD_FAMILY_KERNEL(cpd_matmul_lanes16, Binary16Step<false>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_f16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_kahan16, Binary16Step<true>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_f16(mf, af)))
 CPD_FAMILY_KERNEL(cpd_matmul_lanesbf, BF16Step<false>, 4, CPD_FAMILY_MINB, (st.g = cpd::make_gemm_bf16(mf, af)))

@@ -539,7 +539,8 @@ CPD_FN void gemm_fkahan16_step(float& s, float& c, float& w, float a, float b, c
 CPD_FN int gemm_fh16_redo(float s, float w) { return (int)(w != w) | gemm_redo(s); }
 
 // F32 / KAHAN32 / FKAHAN32 (gemm_f32_applies): the accumulator float32 itself (is_float32_format:
-// no saturation), round to nearest, no blocks, and what CHAIN leaves of it: products rounded to a
+// no saturation), round to nearest, without blocks (with them: F32B / FF32B below), and what
+// CHAIN leaves of it: products rounded to a
 // mul format with subnormals whose values are float32 values and with nearest_f_applies (E4M3,
 // E5M2, E4M3FN, FP16, ...; not BF16 or TF32, whose emax leaves no room for the product's constant),
 // summed plainly (F32) or with Kahan (KAHAN32), and exact products with Kahan (FKAHAN32; exact
@@ -568,9 +569,9 @@ CPD_FN int gemm_fh16_redo(float s, float w) { return (int)(w != w) | gemm_redo(s
 //     at the next step or never shows), so a NaN s alone redoes.
 // Every other output is bit for bit the generic path's.
 CPD_FN int gemm_f32_applies(const DotSpec& d) {
-  return (int)(is_float32_format(d.af) && d.mode == NEAREST && !d.block &&
+  return (int)(is_float32_format(d.af) && d.mode == NEAREST &&
                (d.has_mul ? nearest_f_applies(d.mf, d.mode) && d.mf.subnormals && values_within(d.mf, d.af)
-                          : d.kahan));
+                          : d.kahan || d.block));
 }
 
 CPD_FN float f32_add(float x, float y, int) { return fadd(x, y); }  // kahan_step's additions
@@ -591,6 +592,23 @@ CPD_FN void gemm_kahan32_step(float& s, float& c, float& w, float a, float b, fl
 
 // Kahan's step with the exact product (FKAHAN32): y = a*b - c rounded once, then t, c and s.
 CPD_FN void gemm_fkahan32_step(float& s, float& c, float a, float b) { kahan_finish(s, c, ffma(a, b, -c), f32_add); }
+
+// F32B / FF32B: the same with blocks (block = L; Kahan or not, a run-time choice: it only touches a
+// run's end), products rounded (F32B) or exact (FF32B). dot_step's order: step k adds its term to
+// the block sum bs (FADD of the watched product, or bs = fma(a, b, bs): fma_bits(bs, a, b), one
+// FFMA); at a run's end (k + 1 a multiple of L, or K) bs is added to s, plainly (FADD) or as
+// Kahan's incoming value (y = bs - c, then t, c, s), and restarts at +0. The arguments above hold
+// for bs as for s (it starts at +0, so it is never -0, and a zero product's sign never shows),
+// and a NaN bs reaches s at its run's end (the last run ends at k = K - 1).
+CPD_FN void gemm_f32b_term(float& bs, float& w, float a, float b, float bsc, const GemmBF16& g) {
+  gemm_f32_step(bs, w, a, b, bsc, g);
+}
+
+CPD_FN void gemm_f32b_fold(float& s, float& c, float& bs, int kahan) {
+  if (kahan) kahan_step(s, c, bs, f32_add);
+  else s = fadd(s, bs);
+  bs = 0.0f;
+}
 
 // Whether an output must be redone by dot_step: a product past max or NaN (w), or a NaN sum.
 CPD_FN int gemm_f32_redo(float s, float w, const GemmBF16& g) { return (int)(!(w <= g.max)) | gemm_redo(s); }
@@ -683,12 +701,15 @@ CPD_FN void gemm_sr_step(const DotSpec& d, u32 ua, u32 ub, int run_end, u32& s, 
 enum {
   GEMM_GENERIC = 0, GEMM_CHAIN = 1, GEMM_LANES = 2, GEMM_KAHAN = 3, GEMM_LANES16 = 4, GEMM_KAHAN16 = 5,
   GEMM_LANESBF = 6, GEMM_KAHANBF = 7, GEMM_FUSEDBF = 8, GEMM_FKAHANBF = 9, GEMM_SR = 10, GEMM_F32 = 11,
-  GEMM_KAHAN32 = 12, GEMM_FKAHAN32 = 13, GEMM_FUSED16 = 14, GEMM_FKAHAN16 = 15
+  GEMM_KAHAN32 = 12, GEMM_FKAHAN32 = 13, GEMM_FUSED16 = 14, GEMM_FKAHAN16 = 15, GEMM_F32B = 16, GEMM_FF32B = 17
 };
 
 CPD_FN int gemm_family(const DotSpec& d) {
   if (gemm_chain_applies(d)) return GEMM_CHAIN;
-  if (gemm_f32_applies(d)) return d.has_mul ? (d.kahan ? GEMM_KAHAN32 : GEMM_F32) : GEMM_FKAHAN32;
+  if (gemm_f32_applies(d)) {
+    if (d.block) return d.has_mul ? GEMM_F32B : GEMM_FF32B;
+    return d.has_mul ? (d.kahan ? GEMM_KAHAN32 : GEMM_F32) : GEMM_FKAHAN32;
+  }
   if (gemm_f16_applies(d)) return d.kahan ? GEMM_KAHAN16 : GEMM_LANES16;
   if (gemm_lanes_applies(d)) return d.kahan ? GEMM_KAHAN : GEMM_LANES;
   if (gemm_bf16_applies(d)) return d.kahan ? GEMM_KAHANBF : GEMM_LANESBF;
