@@ -230,9 +230,9 @@ def _sr_lane(spec) -> bool:  # cpd/accumulate.h sr_lane_applies
 def matmul_family(mul, acc, kahan: bool, block: int, mode: int, saturate: bool) -> str:
     """Which kernel of matmul.cu runs a spec: "chain", "f32", "kahan32", "fkahan32", "lanes16",
     "kahan16", "lanes", "kahan", "lanesbf", "kahanbf", "fusedbf", "fkahanbf", "fused16",
-    "fkahan16", "f32b", "ff32b", "sr" (the family kernels) or "tiled" (the generic steps). The conditions are
-    cpd/gemm.h's gemm_family, whose kernels also check them on the device (a spec outside a
-    kernel's family gets the generic steps' bits there, only slower)."""
+    "fkahan16", "f32b", "ff32b", "sr" (the family kernels) or "tiled" (the generic steps). The
+    conditions are cpd/gemm.h's gemm_family, whose kernels also check them on the device (a spec
+    outside a kernel's family gets the generic steps' bits there, only slower)."""
     if mode == 1:  # STOCHASTIC: gemm_sr_applies (any Kahan / blocks)
         return "sr" if _sr_lane(acc) and (mul is None or _sr_lane(mul)) else "tiled"
     if mode != 0:  # NEAREST

@@ -276,9 +276,9 @@ def _grid_targets(fmt, n, g, top=None):
 @pytest.mark.parametrize("case", [c for c in cases() if c[0] in ("lanes16", "kahan16", "lanesbf", "kahanbf", "f32",
                                                                   "kahan32", "f32b")], ids=ids)
 def test_binary16_families_at_the_rounding_points(case):
-    """(The binary16, BF16 and float32 families with a mul format: one product rounding.) Products exactly on the mul format's ties (normal and
-    subnormal), at its overflow threshold
-    and half its smallest subnormal, and just beside them (the exact product a*b off a tie by less
+    """(The binary16, BF16 and float32 families with a mul format: one product rounding.) Products
+    exactly on the mul format's ties (normal and subnormal), at its overflow threshold and half its
+    smallest subnormal, and just beside them (the exact product a*b off a tie by less
     than float32's own rounding of a*b: only the exact product decides, one FFMA); sums that round,
     overflow binary16 and cancel; zeros of both signs; a B operand so large that b * 2^(23 - man)
     overflows (LANES16's exponent product: a zero a gives 0, a tiny a a redo); inf and NaN."""

@@ -197,9 +197,10 @@ extern "C" __global__ void __launch_bounds__(CPD_THREADS, 1)
 }
 
 // ------------------------------------------------------------------------------------------
-// The family kernels: one per family of cpd/gemm.h (CHAIN, LANES, KAHAN, F32, KAHAN32, FKAHAN32, LANES16,
-// KAHAN16, LANESBF, KAHANBF, FUSEDBF, FKAHANBF, FUSED16, FKAHAN16, F32B, FF32B, SR), each with its step fixed at compile time, so that the inner loop is the step's
-// instructions and two shared-memory loads per four outputs. A block of 256 threads (16 x 16)
+// The family kernels: one per family of cpd/gemm.h (CHAIN, LANES, KAHAN, F32, KAHAN32, FKAHAN32,
+// LANES16, KAHAN16, LANESBF, KAHANBF, FUSEDBF, FKAHANBF, FUSED16, FKAHAN16, F32B, FF32B, SR), each
+// with its step fixed at compile time, so that the inner loop is the step's instructions and two
+// shared-memory loads per four outputs. A block of 256 threads (16 x 16)
 // owns T x T outputs, T = 16 R; thread (tx, ty) owns the R x R outputs in rows own(ty, i) and columns own(tx, j)
 // (groups of four neighbours, 64 apart: each float4 load from shared memory is conflict-free).
 // K is walked in slices of CPD_FK staged in shared memory, double-buffered: while the block
@@ -414,8 +415,8 @@ struct FusedH16Step {
   __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
-// F32, KAHAN32 and FKAHAN32 (cpd/gemm.h gemm_f32_step, gemm_kahan32_step, gemm_fkahan32_step): float32
-// lanes, one per output: sums s, Kahan's compensations c and (with a mul format) the largest
+// F32, KAHAN32 and FKAHAN32 (cpd/gemm.h gemm_f32_step, gemm_kahan32_step, gemm_fkahan32_step):
+// float32 lanes, one per output: sums s, Kahan's compensations c and (with a mul format) the largest
 // |product| w.
 template <bool KAHAN, bool FUSED>
 struct F32Step {
@@ -452,7 +453,7 @@ struct F32Step {
   __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
-// F32B and FF32B (cpd/gemm.h gemm_f32b_term, gemm_f32b_fold): F32 with blocks, products rounded or
+// F32B and FF32B (cpd/gemm.h gemm_f32b_term, gemm_ff32b_term, gemm_f32b_fold): F32 with blocks, products rounded or
 // exact (FUSED); sums s, Kahan's compensations c, block sums bs, the largest |product| w. Step k
 // adds each output's term to bs; at a run's end (run_end, the same for every output: family_gemm
 // counts the run down) bs is folded into s. Kahan is the spec's, read at run ends only.
@@ -476,7 +477,7 @@ struct F32BlockStep {
                                            bool run_end) const {
 #pragma unroll
     for (int j = 0; j < R; ++j) {
-      if (FUSED) r.bs[j] = cpd::ffma(a, b[j], r.bs[j]);
+      if (FUSED) cpd::gemm_ff32b_term(r.bs[j], a, b[j]);
       else cpd::gemm_f32b_term(r.bs[j], r.w[j], a, b[j], bs[j], g);
     }
     if (run_end) {

@@ -298,8 +298,8 @@ CPD_FN int gemm_f16_redo(u32 s, u32 mx, int i, const GemmF16& g) {
 //   * the rounding of finite float32 bits u to bfloat16 (whose values are the float32 values with
 //     16 low zero bits, subnormals included: the same exponent field and emin) is
 //     (u + 0x7fff + bit 16 of u) & 0xffff0000 (round_bf16_bits; for the cut k = 23 - man,
-//     (u + 2^(k-1) - 1 + bit k of u) & ~(2^k - 1), GemmBF16's half and mask): to nearest on the magnitude
-//     bits (the sign bit untouched: RN is symmetric), ties to the even code, a carry out of the
+//     (u + 2^(k-1) - 1 + bit k of u) & ~(2^k - 1): GemmBF16's half and mask): to nearest on the
+//     magnitude bits (the sign bit untouched: RN is symmetric), ties to the even code, a carry out of the
 //     mantissa the next binade, past 0x7f7f8000 (the overflow threshold, a tie to the even "code"
 //     0x7f80) +-inf, and +-inf itself unchanged; cast_bits(u, BF16, NEAREST) for finite and
 //     infinite u (round_lane_guarded's step N2 for BF16). A NaN u is not rounded right (its
@@ -321,7 +321,6 @@ CPD_FN int gemm_bf16_applies(const DotSpec& d) {
   return (int)(d.has_mul && d.mode == NEAREST && !d.block && is_f32_range_format(d.af) &&
                nearest_f_applies(d.mf, d.mode) && d.mf.subnormals && values_within(d.mf, d.af));
 }
-
 
 // max(w, |x|), NaN when either is (PTX max.NaN.f32, sm_80 and later).
 CPD_FN float fmax_abs_nan(float w, float x) {
@@ -398,8 +397,8 @@ CPD_FN int gemm_bf16_redo(float w, float top, const GemmBF16& g) {
 //     "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd",
 //     IEEE TC 2008: a value rounded to odd with p + 2 or more bits, then to nearest with p bits, is
 //     rounded to nearest once; float32's 24 >= 11 + 2, and bfloat16 shares float32's exponent range
-//     and subnormal grid, 16 (TF32: 13) bits coarser). lo, hi: the exact sum rounded down and up (one FFMA
-//     each, .rm / .rp); it is exact when lo == hi; its rounding toward zero is lo when hi > 0 (a
+//     and subnormal grid, 16 (TF32: 13) bits coarser). lo, hi: the exact sum rounded down and up
+//     (one FFMA each, .rm / .rp); it is exact when lo == hi; its rounding toward zero is lo when hi > 0 (a
 //     positive sum), else hi; the rounding to odd is that with its last bit set when inexact.
 //     Past float32's range (|sum| > FLT_MAX) the odd value is +-FLT_MAX, which rounds to +-inf as
 //     the exact sum does; an exact zero sum takes hi's sign, which is round to nearest's (+0 but
@@ -539,12 +538,11 @@ CPD_FN void gemm_fkahan16_step(float& s, float& c, float& w, float a, float b, c
 CPD_FN int gemm_fh16_redo(float s, float w) { return (int)(w != w) | gemm_redo(s); }
 
 // F32 / KAHAN32 / FKAHAN32 (gemm_f32_applies): the accumulator float32 itself (is_float32_format:
-// no saturation), round to nearest, without blocks (with them: F32B / FF32B below), and what
-// CHAIN leaves of it: products rounded to a
-// mul format with subnormals whose values are float32 values and with nearest_f_applies (E4M3,
-// E5M2, E4M3FN, FP16, ...; not BF16 or TF32, whose emax leaves no room for the product's constant),
-// summed plainly (F32) or with Kahan (KAHAN32), and exact products with Kahan (FKAHAN32; exact
-// products summed plainly are CHAIN).
+// no saturation), round to nearest, without blocks (with them: F32B / FF32B below), and what CHAIN
+// leaves of it: products rounded to a mul format with subnormals whose values are float32 values
+// and with nearest_f_applies (E4M3, E5M2, E4M3FN, FP16, ...; not BF16 or TF32, whose emax leaves no
+// room for the product's constant), summed plainly (F32) or with Kahan (KAHAN32), and exact
+// products with Kahan (FKAHAN32; exact products summed plainly are CHAIN).
 //   * The product is LANESBF's: gemm_f16_product (LANES16's proof: nearest_f_applies, and its
 //     clamp lo = 2^(emin + 23 - man) a float32 normal since emin - man >= -149 by values_within),
 //     watched against the mul format's max (fmax_abs_nan: NaN too) and redone past it; so every
@@ -603,6 +601,8 @@ CPD_FN void gemm_fkahan32_step(float& s, float& c, float a, float b) { kahan_fin
 CPD_FN void gemm_f32b_term(float& bs, float& w, float a, float b, float bsc, const GemmBF16& g) {
   gemm_f32_step(bs, w, a, b, bsc, g);
 }
+
+CPD_FN void gemm_ff32b_term(float& bs, float a, float b) { bs = ffma(a, b, bs); }
 
 CPD_FN void gemm_f32b_fold(float& s, float& c, float& bs, int kahan) {
   if (kahan) kahan_step(s, c, bs, f32_add);
