@@ -415,18 +415,36 @@ struct FusedH16Step {
   __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
+// The float32 families' shared part (F32, KAHAN32, FKAHAN32, F32B, FF32B): the product's constants,
+// B's scaling, the value s of an output and its redo (a product past max or NaN, or a NaN sum;
+// FUSED, exact products: a NaN sum). Each Row holds s and w (w unused when FUSED).
+template <bool FUSED>
+struct F32Lanes {
+  cpd::GemmBF16 g;  // the product's constants and the mul format's max (FUSED: unused)
+  __device__ __forceinline__ float prep(float b) const { return FUSED ? b : cpd::gemm_f16_scale(b, g.m); }
+  template <class Row>
+  __device__ __forceinline__ float value(const Row& r, int j) const { return r.s[j]; }
+  template <class Row>
+  __device__ __forceinline__ bool redo(const Row& r, int j) const {
+    return FUSED ? cpd::gemm_redo(r.s[j]) : cpd::gemm_f32_redo(r.s[j], r.w[FUSED ? 0 : j], g);
+  }
+  static constexpr bool FROM_VALUE = false;
+  static constexpr bool KEYED = false;
+  __device__ __forceinline__ bool redo_value(float) const { return false; }
+};
+
 // F32, KAHAN32 and FKAHAN32 (cpd/gemm.h gemm_f32_step, gemm_kahan32_step, gemm_fkahan32_step):
 // float32 lanes, one per output: sums s, Kahan's compensations c and (with a mul format) the largest
 // |product| w.
 template <bool KAHAN, bool FUSED>
-struct F32Step {
+struct F32Step : F32Lanes<FUSED> {
+  using F32Lanes<FUSED>::g;
   static constexpr int FAMILY = FUSED ? cpd::GEMM_FKAHAN32 : (KAHAN ? cpd::GEMM_KAHAN32 : cpd::GEMM_F32);
-  cpd::GemmBF16 g;  // the product's constants and the mul format's max (FUSED: unused)
+  static constexpr bool BLOCKED = false;
   template <int R>
   struct Row {
     float s[R], w[FUSED ? 1 : R], c[KAHAN ? R : 1];
   };
-  __device__ __forceinline__ float prep(float b) const { return FUSED ? b : cpd::gemm_f16_scale(b, g.m); }
   template <int R>
   __device__ __forceinline__ void init(Row<R>& r) const {
 #pragma unroll
@@ -441,32 +459,23 @@ struct F32Step {
       else cpd::gemm_f32_step(r.s[j], r.w[j], a, b[j], bs[j], g);
     }
   }
-  template <int R>
-  __device__ __forceinline__ float value(const Row<R>& r, int j) const { return r.s[j]; }
-  template <int R>
-  __device__ __forceinline__ bool redo(const Row<R>& r, int j) const {
-    return FUSED ? cpd::gemm_redo(r.s[j]) : cpd::gemm_f32_redo(r.s[j], r.w[j], g);
-  }
-  static constexpr bool FROM_VALUE = false;
-  static constexpr bool KEYED = false;
-  static constexpr bool BLOCKED = false;
-  __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
-// F32B and FF32B (cpd/gemm.h gemm_f32b_term, gemm_ff32b_term, gemm_f32b_fold): F32 with blocks, products rounded or
-// exact (FUSED); sums s, Kahan's compensations c, block sums bs, the largest |product| w. Step k
-// adds each output's term to bs; at a run's end (run_end, the same for every output: family_gemm
-// counts the run down) bs is folded into s. Kahan is the spec's, read at run ends only.
+// F32B and FF32B (cpd/gemm.h gemm_f32b_term, gemm_ff32b_term, gemm_f32b_fold): F32 with blocks,
+// products rounded or exact (FUSED); sums s, Kahan's compensations c, block sums bs, the largest
+// |product| w. Step k adds each output's term to bs; at a run's end (run_end, the same for every
+// output: family_gemm counts the run down) bs is folded into s. Kahan is the spec's, read at run
+// ends only.
 template <bool FUSED>
-struct F32BlockStep {
+struct F32BlockStep : F32Lanes<FUSED> {
+  using F32Lanes<FUSED>::g;
   static constexpr int FAMILY = FUSED ? cpd::GEMM_FF32B : cpd::GEMM_F32B;
-  cpd::GemmBF16 g;  // the product's constants and the mul format's max (FUSED: unused)
+  static constexpr bool BLOCKED = true;
   int kahan;
   template <int R>
   struct Row {
     float s[R], c[R], bs[R], w[FUSED ? 1 : R];
   };
-  __device__ __forceinline__ float prep(float b) const { return FUSED ? b : cpd::gemm_f16_scale(b, g.m); }
   template <int R>
   __device__ __forceinline__ void init(Row<R>& r) const {
 #pragma unroll
@@ -485,16 +494,6 @@ struct F32BlockStep {
       for (int j = 0; j < R; ++j) cpd::gemm_f32b_fold(r.s[j], r.c[j], r.bs[j], kahan);
     }
   }
-  template <int R>
-  __device__ __forceinline__ float value(const Row<R>& r, int j) const { return r.s[j]; }
-  template <int R>
-  __device__ __forceinline__ bool redo(const Row<R>& r, int j) const {
-    return FUSED ? cpd::gemm_redo(r.s[j]) : cpd::gemm_f32_redo(r.s[j], r.w[j], g);
-  }
-  static constexpr bool FROM_VALUE = false;
-  static constexpr bool KEYED = false;
-  static constexpr bool BLOCKED = true;
-  __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
 using F32PlainStep = F32Step<false, false>;  // (one macro argument each)
