@@ -64,6 +64,7 @@ FUSED_DOT = {
     "cpd_fused_dot_tiled_amdpz": ("AMD CDNA2 fp16 / bf16 (as CDNA1, subnormals flushed)", 4, None),
     "cpd_fused_dot_tiled_l8a": ("AMD CDNA3 fp16 / bf16 (L 8, F 24, emax of products, RD c)", 8, None),
     "cpd_fused_dot_tiled_l4a": ("AMD CDNA3 xf32 (L 4, F 24, emax of products, RD c)", 4, None),
+    "cpd_fused_dot_tiled_l16a": ("AMD CDNA3 fp8 / bf8 (L 16, F 24, even / odd halves, RD c)", 16, None),
 }
 #: suffix -> (stages, K slice depth): fused_dot.cu CPD_FD_TILED_SHAPES (and cpd/_tensor_core_op.py,
 #: whose slice_groups gives the groups of L per slice).

@@ -190,7 +190,8 @@ def tiled_kernel(p: _fused_dot_ref.Params, fields, block: int = 0) -> str | None
     out, with scales) take ``cpd_fused_dot_tiled_c16`` (``cpd::fd_c16_applies``); AMD's CDNA1 /
     CDNA2 (``amd_pairwise``, groups of 2 or 4) ``cpd_fused_dot_tiled_amdp`` (``amdpz`` with
     CDNA2's flushes: ``cpd::fd_amdp_applies``); CDNA3's fp16 / bf16 / xf32 (``amd_cdna3``, groups
-    of 8 or 4) ``cpd_fused_dot_tiled_l8a`` / ``l4a`` (``cpd::fd_amdrd_applies``)."""
+    of 8 or 4) ``cpd_fused_dot_tiled_l8a`` / ``l4a`` (``cpd::fd_amdrd_applies``) and its fp8 / bf8
+    (``amd_cdna3_fp8``, groups of 16) ``cpd_fused_dot_tiled_l16a`` (``cpd::fd_amdrd8_applies``)."""
     a_man, b_man = fields[0], fields[2]
     g = p.group
     if p.algo == CHUNK16:
@@ -199,9 +200,10 @@ def tiled_kernel(p: _fused_dot_ref.Params, fields, block: int = 0) -> str | None
         return "cpd_fused_dot_tiled_c16" if applies else None
     if p.algo == AMD_PAIRWISE:  # cpd::fd_amdp_applies: CDNA1 / CDNA2, groups of 2 or 4, no scales
         return f"cpd_fused_dot_tiled_amdp{'z' if p.ftz else ''}" if g in (2, 4) and block == 0 else None
-    if p.algo == AMD_RD:  # cpd::fd_amdrd_applies: CDNA3 fp16 / bf16 (L 8), xf32 (L 4), no scales
-        applies = (g in (4, 8) and 0 <= a_man <= 23 and 0 <= b_man <= 23 and a_man + b_man <= 24
-                   and p.zero_exp >= -255 and p.out == 0)
+    if p.algo in (AMD_RD, AMD_RD_FP8):  # cpd::fd_amdrd_applies: CDNA3 fp16 / bf16 (L 8), xf32 (L 4);
+        # cpd::fd_amdrd8_applies: fp8 / bf8 (L 16); no scales
+        applies = (g in ((4, 8) if p.algo == AMD_RD else (16,)) and 0 <= a_man <= 23 and 0 <= b_man <= 23
+                   and a_man + b_man <= 24 and p.zero_exp >= -255 and p.out == 0)
         return f"cpd_fused_dot_tiled_l{g}a" if applies and block == 0 else None
     wide = p.frac + 2 + (g + 1 - 1).bit_length() > 30
     if not (p.algo == 0 and g in (4, 8, 16, 32) and p.frac >= a_man + b_man and p.frac <= 26
@@ -217,6 +219,8 @@ CHUNK16 = _fused_dot_ref.ALGORITHMS["nvidia_chunk16"]
 AMD_PAIRWISE = _fused_dot_ref.ALGORITHMS["amd_pairwise"]
 #: FD_AMD_RD (CDNA3 fp16 / bf16 / xf32): the NVIDIA kernels' words and passes (cpd_fused_dot_tiled_l8a / l4a).
 AMD_RD = _fused_dot_ref.ALGORITHMS["amd_cdna3"]
+#: FD_AMD_RD_FP8 (CDNA3 fp8 / bf8): the same with even / odd halves (cpd_fused_dot_tiled_l16a).
+AMD_RD_FP8 = _fused_dot_ref.ALGORITHMS["amd_cdna3_fp8"]
 
 
 def raw_layout(algo: int) -> bool:

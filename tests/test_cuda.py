@@ -103,7 +103,7 @@ def test_gemm_family_kernels_do_not_spill(arch):
 
 FD_FAMILIES = {"l32": (32, 0), "l16": (16, 0), "l32w": (32, 0), "l16w": (16, 0), "l8": (8, 0), "l8w": (8, 0),
                "l4": (4, 0), "l32ws": (32, 32), "c16": (64, 16), "amdp": (4, 0), "amdpz": (4, 0), "l8a": (8, 0),
-               "l4a": (4, 0)}  # (L, block)
+               "l4a": (4, 0), "l16a": (16, 0)}  # (L, block)
 
 
 @nvrtc
@@ -114,7 +114,7 @@ def test_fused_dot_tiled_kernels_do_not_spill(arch):
     Hopper, in every tile shape built there (sm_75: one stage; sm_80+: cp.async double buffering
     with slices of one or two depths, and the scaled L 32 family's one stage), groups of 4 to 32,
     with and without block scales, the chunk16 kernels (NVFP4), AMD's CDNA1 / CDNA2 pairwise
-    kernels and CDNA3's (l8a, l4a). A compile builds exactly the shapes _tensor_core_op.shapes_of says it does (what the
+    kernels and CDNA3's (l8a, l4a, l16a). A compile builds exactly the shapes _tensor_core_op.shapes_of says it does (what the
     launch picks from: a shape it lacks would be a launch of a missing kernel)."""
     if int(arch[3:]) not in _cuda.supported_archs():
         pytest.skip(f"NVRTC lacks {arch}")

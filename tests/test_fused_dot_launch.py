@@ -11,7 +11,7 @@ Invariants defended (no GPU needed):
   on), and outside it the loops again; the bits equal the loops' for Hopper e4m3, Ada e4m3, fp16,
   Blackwell e4m3 (tiled, in every tile shape the shim can be given), block-scaled MX kinds, NVFP4
   and MXFP4 x MXFP4 (the chunk16 family), AMD CDNA1 / CDNA2 (the pairwise family), CDNA3 bf16 /
-  xf32 (_l8a / _l4a) and FP8 (per-output), broadcast batch dims, NaN/inf operands;
+  xf32 / FP8 (_l8a / _l4a / _l16a), broadcast batch dims, NaN/inf operands;
 * a bad tile shape is a clear error.
 Shapes are small: the shim runs GPU threads one after another on one core (run with -n 0).
 """

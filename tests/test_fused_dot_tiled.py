@@ -71,7 +71,8 @@ _E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 _E2M1 = torch.cat([_E2M1, -_E2M1])
 CODES = {"e4m3fn": (torch.uint8, torch.float8_e4m3fn), "e5m2": (torch.uint8, torch.float8_e5m2),
          "e5m10": (torch.int16, torch.float16), "e8m7": (torch.int16, torch.bfloat16), "e2m1finite": None,
-         "e8m10": None}
+         "e8m10": None, "e4m3fnuz": (torch.uint8, torch.float8_e4m3fnuz),
+         "e5m2fnuz": (torch.uint8, torch.float8_e5m2fnuz)}
 
 
 def fields(acc):
@@ -203,8 +204,9 @@ def test_routing():
         acc = tensor_core(arch, a="tf32")
         assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) == \
             ("cpd_fused_dot_tiled_l8w" if arch == "blackwell" else "cpd_fused_dot_tiled_l4"), arch
-    for ka, want in [("fp8", None), ("xf32", "cpd_fused_dot_tiled_l4a"), ("bf16", "cpd_fused_dot_tiled_l8a")]:
-        acc = tensor_core("cdna3", a=ka)  # FP8's even / odd halves: per output (test_cdna3_routing)
+    for ka, want in [("fp8", "cpd_fused_dot_tiled_l16a"), ("xf32", "cpd_fused_dot_tiled_l4a"),
+                     ("bf16", "cpd_fused_dot_tiled_l8a")]:
+        acc = tensor_core("cdna3", a=ka)  # FP8's even / odd halves: _l16a (test_cdna3_routing)
         assert _tensor_core_op.tiled_kernel(acc.params, fields(acc), False) == want, ka
     for arch, ka, want in [("cdna1", "fp16", "amdp"), ("cdna1", "bf16", "amdp"), ("cdna2", "fp16", "amdpz"),
                            ("cdna2", "bf16", "amdpz")]:
@@ -341,7 +343,7 @@ def test_tile_shape_per_architecture():
                                         "cpd_fused_dot_tiled_l16w", 1, "s2")
 
 
-@pytest.mark.parametrize("kernel", ["cpd_fused_dot_tiled_l32", "cpd_fused_dot_tiled_l16w"])
+@pytest.mark.parametrize("kernel", ["cpd_fused_dot_tiled_l32", "cpd_fused_dot_tiled_l16w", "cpd_fused_dot_tiled_l16a"])
 @pytest.mark.parametrize("arch,ka", [("blackwell", "tf32"), ("cdna3", "fp8"), ("ampere", "fp16"), ("hopper", "fp16"),
                                      ("hopper", "e4m3")])
 def test_a_spec_outside_the_kernel_gets_the_generic_bits(kernel, arch, ka):
@@ -502,32 +504,48 @@ def test_amd_pairwise_kernels(arch, ka, shape):
     assert torch.isnan(want).any() and torch.isinf(want).any()
 
 
-# ------------------------------------------------------------------ AMD CDNA3 fp16 / bf16 / xf32
+# ------------------------------------------------------------------ AMD CDNA3 fp16 / bf16 / xf32 / fp8 / bf8
 CDNA3_MODELS = ["fp16", "bf16", "xf32"]
+CDNA3_FP8 = ["fp8", "bf8", "fp8 x bf8", "bf8 x fp8"]  # the even / odd halves (_l16a)
+
+
+def cdna3_model(ka):
+    a, _, b = ka.partition(" x ")
+    return tensor_core("cdna3", a=a, b=b or None)
 
 
 @pytest.mark.parametrize("shape", C16_SHAPES)
-@pytest.mark.parametrize("ka", CDNA3_MODELS)
+@pytest.mark.parametrize("ka", CDNA3_MODELS + CDNA3_FP8)
 def test_cdna3_kernels(ka, shape):
-    """The CDNA3 kernels (_l8a / _l4a: the NVIDIA words and passes with F 24 and emax over the
-    products alone, then the step's round-down alignment against c) == the CPU loops: random
-    codes of the input format (every bit pattern: subnormals, NaN, inf, signed zeros), values over
-    many binades (bf16 / xf32 products past 2^128, which take fd_step, and below float32's
-    normals), groups whose products cancel exactly (c alone, or a tiny negative c: the one-unit
-    asymmetry of rounding down), an odd K (a partial last group), several slices and tiles."""
-    acc = tensor_core("cdna3", a=ka)
+    """The CDNA3 kernels (_l8a / _l4a / _l16a: the NVIDIA words and passes with F 24 and emax
+    over the products alone, fp8's halves apart, then the step's round-down alignment against c)
+    == the CPU loops: random codes of the input format (every bit pattern: subnormals, NaN, inf,
+    signed zeros), values over many binades (bf16 / xf32 products past 2^128, which take fd_step,
+    and below float32's normals), groups whose products cancel exactly (c alone, or a tiny
+    negative c: the one-unit asymmetry of rounding down; at fp8, the even half against the odd),
+    fp8's halves far apart (the smaller half rounded down, of either sign) and a small c cut off
+    by a later group, an odd K (a partial last group), several slices and tiles."""
+    acc = cdna3_model(ka)
+    fp8 = ka in CDNA3_FP8
     kernel = _tensor_core_op.tiled_kernel(acc.params, fields(acc), 0)
     assert kernel == f"cpd_fused_dot_tiled_l{acc.group}a"
     gen = torch.Generator().manual_seed(sum(map(ord, ka + shape)))
     B, M, K, N = 2, 67, 75, 70
-    reach = 15 if ka == "fp16" else 40
+    reach = 15 if ka == "fp16" else 9 if fp8 else 40
 
-    def spread(shp, lo=-reach, hi=reach):
+    def spread(shp, lo=-reach, hi=reach, fmt=acc.a):
         return cpd.cast(torch.randn(*shp, generator=gen) * torch.exp2(torch.randint(lo, hi, shp, generator=gen).float()),
-                        acc.a, saturate=True)
+                        fmt, saturate=True)
 
-    a3, b3 = spread((B, M, K)), spread((B, K, N))
-    if ka != "fp16":  # products past 2^128 (fd_step's infinities), and results below 2^-126 (fd_step's too)
+    a3, b3 = spread((B, M, K)), spread((B, K, N), fmt=acc.b)
+    if fp8:  # rows 28-33: the even half far above the odd (or below), either sign; then a c cut off
+        a3[1, 28:34] = spread((6, K), -9, -6)
+        a3[1, 28:31, 0::2] = spread((3, (K + 1) // 2), 5, 7)
+        a3[1, 31:34, 1::2] = spread((3, K // 2), 5, 7)
+        a3[1, 33, :16] = spread((16,), -9, -8)  # group 0: a small c; group 1: products 2^10 above it
+        a3[1, 34] = 0.0  # c = -2^-20 after group 0, then 2^14: c cut off (25 binades below), 2^14 exactly
+        a3[1, 34, 0], a3[1, 34, 16], b3[1, 0, 60:62], b3[1, 16, 60:62] = 2.0 ** -10, 2.0 ** 7, -(2.0 ** -10), 2.0 ** 7
+    elif ka != "fp16":  # products past 2^128 (fd_step's infinities), and results below 2^-126 (fd_step's too)
         a3[0, 40:44], b3[0, :, 40:44] = spread((4, K), 90, 127), spread((K, 4), 20, 127)
         a3[0, 30:36], b3[0, :, 20:26] = spread((6, K), -90, -60), spread((K, 6), -90, -60)
     a3[0, :7] = codes(acc.a, (7, K), gen, finite=False)
@@ -545,22 +563,33 @@ def test_cdna3_kernels(ka, shape):
     assert torch.equal(y.view(torch.int32), want.view(torch.int32)), (ka, shape, (y != want).sum())
     assert torch.isnan(want).any() and torch.isinf(want).any()
     assert (want[1, 20:23, 10:14] != 0).any() and (want == 0).any()
-    if ka != "fp16":  # both reached, and most outputs finite (the tiled path's)
+    if fp8:  # the fp8 paths reached: the halves' join rounding down, and c cut off
+        e = a3.new_empty((0,))  # the same rows without halves (amd_cdna3's algorithm) differ
+        whole = torch.ops.cpd_fused_dot.matmul(a3, b3, e, e, 1, -127, *acc.params._replace(algo=_tensor_core_op.AMD_RD),
+                                               *fields(acc), 0)
+        assert not torch.equal(want[1, 28:34], whole[1, 28:34])
+        assert (want[1, 34, 60:62] == 2.0 ** 14).all()
+    elif ka != "fp16":  # both reached, and most outputs finite (the tiled path's)
         assert ((want.abs() < 2.0 ** -126) & (want != 0)).any() and not torch.isfinite(want[0, 40:44, 40:44]).any()
         assert torch.isfinite(want).float().mean() > 0.5
 
 
 def test_cdna3_routing():
-    """_tensor_core_op.tiled_kernel mirrors cpd::fd_amdrd_applies: CDNA3's fp16 / bf16 (L 8) and
-    xf32 (L 4) take _l8a / _l4a, its FP8 (even / odd halves) and other groups the per-output
-    kernel; the C++ launch picks the same (test_fused_dot_launch.py)."""
+    """_tensor_core_op.tiled_kernel mirrors cpd::fd_amdrd_applies / fd_amdrd8_applies: CDNA3's fp16 /
+    bf16 (L 8) and xf32 (L 4) take _l8a / _l4a, its fp8 / bf8 and their mixes (even / odd halves,
+    L 16) _l16a, other groups, outputs and block scales the per-output kernel; the C++ launch
+    picks the same (test_fused_dot_launch.py)."""
     route = _tensor_core_op.tiled_kernel
     for ka in CDNA3_MODELS:
         acc = tensor_core("cdna3", a=ka)
         assert route(acc.params, fields(acc), 0) == f"cpd_fused_dot_tiled_l{acc.group}a"
         assert route(acc.params, fields(acc), 32) is None  # no block scales
         assert route(acc.params._replace(group=16), fields(acc), 0) is None
-    fp8 = tensor_core("cdna3", a="fp8")
-    assert route(fp8.params, fields(fp8), 0) is None
+    for ka in CDNA3_FP8:  # the even / odd halves: _l16a (cpd::fd_amdrd8_applies)
+        fp8 = cdna3_model(ka)
+        assert route(fp8.params, fields(fp8), 0) == "cpd_fused_dot_tiled_l16a"
+        assert route(fp8.params, fields(fp8), 16) is None
+        assert route(fp8.params._replace(group=8), fields(fp8), 0) is None
+        assert route(fp8.params._replace(out=1), fields(fp8), 0) is None
     acc = tensor_core("cdna3", a="fp16")
     assert route(acc.params, (13, 15, 12, 15), 0) is None  # 13 + 12 > 24 fraction bits of products

@@ -63,21 +63,23 @@ def test_loop_finder():
 #: the chunk16 kernels (NVFP4: an FFMA per MAC, a 64-bit term per output and chunk of 16) 7.1-7.4;
 #: AMD pairwise (CDNA1 / CDNA2's flushes; the L 2 and L 4 paths both counted) 7.7-7.9 / 14.2-14.4;
 #: CDNA3 (l8a / l4a: the NVIDIA passes, then fd_amd_rd_align's 64-bit alignment and fd_amdrd_round
-#: per output and group of 8 / 4) 20.0 / 33.9 (s2g2; sm_75 s1 21.7 / 36.2).
+#: per output and group of 8 / 4) 20.0 / 33.9 (s2g2; sm_75 s1 21.7 / 36.2); CDNA3 fp8 (l16a: the
+#: halves' two exponents and sums, joined per output and group of 16) 14.4.
 FUSED_DOT_BOUNDS = {"cpd_fused_dot_tiled_l32": 8.5, "cpd_fused_dot_tiled_l16": 10.6, "cpd_fused_dot_tiled_l16w": 15.0,
                     "cpd_fused_dot_tiled_l32w": 11.0, "cpd_fused_dot_tiled_l8": 15.2, "cpd_fused_dot_tiled_l8w": 24.0,
                     "cpd_fused_dot_tiled_l4": 23.8, "cpd_fused_dot_tiled_l32ws": 11.8, "cpd_fused_dot_tiled_c16": 7.9,
                     "cpd_fused_dot_tiled_amdp": 8.3, "cpd_fused_dot_tiled_amdpz": 14.9,
-                    "cpd_fused_dot_tiled_l8a": 20.7, "cpd_fused_dot_tiled_l4a": 35.0}
+                    "cpd_fused_dot_tiled_l8a": 20.7, "cpd_fused_dot_tiled_l4a": 35.0,
+                    "cpd_fused_dot_tiled_l16a": 15.2}
 #: The one-stage kernels at sm_75 (Turing: no cp.async, the staging through registers; sm_80+
 #: builds only the scaled L 32 family's s1), NVRTC 12.9: l32 9.26, l16 11.32, l16w 15.83, l32w
 #: 11.63, l8 15.74, l8w 24.57, l4 24.16, l32ws 12.31, c16 6.91, amdp 7.60, amdpz 14.15, l8a 21.73,
-#: l4a 36.16; plus a margin.
+#: l4a 36.16, l16a 15.99; plus a margin.
 FUSED_DOT_BOUNDS_SM75 = {**FUSED_DOT_BOUNDS, "cpd_fused_dot_tiled_l32": 9.5, "cpd_fused_dot_tiled_l16": 11.6,
                          "cpd_fused_dot_tiled_l16w": 16.2, "cpd_fused_dot_tiled_l32w": 11.9,
                          "cpd_fused_dot_tiled_l8": 16.1, "cpd_fused_dot_tiled_l8w": 25.1, "cpd_fused_dot_tiled_l4": 24.7,
                          "cpd_fused_dot_tiled_l32ws": 12.6, "cpd_fused_dot_tiled_l8a": 22.4,
-                         "cpd_fused_dot_tiled_l4a": 37.3}
+                         "cpd_fused_dot_tiled_l4a": 37.3, "cpd_fused_dot_tiled_l16a": 16.8}
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_75"])

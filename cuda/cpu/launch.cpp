@@ -595,8 +595,10 @@ std::string fd_tiled_family(const FdParams& p, int64_t block) {
   if (s.algo == cpd::FD_NV_CHUNK16) return cpd::fd_c16_applies(s, p.a_man, p.b_man, int(block)) ? "cpd_fused_dot_tiled_c16" : "";
   if (s.algo == cpd::FD_AMD_PAIRWISE)
     return cpd::fd_amdp_applies(s, int(block)) ? (s.ftz ? "cpd_fused_dot_tiled_amdpz" : "cpd_fused_dot_tiled_amdp") : "";
-  if (s.algo == cpd::FD_AMD_RD)
-    return cpd::fd_amdrd_applies(s, p.a_man, p.b_man, int(block)) ? "cpd_fused_dot_tiled_l" + std::to_string(p.group) + "a" : "";
+  if (s.algo == cpd::FD_AMD_RD || s.algo == cpd::FD_AMD_RD_FP8)
+    return cpd::fd_amdrd_applies(s, p.a_man, p.b_man, int(block)) || cpd::fd_amdrd8_applies(s, p.a_man, p.b_man, int(block))
+               ? "cpd_fused_dot_tiled_l" + std::to_string(p.group) + "a"
+               : "";
   if (!cpd::fd_tiled_applies(s, p.a_man, p.b_man, int(block))) return "";
   return "cpd_fused_dot_tiled_l" + std::to_string(p.group) + (cpd::fd_tiled_wide(s) ? "w" : "") + (block ? "s" : "");
 }

@@ -5,7 +5,7 @@
 // block-scaled). The tiled kernels below give those bits faster for the specs they take
 // (cpd/fused_dot_tiled.h): NVIDIA's step (cpd_fused_dot_tiled_l*), Blackwell's 16-product chunks
 // (_c16), AMD's pairwise float32 sums (_amdp, _amdpz) and AMD CDNA3's fp16 / bf16 / xf32 step
-// (_l8a, _l4a); CDNA3's FP8 step stays per output.
+// (_l8a, _l4a) and fp8 / bf8 step (_l16a: even and odd halves). Every tensor-core model has one.
 #include "cpd/numerics.h"
 
 // Every output of y by the chain of fd_step, one thread per output, grid-stride. a: (B, M, K),
@@ -209,9 +209,11 @@ __device__ __forceinline__ void fd_store(float* __restrict__ y, const cpd::u32 (
 
 // SC: block scales (sa (B, M, nb), sb (B, nb, N), one per `block` elements along K, block a
 // multiple of L: one scale of a's row and one of b's column per group; see step 3 below).
-// AMD: fused_dot.h's FD_AMD_RD (CDNA3 fp16 / bf16 / xf32: cpd/fused_dot_tiled.h fd_amdrd_applies):
+// AMD 1: fused_dot.h's FD_AMD_RD (CDNA3 fp16 / bf16 / xf32: cpd/fused_dot_tiled.h fd_amdrd_applies):
 // F = 24, emax over the products alone, fd_amd_rd_align and fd_amdrd_round; 32-bit sums, no scales.
-template <int L, bool WIDE, int S, int G, bool SC, bool AMD = false>
+// AMD 2: FD_AMD_RD_FP8 (CDNA3 fp8 / bf8, L 16: fd_amdrd8_applies): the same with the even- and
+// odd-indexed products apart (an emax and a sum each: fd_amdrd8_halves joins them), c cut off.
+template <int L, bool WIDE, int S, int G, bool SC, int AMD = 0>
 __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y,
                                          const float* __restrict__ sa, const float* __restrict__ sb, long long B,
                                          long long M, long long K, long long N, long long nb, int block, int s_emin,
@@ -236,6 +238,8 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
   FdRow* const raw = badB + G;  // S > 1: stage t's A at raw + 2 t KS, its B at raw + (2 t + 1) KS
   const int tid = (int)threadIdx.x, tx = tid % 16, ty = tid / 16;
   static_assert(!AMD || (!WIDE && !SC), "the CDNA3 kernels: 32-bit sums, no scales");
+  static_assert(AMD != 2 || (L == 16 && T * L / CPD_FD_THREADS % 2 == 0),
+                "CDNA3 fp8: L 16, and a sign byte's bit r is an operand of r's parity");
   const int zb = 28 - (AMD ? 24 : s.frac);  // b's words: Mb 2^(F + 2 - mb) = (sig << 7) >> (r + 28 - F)
   // staging: A's element r is (row sa_m + (256 / KS) r, k sa_k), B's (k sb_k + 4 r, column sb_n);
   // decomposing: row / column dm, k g L + dq P + r
@@ -333,7 +337,7 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
         //    rounding takes emax (scale exponents in the same offset-free units as products')
         //    (the scales are read here and again for the rounding, after pass 2's barrier to the
         //    compiler: kept across the passes, their exponents took the registers the sums need)
-        cpd::u32 emax[R][R];
+        cpd::u32 emax[R][R], emax1[R][R];  // AMD 2: emax the even products', emax1 the odd ones'
         {
           int so_a[R] = {}, so_b[R] = {};
           cpd::u32 sbad = 0u;
@@ -341,9 +345,11 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
 #pragma unroll
           for (int i = 0; i < R; ++i)
 #pragma unroll
-            for (int j = 0; j < R; ++j)
+            for (int j = 0; j < R; ++j) {
               emax[i][j] = AMD ? (cpd::u32)(2 * s.zero_exp + 2 * cpd::FD_TILED_EOFF)  // products only
                                : cpd::fd_tiled_cexp(s, c[i][j]) - (SC ? (cpd::u32)(so_a[i] + so_b[j]) : 0u);
+              emax1[i][j] = emax[i][j];
+            }
         }
 #pragma unroll 1
         for (int k8 = 0; k8 < L; k8 += C) {
@@ -355,18 +361,21 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
 #pragma unroll
             for (int i = 0; i < R; ++i)
 #pragma unroll
-              for (int j = 0; j < R; ++j) emax[i][j] = emax[i][j] > av[i] + bv[j] ? emax[i][j] : av[i] + bv[j];
+              for (int j = 0; j < R; ++j) {
+                cpd::u32& em = AMD == 2 && (kk & 1) ? emax1[i][j] : emax[i][j];
+                em = em > av[i] + bv[j] ? em : av[i] + bv[j];
+              }
           }
         }
         // 4. pass 2: the exact sums, eight terms at a time in 32 bits (the barrier to the compiler:
         //    reload the exponents rather than keep pass 1's 8 L of them live in registers)
         asm volatile("" ::: "memory");
         typedef typename cpd::FdTiledSum<WIDE>::type Sum;
-        Sum Sg[R][R];
+        Sum Sg[R][R], Sg1[R][R];  // AMD 2: Sg the even products' sum, Sg1 the odd ones'
 #pragma unroll
         for (int i = 0; i < R; ++i)
 #pragma unroll
-          for (int j = 0; j < R; ++j) Sg[i][j] = 0;
+          for (int j = 0; j < R; ++j) Sg[i][j] = Sg1[i][j] = 0;
 #pragma unroll 1
         for (int k8 = 0; k8 < L; k8 += C) {
           int S8[R][R];
@@ -382,7 +391,10 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
 #pragma unroll
             for (int i = 0; i < R; ++i)
 #pragma unroll
-              for (int j = 0; j < R; ++j) S8[i][j] += cpd::fd_tiled_term(aw[i], bw[j], emax[i][j] - ae[i] - be[j]);
+              for (int j = 0; j < R; ++j) {
+                if (AMD == 2 && (kk & 1)) Sg1[i][j] += cpd::fd_tiled_term(aw[i], bw[j], emax1[i][j] - ae[i] - be[j]);
+                else S8[i][j] += cpd::fd_tiled_term(aw[i], bw[j], emax[i][j] - ae[i] - be[j]);
+              }
           }
 #pragma unroll
           for (int i = 0; i < R; ++i)
@@ -404,10 +416,17 @@ __device__ __forceinline__ void fd_tiled(const float* __restrict__ a, const floa
             cpd::u32 sl1 = (cpd::u32)((bda.v[i] | bdb.v[j]) != 0u) | (SC ? (sbad >> (i * R + j)) & 1u : 0u);
             const cpd::u32 em = emax[i][j] + (SC ? (cpd::u32)(so_a[i] + so_b[j]) : 0u);
             if (AMD) {  // c non-finite, or a product that may reach 2^128: fd_step (fd_amdrd_applies)
-              const int e = (int)em - 2 * cpd::FD_TILED_EOFF;
+              int e = (int)em - 2 * cpd::FD_TILED_EOFF;
+              long long Sv = (long long)Sg[i][j] + neg;
+              if (AMD == 2) {  // the halves: the signs of the even and the odd operands apart
+                const cpd::u32 ng = sga.v[i] ^ sgb.v[j];
+                Sv = cpd::fd_amdrd8_halves(Sg[i][j] + cpd::fd_popc(ng & 0x05050505u), e,
+                                          Sg1[i][j] + cpd::fd_popc(ng & 0x0a0a0a0au),
+                                          (int)emax1[i][j] - 2 * cpd::FD_TILED_EOFF, &e);
+              }
               sl1 |= (cpd::u32)((c[i][j] & ~cpd::SIGN) >= cpd::INF_BITS) | (cpd::u32)(e >= 126);
               int k;
-              const long long v = cpd::fd_amd_rd_align(s, (long long)Sg[i][j] + neg, e, c[i][j], 0, &k);
+              const long long v = cpd::fd_amd_rd_align(s, Sv, e, c[i][j], AMD == 2, &k);
               cn[i][j] = cpd::fd_amdrd_round(v, k, &sl1);  // a float32-subnormal result: fd_step
             } else if (WIDE) {
               cn[i][j] = cpd::fd_tiled_finish(s, (long long)Sg[i][j], neg, em, c[i][j]);
@@ -829,17 +848,20 @@ CPD_FD_TILED_SHAPES(cpd_fused_dot_tiled_l4, 4, false, false)     // Volta FP16 (
 CPD_FD_TILED(cpd_fused_dot_tiled_l32ws_s1, 32, true, 1, 1, true)  // Blackwell MXFP8 / MXFP6 / MXFP4 (F 25)
 CPD_FD_TWO_STAGES(CPD_FD_TILED(cpd_fused_dot_tiled_l32ws_s2g2, 32, true, 2, 2, true))
 
-// The CDNA3 kernels (fd_tiled with AMD: fd_amdrd_applies): the same parameters and shapes as l8 / l4.
-#define CPD_FD_TILED_AMD(NAME, L, S, G)                                                                 \
+// The CDNA3 kernels (fd_tiled with AMD 1: fd_amdrd_applies; AMD 2: fd_amdrd8_applies): the same
+// parameters and shapes as l8 / l4 / l16.
+#define CPD_FD_TILED_AMD(NAME, L, S, G, AMD, APPLIES)                                                   \
   CPD_FD_KERNEL(NAME,                                                                                    \
-                (sa == nullptr && cpd::fd_amdrd_applies(s, a_man, b_man, 0) && group == L &&             \
+                (sa == nullptr && cpd::APPLIES(s, a_man, b_man, 0) && group == L &&                      \
                  cpd::dynamic_smem_size() >= FdShape<L, S, G>::BYTES),                                   \
-                (fd_tiled<L, false, S, G, false, true>(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s, \
-                                                       a_man, b_man)))
-CPD_FD_ONE_STAGE(CPD_FD_TILED_AMD(cpd_fused_dot_tiled_l8a_s1, 8, 1, CPD_FD_GROUPS(8, 1)))  // CDNA3 fp16, bf16 (F 24)
-CPD_FD_TWO_STAGES(CPD_FD_TILED_AMD(cpd_fused_dot_tiled_l8a_s2g2, 8, 2, CPD_FD_GROUPS(8, 2)))
-CPD_FD_ONE_STAGE(CPD_FD_TILED_AMD(cpd_fused_dot_tiled_l4a_s1, 4, 1, CPD_FD_GROUPS(4, 1)))  // CDNA3 xf32 (F 24)
-CPD_FD_TWO_STAGES(CPD_FD_TILED_AMD(cpd_fused_dot_tiled_l4a_s2g2, 4, 2, CPD_FD_GROUPS(4, 2)))
+                (fd_tiled<L, false, S, G, false, AMD>(a, b, y, sa, sb, B, M, K, N, nb, block, s_emin, s, \
+                                                      a_man, b_man)))
+#define CPD_FD_TILED_AMD_SHAPES(NAME, L, AMD, APPLIES)                                            \
+  CPD_FD_ONE_STAGE(CPD_FD_TILED_AMD(NAME##_s1, L, 1, CPD_FD_GROUPS(L, 1), AMD, APPLIES)) \
+  CPD_FD_TWO_STAGES(CPD_FD_TILED_AMD(NAME##_s2g2, L, 2, CPD_FD_GROUPS(L, 2), AMD, APPLIES))
+CPD_FD_TILED_AMD_SHAPES(cpd_fused_dot_tiled_l8a, 8, 1, fd_amdrd_applies)      // CDNA3 fp16, bf16 (F 24)
+CPD_FD_TILED_AMD_SHAPES(cpd_fused_dot_tiled_l4a, 4, 1, fd_amdrd_applies)      // CDNA3 xf32 (F 24)
+CPD_FD_TILED_AMD_SHAPES(cpd_fused_dot_tiled_l16a, 16, 2, fd_amdrd8_applies)  // CDNA3 fp8, bf8 (F 24, halves)
 
 // The chunk16 kernels (fd_c16_tiled): the same parameters; s1 one stage of 32, s2g2 two of 64.
 #define CPD_FD_C16(NAME, S, KS)                                                                 \

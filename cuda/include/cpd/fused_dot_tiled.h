@@ -216,8 +216,8 @@ CPD_FN u32 fd_tiled_finish32(const FusedDotSpec& s, int S, int neg, u32 emax2, u
 // fd_amdrd_round rounds the result. Left to fd_step: flagged operands (non-finite, not a value of
 // the format), a non-finite c, a float32-subnormal result, and a group whose emax is 126 or
 // more (a product may reach 2^128: step 1's infinities; below that |product| < 2^(emax + 2) <=
-// 2^127). F + 2 + log2(L + 1) <= 30: 32-bit sums; pre = 24 - ma - mb >= 0. No block scales; CDNA3's FP8 (even / odd halves: two exponents and
-// two sums per output) stays on the per-output kernel. Float32 out (every CDNA3 model's).
+// 2^127). F + 2 + log2(L + 1) <= 30: 32-bit sums; pre = 24 - ma - mb >= 0. No block scales
+// (CDNA3's FP8, even / odd halves: fd_amdrd8_applies below). Float32 out (every CDNA3 model's).
 CPD_FN int fd_amdrd_applies(const FusedDotSpec& s, int a_man, int b_man, int block) {
   return (int)(s.algo == FD_AMD_RD && (s.group == 4 || s.group == 8) && a_man + b_man <= 24 && a_man >= 0 &&
                b_man >= 0 && a_man <= 23 && b_man <= 23 && s.zero_exp >= -255 && s.out == FD_OUT_F32 &&
@@ -249,6 +249,30 @@ CPD_FN u32 fd_amdrd_round(long long v, int k, u32* slow) {
   const int fe = (int)(qb >> 23) + k + dr;  // the result's float32 exponent field
   *slow |= (u32)(t + k < -126);
   return fe >= 255 ? INF_BITS | sign : (qb + ((u32)(k + dr) << 23)) | sign;
+}
+
+// FD_AMD_RD_FP8 (CDNA3 fp8 / bf8 and their mixes, L 16) on cpd_fused_dot_tiled_l16a: the same
+// words and passes with the even- and odd-indexed products apart. Pass 1 keeps two exponents
+// (each starting at 2 zero_exp, as fd_amd_rd_step's zero-padded halves), pass 2 two 32-bit sums,
+// each term cut against its own half's exponent (fd_tiled_term), and each half's negatives
+// counted from its own bits of the sign words (a negative product's term is -T - 1: the words'
+// proof at the top holds term by term, so half by half). The halves then join as
+// fd_amd_rd_step joins them: e = max(e0, e1), each sum floor-shifted to e's units
+// (fd_amdrd8_halves), then fd_amd_rd_align with its fp8 cut-off of c and fd_amdrd_round. Sums:
+// 8 terms below 2^(F + 2) = 2^26 per half and its 8 corrections, so |S0|, |S1| < 2^29 + 8 and
+// their join below 2^30: 32 bits. The fallbacks are fd_amdrd_applies' (flags, c not finite, a
+// float32-subnormal result, e >= 126).
+CPD_FN int fd_amdrd8_applies(const FusedDotSpec& s, int a_man, int b_man, int block) {
+  return (int)(s.algo == FD_AMD_RD_FP8 && s.group == 16 && a_man + b_man <= 24 && a_man >= 0 && b_man >= 0 &&
+               a_man <= 23 && b_man <= 23 && s.zero_exp >= -255 && s.out == FD_OUT_F32 && block == 0);
+}
+
+// The halves' sums S0, S1 in units 2^(e0 - 24), 2^(e1 - 24) (exact: corrections included) as one
+// sum in units 2^(e - 24), e = max(e0, e1) (*e), each rounded down (toward -inf): an arithmetic
+// shift by e - eh, the sign past 31 (fd_sar's clamp, as fd_floor_shift past 63).
+CPD_FN long long fd_amdrd8_halves(int S0, int e0, int S1, int e1, int* e) {
+  *e = imax(e0, e1);
+  return (long long)fd_sar(S0, (u32)(*e - e0)) + (long long)fd_sar(S1, (u32)(*e - e1));
 }
 
 // ------------------------------------------------------------------------------------------
