@@ -274,9 +274,21 @@ struct KahanStep {
   __device__ __forceinline__ bool redo(float s) const { return cpd::gemm_redo(s); }
 };
 
+// What family_gemm asks of a row step besides Row, init, step and value, and its defaults (each
+// step derives from StepTraits and sets what differs): FROM_VALUE, whether an output's redo is
+// judged from its stored value (redo_value: Rows) rather than from its accumulators (redo); KEYED,
+// whether it steps by step_keyed (SrStep: the words of output and k); BLOCKED, whether by step_run
+// (F32BlockStep: a run's end).
+struct StepTraits {
+  static constexpr bool FROM_VALUE = false;
+  static constexpr bool KEYED = false;
+  static constexpr bool BLOCKED = false;
+  __device__ __forceinline__ bool redo_value(float) const { return false; }
+};
+
 // A row of R outputs of one thread (R per-output accumulators); the steps above are per output.
 template <class S>
-struct Rows : S {
+struct Rows : S, StepTraits {
   template <int R>
   struct Row {
     typename S::Acc x[R];
@@ -295,15 +307,13 @@ struct Rows : S {
   template <int R>
   __device__ __forceinline__ float value(const Row<R>& r, int j) const { return r.x[j].s; }
   static constexpr bool FROM_VALUE = true;
-  static constexpr bool KEYED = false;  // step(), not step_keyed() (SrStep)
-  static constexpr bool BLOCKED = false;  // step(), not step_run() (F32BlockStep)
   __device__ __forceinline__ bool redo_value(float s) const { return S::REDO && S::redo(s); }
 };
 
 // LANES16 and KAHAN16: a row of R outputs as R / 2 binary16 pairs (cpd/gemm.h gemm_f16_pair_step,
 // gemm_kahan16_pair_step): sums s, Kahan's compensations c, the largest |product| mx.
 template <bool KAHAN>
-struct Binary16Step {
+struct Binary16Step : StepTraits {
   static constexpr int FAMILY = KAHAN ? cpd::GEMM_KAHAN16 : cpd::GEMM_LANES16;
   cpd::GemmF16 g;
   template <int R>
@@ -332,17 +342,13 @@ struct Binary16Step {
   __device__ __forceinline__ bool redo(const Row<R>& r, int j) const {
     return cpd::gemm_f16_redo(r.s[j / 2], r.mx[j / 2], j & 1, g);
   }
-  static constexpr bool FROM_VALUE = false;
-  static constexpr bool KEYED = false;
-  static constexpr bool BLOCKED = false;
-  __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
 // LANESBF and KAHANBF: float32 lanes, one per output (cpd/gemm.h gemm_bf16_step, gemm_kahanbf_step):
 // sums s, Kahan's compensations c, the largest |product| w and (Kahan) the largest |t| top. FUSED:
 // FUSEDBF and FKAHANBF, no mul format (gemm_fbf16_step, gemm_fkahanbf_step: w the largest |hi|).
 template <bool KAHAN, bool FUSED = false>
-struct BF16Step {
+struct BF16Step : StepTraits {
   static constexpr int FAMILY = FUSED ? (KAHAN ? cpd::GEMM_FKAHANBF : cpd::GEMM_FUSEDBF)
                                       : (KAHAN ? cpd::GEMM_KAHANBF : cpd::GEMM_LANESBF);
   cpd::GemmBF16 g;
@@ -372,10 +378,6 @@ struct BF16Step {
   __device__ __forceinline__ bool redo(const Row<R>& r, int j) const {
     return cpd::gemm_bf16_redo(r.w[j], r.top[KAHAN ? j : 0], g);
   }
-  static constexpr bool FROM_VALUE = false;
-  static constexpr bool KEYED = false;
-  static constexpr bool BLOCKED = false;
-  __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
 using FusedBF16Step = BF16Step<false, true>;  // (one macro argument each)
@@ -384,7 +386,7 @@ using FusedKahanBF16Step = BF16Step<true, true>;
 // FUSED16 and FKAHAN16 (cpd/gemm.h gemm_fh16_step, gemm_fkahan16_step): float32 lanes, one per
 // output: binary16 sums s, Kahan's compensations c, the largest |hi| w.
 template <bool KAHAN>
-struct FusedH16Step {
+struct FusedH16Step : StepTraits {
   static constexpr int FAMILY = KAHAN ? cpd::GEMM_FKAHAN16 : cpd::GEMM_FUSED16;
   cpd::FormatF ag;  // binary16's (the host's conversion)
   template <int R>
@@ -409,17 +411,13 @@ struct FusedH16Step {
   __device__ __forceinline__ float value(const Row<R>& r, int j) const { return r.s[j]; }
   template <int R>
   __device__ __forceinline__ bool redo(const Row<R>& r, int j) const { return cpd::gemm_fh16_redo(r.s[j], r.w[j]); }
-  static constexpr bool FROM_VALUE = false;
-  static constexpr bool KEYED = false;
-  static constexpr bool BLOCKED = false;
-  __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
 // The float32 families' shared part (F32, KAHAN32, FKAHAN32, F32B, FF32B): the product's constants,
 // B's scaling, the value s of an output and its redo (a product past max or NaN, or a NaN sum;
 // FUSED, exact products: a NaN sum). Each Row holds s and w (w unused when FUSED).
 template <bool FUSED>
-struct F32Lanes {
+struct F32Lanes : StepTraits {
   cpd::GemmBF16 g;  // the product's constants and the mul format's max (FUSED: unused)
   __device__ __forceinline__ float prep(float b) const { return FUSED ? b : cpd::gemm_f16_scale(b, g.m); }
   template <class Row>
@@ -428,9 +426,6 @@ struct F32Lanes {
   __device__ __forceinline__ bool redo(const Row& r, int j) const {
     return FUSED ? cpd::gemm_redo(r.s[j]) : cpd::gemm_f32_redo(r.s[j], r.w[FUSED ? 0 : j], g);
   }
-  static constexpr bool FROM_VALUE = false;
-  static constexpr bool KEYED = false;
-  __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
 // F32, KAHAN32 and FKAHAN32 (cpd/gemm.h gemm_f32_step, gemm_kahan32_step, gemm_fkahan32_step):
@@ -440,7 +435,6 @@ template <bool KAHAN, bool FUSED>
 struct F32Step : F32Lanes<FUSED> {
   using F32Lanes<FUSED>::g;
   static constexpr int FAMILY = FUSED ? cpd::GEMM_FKAHAN32 : (KAHAN ? cpd::GEMM_KAHAN32 : cpd::GEMM_F32);
-  static constexpr bool BLOCKED = false;
   template <int R>
   struct Row {
     float s[R], w[FUSED ? 1 : R], c[KAHAN ? R : 1];
@@ -510,10 +504,9 @@ __device__ __forceinline__ int own(int t, int i) {
 // SR: stochastic rounding (cpd/gemm.h gemm_sr_step), a row of R outputs as float32 bits: sums s,
 // Kahan's compensations c, block sums bs. The step is keyed: output o's step k draws dot_words(o, K,
 // k) (one Philox4x32-10 block, or two), computed in registers for each output and step.
-struct SrStep {
+struct SrStep : StepTraits {
   static constexpr int FAMILY = cpd::GEMM_SR;
   static constexpr bool KEYED = true;
-  static constexpr bool BLOCKED = false;
   cpd::DotSpec d;
   unsigned long long seed, offset, K;
   template <int R>
@@ -542,8 +535,6 @@ struct SrStep {
   __device__ __forceinline__ float value(const Row<R>& r, int j) const { return cpd::float_of(r.s[j]); }
   template <int R>
   __device__ __forceinline__ bool redo(const Row<R>&, int) const { return false; }  // exact in the step
-  static constexpr bool FROM_VALUE = false;
-  __device__ __forceinline__ bool redo_value(float) const { return false; }
 };
 
 template <int R>
