@@ -8,6 +8,9 @@ loop cuda/cpu/matmul.cpp picks (plan_for): "h16" binary16 lanes (AVX512-FP16 add
 lanes rounded by the F16C / FCVT conversion), "f32" float32 lanes, "f32 sr" stochastic float32
 lanes (matmul_sr.h), "f64" float64 lanes, "generic" one output at a time.
 
+The last line is the floor under the stochastic rows: the Philox4x32-10 blocks their word
+contract draws (one per multiply-add, two with Kahan), drawn alone by the same vector Philox.
+
 Prints one line per (mul, acc, options): the best of ``repeat`` runs of cpd.matmul, the best of
 many runs of torch.mm (timed before and after, to be robust to a busy machine), and the ratio.
 ``--clock cpu`` times CPU seconds of the process (all its threads) instead of wall seconds: on a
@@ -64,6 +67,21 @@ CASES = [
 ]
 
 
+FLOOR_ROW = "Philox blocks alone (stochastic floor)"
+
+
+def philox_blocks(ext, count: int, chunk: int = 1 << 14):
+    """A function drawing `count` Philox4x32-10 blocks with the matmul's vector Philox (strided
+    form, cuda/cpu/philox_simd.h): the words the stochastic rows' contract draws, one block per
+    multiply-add (two with Kahan: numerics.h, "Accumulation"), with no rounding around them."""
+    w = torch.empty(4 * chunk, dtype=torch.int32)
+
+    def run():
+        for b0 in range(0, count, chunk):
+            ext.philox_simd_out(w, 2 * b0, 2, chunk, 1234, 0, True)
+    return run
+
+
 CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
 _clock = time.perf_counter
 
@@ -102,6 +120,14 @@ def main() -> None:
         t_cpd = _time(lambda: cpd.matmul(a, b, **kw), args.repeat)
         t_mm = min(t_mm, _time(lambda: torch.mm(a, b), max(args.repeat, 50)))
         tab.row(f"mul={mul} acc={acc}", lanes(kw), f"{t_cpd * 1e3:.2f}", f"{t_mm * 1e3:.3f}", f"{t_cpd / t_mm:.1f}")
+    ext = _cpu.extension()
+    if ext is not None and (not args.only or args.only in "stochastic"):
+        # The stochastic rows cannot go below their Philox words: n^3 blocks, one thread's worth
+        # (the ratio is the floor of a one-rounding-per-step row; Kahan draws twice as many).
+        t_mm = _time(lambda: torch.mm(a, b), max(args.repeat, 50))
+        t_w = _time(philox_blocks(ext, n ** 3), args.repeat)
+        t_mm = min(t_mm, _time(lambda: torch.mm(a, b), max(args.repeat, 50)))
+        tab.row(FLOOR_ROW, "philox", f"{t_w * 1e3:.2f}", f"{t_mm * 1e3:.3f}", f"{t_w / t_mm:.1f}")
     tab.save()
 
 

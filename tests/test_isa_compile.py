@@ -5,6 +5,8 @@ Invariants defended:
   no torch) passes when built for each x86 level the host runs, and for aarch64 where a cross
   compiler is installed (``apt-get install g++-aarch64-linux-gnu``; run under ``qemu-aarch64``
   when ``qemu-user`` is installed, otherwise compiled only);
+* x86-64-v4's paths run on a host without AVX-512 too: simd_check with SIMDe's portable AVX-512
+  intrinsics (test-only headers, the cmeel-simde wheel);
 * levels the host cannot run are compile-checked: the extension's vector sources for
   ``x86-64-v4`` and for ``armv8.2-a`` (cross compiler), with ``static_assert`` on the vector paths
   their headers pick.
@@ -14,6 +16,7 @@ worker while the other builds and tests the levels.
 """
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +45,35 @@ def test_simd_check_x86(level, tmp_path):
         pytest.skip(f"this CPU runs up to {HOST}")
     first = _simd_check("g++", [f"-march={level}"], tmp_path)
     assert first.startswith("simd_check: ")
+
+
+def _simde_include():
+    """The directory holding SIMDe's headers (simde/x86/avx512.h): the cmeel-simde wheel of the
+    test extra, or a system install (apt-get install libsimde-dev); None when neither is there."""
+    import sysconfig
+
+    for d in (Path(sysconfig.get_paths()["purelib"]) / "cmeel.prefix" / "include", Path("/usr/include")):
+        if (d / "simde" / "x86" / "avx512.h").is_file():
+            return d
+    return None
+
+
+@pytest.mark.skipif(not X86 or shutil.which("g++") is None, reason="x86-64 levels with g++")
+def test_simd_check_x86_v4_emulated(tmp_path):
+    """x86-64-v4's vector paths (the AVX-512 Philox of both forms, the fused stochastic cast's
+    32-block calls, the zmm binary16 lanes) run on a host without AVX-512: simd_check built with
+    the AVX-512 macros defined and every intrinsic from SIMDe's portable C
+    (tests/cpp/simde_avx512/immintrin.h). Checks the paths' logic, not the instructions' encodings;
+    an AVX-512 host runs the real thing in test_simd_check_x86[x86-64-v4]."""
+    if runs("x86-64-v4"):
+        pytest.skip("this CPU runs x86-64-v4 itself (test_simd_check_x86)")
+    inc = _simde_include()
+    if inc is None:
+        pytest.skip("no SIMDe headers (pip install cmeel-simde, in the test extra)")
+    avx512 = [f"-D__AVX512{x}__" for x in ("F", "BW", "DQ", "VL", "CD")]
+    first = _simd_check("g++", ["-march=x86-64-v3", *avx512, "-DSIMDE_NO_NATIVE", "-I",
+                                str(ROOT / "tests/cpp/simde_avx512"), "-I", str(inc)], tmp_path)
+    assert first == "simd_check: avx512"
 
 
 @pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,

@@ -362,8 +362,9 @@ void sr_matmul(const float* a, const float* b, float* y, const Dims& d, const cp
                const cpd::Format& af, int sr_bits, uint64_t seed, uint64_t offset) {
   cpd::FormatD mg = cpd::make_format_d(mf), ag = cpd::make_format_d(af);
   mg.sr_mask = ag.sr_mask = (0xffffffffull << (32 - sr_bits)) & 0xffffffffull;
+  const cpd_cpu::PhiloxKey key = cpd_cpu::philox_key((uint32_t)seed, (uint32_t)(seed >> 32));
   for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t o0, int64_t j0, int64_t jt) {
-    const cpd_cpu::SrTile t{d.K, d.L, jt, (uint64_t)o0, seed, offset};
+    const cpd_cpu::SrTile t{d.K, d.L, jt, (uint64_t)o0, offset, key};
     if (F32 && cpd_cpu::float32_subnormals_kept())
       cpd_cpu::sr32_tile<MUL, KAHAN, BLOCK>(ar, bm + j0, d.N, yr + j0, t, mf, af, sr_bits);
     else

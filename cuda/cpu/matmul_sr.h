@@ -26,17 +26,17 @@ namespace cpd_cpu {
 struct SrTile {
   int64_t K, L, jt;    // steps, block length (0: none), live lanes
   uint64_t o0;         // the flat index of lane 0's output
-  uint64_t seed, offset;
+  uint64_t offset;
+  const PhiloxKey& key;  // philox_key of the seed (k0 its low word, k1 its high), made once per matmul
 };
 
 // The step's words: w[j][i] = word j of lane i's block 2 * ((o0 + i) * K + k), and w2 those of the
 // next block when `high`.
 inline void sr_words(const SrTile& d, int64_t k, bool high, uint32_t* w, uint32_t* w2) {
-  const uint32_t k0 = (uint32_t)d.seed, k1 = (uint32_t)(d.seed >> 32), c2 = (uint32_t)d.offset,
-                 c3 = (uint32_t)(d.offset >> 32);
+  const uint32_t c2 = (uint32_t)d.offset, c3 = (uint32_t)(d.offset >> 32);
   const uint64_t K = (uint64_t)d.K, blk = (d.o0 * K + (uint64_t)k) * 2u;
-  philox_strided(blk, 2u * K, d.jt, c2, c3, k0, k1, w, kLanes);
-  if (high) philox_strided(blk + 1u, 2u * K, d.jt, c2, c3, k0, k1, w2, kLanes);
+  philox_strided(blk, 2u * K, d.jt, c2, c3, d.key, w, kLanes);
+  if (high) philox_strided(blk + 1u, 2u * K, d.jt, c2, c3, d.key, w2, kLanes);
 }
 
 // Float64 lanes: outputs out[0 .. jt) of a row (arow: its K values of a; b: row k of b at b + k * ldb).
