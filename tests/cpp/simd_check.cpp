@@ -19,7 +19,16 @@
 //   * Kahan's step on guarded lanes (kahan_guarded_lanes, round_lane_guarded) equals Kahan's step
 //     with cpd::add_bits (the exact sum, rounded once) on every lane, step after step, for sums
 //     inside the guard: random values of the format at spread magnitudes, ties, zeros of both
-//     signs and the format's subnormals, for (6,7), BF16, FP16, E4M3 and an FN format.
+//     signs and the format's subnormals, for (6,7), BF16, FP16, E4M3 and an FN format;
+//   * the matmul's register chains (matmul_chain.h, matmul_h16.h, matmul_fchain.h), output by
+//     output, equal the generic steps in k order (fma_bits, or mul_bits then add_bits): binary32
+//     FMA chain; E5M2 products into FP16 (general: infinities, NaN, products past E5M2's range;
+//     and bounded), E4M3 into FP32 (SumB32), bounded E5M2 into BF16 (SumI); the fused narrow chain
+//     into BF16 and TF32, also on 4-bit significands whose sums land on midpoints (fchain_fix).
+//     Full register tiles and remainders, a full column panel and a partial one; products planted
+//     just above E5M2 midpoints whose float32 product is the midpoint (an unfused product fails).
+// On a host without AVX-512, tests/test_isa_compile.py also builds it with the AVX-512 paths and
+// SIMDe's portable intrinsics (tests/cpp/simde_avx512/immintrin.h).
 // Build and run from the repository root, e.g.
 //   g++ -std=c++17 -O2 -march=x86-64-v3 -ffp-contract=off -fno-fast-math -I cuda/include -I cuda/cpu \
 //       tests/cpp/simd_check.cpp -o /tmp/simd_check && /tmp/simd_check
@@ -32,8 +41,13 @@
 #include <vector>
 
 #include "cpd/numerics.h"
+#include <type_traits>
+
 #include "cast_loops.h"
+#include "matmul_chain.h"
 #include "matmul_f32.h"
+#include "matmul_fchain.h"
+#include "matmul_h16.h"
 #include "philox_simd.h"
 
 using cpd::u32;
@@ -204,8 +218,144 @@ static void check_fused_cast() {
   }
 }
 
+// ------------------------------------------------------------------------------------------
+// The matmul's register chains against the generic steps, output by output (NaN as NaN: the
+// matmul redoes NaN outputs by the generic steps). Shapes: M = 2 MR + 3 rows (full tiles and a
+// remainder), N = NR + 5 columns (a full panel and a partial one), K = 29.
+struct ChainData {
+  int64_t M, K, N;
+  std::vector<float> a, b, y;
+};
+
+// a and b: magnitudes 2^elo .. 2^ehi of random significands, zeros of both signs, and (specials)
+// infinities and NaNs.
+static ChainData chain_data(int64_t mr, int64_t nr, int elo, int ehi, bool specials, u64 seed) {
+  ChainData d{2 * mr + 3, 29, nr + 5, {}, {}, {}};
+  u64 r = seed;
+  auto next = [&r] { r = r * 6364136223846793005ull + 1442695040888963407ull; return (u32)(r >> 32); };
+  auto value = [&] {
+    const u32 m = next();
+    if ((m & 31u) == 0u) return (m & 32u) ? -0.0f : 0.0f;
+    if (specials && (m & 63u) == 1u) return (m & 64u) ? -INFINITY : INFINITY;
+    if (specials && (m & 127u) == 2u) return NAN;
+    const int e = elo + (int)((m >> 8) % (u32)(ehi - elo + 1));
+    return std::ldexp(1.0f + (next() >> 9) * 0x1p-23f, e) * ((m & 128u) ? -1.0f : 1.0f);
+  };
+  for (int64_t i = 0; i < d.M * d.K; ++i) d.a.push_back(value());
+  for (int64_t i = 0; i < d.K * d.N; ++i) d.b.push_back(value());
+  d.y.assign((size_t)(d.M * d.N), -1.0f);
+  return d;
+}
+
+// Double-rounding traps for products rounded to mf (man <= 3): pairs (a, b) whose exact product
+// lies just above a midpoint of mf's grid while fl32(a b) is the midpoint itself, so that a product
+// rounded twice (to float32, then to mf: an unfused multiply) ties to even where the exact one
+// rounds up. Planted along row 1 of a and column 2 of b (every k), output (1, 2) summing them.
+static void plant_ties(ChainData& d, const cpd::Format& mf) {
+  const double tie = 1.0 + std::ldexp(1.0, -mf.man - 1);  // between 1 and 1 + 2^-man
+  int64_t k = 0;
+  for (u32 x = 1; k < d.K && x < (1u << 22); ++x) {
+    const float a = 1.0f + std::ldexp((float)x, -23);
+    const float b = std::nextafter((float)(tie / a), 2.0f);  // rounded up: a b = tie + a (b - tie / a)
+    const double p = (double)a * (double)b;                   // exact (24 + 24 bits)
+    if (p > tie && (double)(float)p == tie) {
+      d.a[1 * d.K + k] = (k & 1) ? -a : a;
+      d.b[k * d.N + 2] = b;
+      ++k;
+    }
+  }
+  if (k < d.K) fail("plant_ties", (u64)k, 0, 0);
+}
+
+// y (from the chain's rows over column panels of nr) against step(s, a, b) from s = +0 in k order.
+template <class Rows, class Step>
+static void check_chain(const char* what, ChainData& d, int64_t nr, Rows rows, Step step) {
+  std::vector<float> pack;
+  for (int64_t j0 = 0; j0 < d.N; j0 += nr) rows(d.a.data(), d.b.data(), d.y.data(), d.K, d.N, 0, d.M, j0,
+                                                std::min(nr, d.N - j0), pack);
+  for (int64_t i = 0; i < d.M; ++i)
+    for (int64_t j = 0; j < d.N; ++j) {
+      u32 s = 0u;
+      for (int64_t k = 0; k < d.K; ++k) s = step(s, cpd::bits_of(d.a[i * d.K + k]), cpd::bits_of(d.b[k * d.N + j]));
+      if (!same(cpd::bits_of(d.y[i * d.N + j]), s)) fail(what, (u64)(i * d.N + j), cpd::bits_of(d.y[i * d.N + j]), s);
+    }
+}
+
+static void check_chains() {
+  const cpd::Format fp32 = cpd::make_format(8, 23, 127, cpd::SPECIALS_IEEE, 1, 0);
+  const auto fma_into = [](const cpd::Format& f) {
+    return [f](u32 s, u32 a, u32 b) { return cpd::fma_bits(s, a, b, f, cpd::NEAREST, 0u, 32); };
+  };
+  (void)fp32, (void)fma_into;
+#if CPD_CPU_CHAIN
+  {  // binary32: s = fma(a, b, s)
+    using C = cpd_cpu::ChainVec;
+    ChainData d = chain_data(C::MR, C::NR, -70, 60, true, 1);
+    check_chain("chain fp32", d, C::NR, cpd_cpu::chain_rows, fma_into(fp32));
+  }
+#endif
+#if CPD_CPU_H16_CHAIN
+  using H = cpd_cpu::H16Chain;
+  const cpd::Format fp16 = cpd::make_format(5, 10, 15, cpd::SPECIALS_IEEE, 1, 0);
+  const cpd::Format bf16 = cpd::make_format(8, 7, 127, cpd::SPECIALS_IEEE, 1, 0);
+  const cpd::Format tf32 = cpd::make_format(8, 10, 127, cpd::SPECIALS_IEEE, 1, 0);
+  const cpd::Format e5m2 = cpd::make_format(5, 2, 15, cpd::SPECIALS_IEEE, 1, 0);
+  const cpd::Format e4m3 = cpd::make_format(4, 3, 7, cpd::SPECIALS_IEEE, 1, 0);
+  // s = add(s, mul(a, b)) with products rounded to mf and sums to af
+  const auto mul_add = [](const cpd::Format& mf, const cpd::Format& af) {
+    return [mf, af](u32 s, u32 a, u32 b) {
+      return cpd::add_bits(s, cpd::mul_bits(a, b, mf, cpd::NEAREST, 0u, 32), af, cpd::NEAREST, 0u, 32);
+    };
+  };
+  const auto h16_rows = [](const cpd::Format& mf, auto bounded, auto sum) {
+    return [mf, sum](const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1, int64_t j0,
+                     int64_t nc, std::vector<float>& pack) {
+      const cpd_cpu::H16Mul m(cpd::make_format_f(mf));
+      cpd_cpu::h16_chain_rows<decltype(bounded)::value>(a, b, y, K, N, m0, m1, j0, nc, pack, m, sum);
+    };
+  };
+  using General = std::false_type;
+  using Bounded = std::true_type;
+  {  // binary16 sums of e5m2 products: general (specials, products past e5m2's range) and bounded
+    ChainData d = chain_data(H::MR, H::NR, -20, 9, true, 2);
+    plant_ties(d, e5m2);
+    check_chain("h16 chain e5m2 -> fp16", d, H::NR, h16_rows(e5m2, General{}, cpd_cpu::SumH16{}), mul_add(e5m2, fp16));
+    ChainData e = chain_data(H::MR, H::NR, -12, 6, false, 3);  // |a b| < 2^14 <= e5m2's max
+    plant_ties(e, e5m2);
+    check_chain("h16 chain e5m2 -> fp16 bounded", e, H::NR, h16_rows(e5m2, Bounded{}, cpd_cpu::SumH16{}),
+                mul_add(e5m2, fp16));
+  }
+  {  // binary32 sums of e4m3 products; bf16 sums (SumI) of bounded e5m2 products
+    ChainData d = chain_data(H::MR, H::NR, -12, 5, true, 4);
+    check_chain("h16 chain e4m3 -> fp32", d, H::NR, h16_rows(e4m3, General{}, cpd_cpu::SumB32{}), mul_add(e4m3, fp32));
+    ChainData e = chain_data(H::MR, H::NR, -12, 6, false, 5);
+    plant_ties(e, e5m2);
+    check_chain("h16 chain e5m2 -> bf16 bounded", e, H::NR, h16_rows(e5m2, Bounded{}, cpd_cpu::SumI(bf16)),
+                mul_add(e5m2, bf16));
+  }
+  for (const cpd::Format& af : {bf16, tf32}) {  // exact products, one rounding per step into af
+    if (!cpd_cpu::fchain_applies(af)) fail("fchain_applies", af.man, 0, 0);
+    const auto rows = [af](const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
+                           int64_t j0, int64_t nc, std::vector<float>& pack) {
+      cpd_cpu::fchain_rows(a, b, y, K, N, m0, m1, j0, nc, pack, cpd_cpu::FChainAcc(af), af);
+    };
+    ChainData d = chain_data(H::MR, H::NR, -70, 60, false, 6 + af.man);
+    check_chain(af.man == 7 ? "fchain bf16" : "fchain tf32", d, H::NR, rows, fma_into(af));
+    // short significands: many steps land on af's midpoints (fchain_fix)
+    for (std::vector<float>* x : {&d.a, &d.b})
+      for (float& v : *x) {  // 4 significant bits
+        int e = 0;
+        const float f = std::frexp(v, &e);
+        v = std::ldexp(std::round(std::ldexp(f, 4)), e - 4);
+      }
+    check_chain(af.man == 7 ? "fchain bf16 midpoints" : "fchain tf32 midpoints", d, H::NR, rows, fma_into(af));
+  }
+#endif
+}
+
 int main() {
   std::printf("simd_check: %s\n", cpd_cpu::isa_name());
+  check_chains();
   check_philox();
   check_fused_cast();
   const cpd::Format fp16 = cpd::make_format(5, 10, 15, cpd::SPECIALS_IEEE, 1, 0);
