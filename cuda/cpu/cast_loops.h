@@ -124,7 +124,7 @@ void cast_det_range(const float* x, float* y, int64_t lo, int64_t hi, const cpd:
 // words of cpd::philox4x32_10, bit for bit.
 //
 // Fused: the words are drawn one vector Philox call at a time (kPhiloxCallBlocks blocks: 32 on
-// AVX-512, 12 on AVX2, 6 on SSE4.1, 16 on NEON) into a buffer of a few hundred bytes, and the
+// AVX-512, 8 on AVX2, 6 on SSE4.1, 16 on NEON) into a buffer of a few hundred bytes, and the
 // elements of those blocks are cast at once, reading them back from the store buffer / L1. Each
 // step's integer Philox work (multiplies, shifts, xors) is then a few hundred instructions from
 // the loads, casts and stores of its elements, inside the out-of-order window, so that the two

@@ -15,9 +15,9 @@
 //     high halves). Only low halves are meaningful, and only they are stored. 32 blocks per
 //     call, both forms (the strided form packs the low halves with VPMOVQD).
 //   * AVX2: the same on 4 blocks per __m256i with _mm256_mul_epu32 (8 products of 32-bit lanes
-//     per pair of multiplies), 3 vectors interleaved: 12 blocks per call (2 vectors, 8 blocks,
-//     for the strided form); element order through philox256_elements, the strided form through
-//     philox256_strided8 (round keys made once: PhiloxKey).
+//     per pair of multiplies), 2 vectors interleaved: 8 blocks per call, element order through
+//     philox256_elements, the strided form through philox256_strided8 (round keys made once:
+//     PhiloxKey; each round's key xor kept off the multiply's path: opaque_xor).
 //   * SSE4.1 (x86-64-v2): the same on 2 blocks per __m128i with _mm_mul_epu32, 3 vectors
 //     interleaved: 6 blocks per call (2 vectors, 4 blocks, for the strided form).
 //   * NEON: 4 blocks per uint32x4_t, one block per 32-bit lane: lo = vmulq_u32, hi = the odd
@@ -69,7 +69,7 @@ constexpr const char* isa_name() {
 #if defined(__AVX512F__)
 constexpr int64_t kPhiloxCallBlocks = 32;  // 4 vectors of 8 blocks
 #elif defined(__AVX2__)
-constexpr int64_t kPhiloxCallBlocks = 12;  // 3 vectors of 4
+constexpr int64_t kPhiloxCallBlocks = 8;   // 2 vectors of 4
 #elif defined(__SSE4_1__)
 constexpr int64_t kPhiloxCallBlocks = 6;   // 3 vectors of 2
 #elif defined(CPD_CPU_NEON)
@@ -141,16 +141,27 @@ inline void philox512(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint32
 #endif
 
 #if defined(__AVX2__)
-// Groups of vectors interleaved in philox256_elements: 3 keeps 12 state vectors and 4 constants
-// in the 16 ymm registers with enough independent multiplies in flight (measured: 3 > 2 > 4 on Zen).
-constexpr int kGroups256 = 3;
+// Groups of vectors interleaved in philox256_elements: 2 (8 blocks per call). With the round
+// key xored into x1 / x3 ahead of the multiply's result (opaque_xor below), 2 groups took 7.6
+// cycles per block on Zen 3 against 8.0-8.6 for 3 (which spill) and 10+ for 4 (a micro-benchmark
+// of whole calls, best of 7); without it 3 groups were best.
+constexpr int kGroups256 = 2;
+
+// y = x ^ k, held as a value of its own: GCC would otherwise reassociate a round's
+// hi(p) ^ (x ^ k) into (hi(p) ^ x) ^ k, putting both xors (one with a memory operand) after the
+// multiply on the round's critical path (multiply, shift, xor: 5 cycles instead of 6 or more).
+inline __m256i opaque_xor(__m256i x, __m256i k) {
+  __m256i y = _mm256_xor_si256(x, k);
+  __asm__("" : "+x"(y));
+  return y;
+}
 
 // Blocks b0 + i * st for i < 8, word j of block i stored at w[j * ld + i] (philox_strided's vector
 // body on AVX2, the matmul's lanes): two vectors of four blocks, a = {0, 1, 4, 5} and
 // b = {2, 3, 6, 7}, so that one in-lane vshufps of their low halves gives the 8 words of an index
 // in order (one 256-bit store, no cross-lane permute); the round keys are key's (memory operands).
-// On Zen 3 this took 8.4 cycles per block against 9.9 for four-block vectors in order, keys
-// broadcast per round and a permute per 4 words (a micro-benchmark of 64 lanes, stride 512).
+// On Zen 3 this took 7.4-7.8 cycles per block against 8.9-9.9 for four-block vectors in order,
+// keys broadcast per round and a permute per 4 words (a micro-benchmark of 64 lanes, stride 512).
 inline void philox256_strided8(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, const PhiloxKey& key,
                                uint32_t* __restrict w, int64_t ld) {
   const __m256i m0 = _mm256_set1_epi64x(0xD2511F53u), m1 = _mm256_set1_epi64x(0xCD9E8D57u);
@@ -167,7 +178,7 @@ inline void philox256_strided8(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c
   for (int r = 0; r < cpd::PHILOX_ROUNDS; ++r) {
     for (int g = 0; g < 2; ++g) {
       const __m256i p0 = _mm256_mul_epu32(x0[g], m0), p1 = _mm256_mul_epu32(x2[g], m1);
-      const __m256i y1 = _mm256_xor_si256(x1[g], key.r0[r]), y3 = _mm256_xor_si256(x3[g], key.r1[r]);
+      const __m256i y1 = opaque_xor(x1[g], key.r0[r]), y3 = opaque_xor(x3[g], key.r1[r]);
       x0[g] = _mm256_xor_si256(_mm256_srli_epi64(p1, 32), y1);
       x1[g] = p1;
       x2[g] = _mm256_xor_si256(_mm256_srli_epi64(p0, 32), y3);
@@ -183,7 +194,7 @@ inline void philox256_strided8(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c
 
 #if defined(__AVX2__) && !defined(__AVX512F__)
 // The words of blocks b0 .. b0 + 4G - 1 in element order, w[4k + j] = word j of block b0 + k
-// (philox_blocks' vector body on AVX2), with fewer instructions than philox256 and a transpose:
+// (philox_blocks' vector body on AVX2), with fewer instructions than blocks in order and a transpose:
 //   * the round keys are key's (memory operands, no broadcasts in the loop);
 //   * the lanes of a vector hold blocks b0 + {0, 2, 1, 3} (+ 4g), so that one in-lane shuffle
 //     per 8 words puts them in element order (no cross-lane permute);
@@ -191,8 +202,8 @@ inline void philox256_strided8(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c
 //     [lo(p1) | hi(p1) ^ x1 ^ k0] = [w1 | w0] (x1's garbage high half is shifted out), likewise
 //     [w3 | w2] from p0, and vshufps picks [w0 w1 w2 w3] of one block from each 128-bit half.
 // Per vector of 4 blocks: 9 rounds of 2 multiplies, 2 shifts and 4 xors, then 10 instructions for
-// the last round and the transpose (philox256 and the transpose: 10 rounds and 10, with two key
-// broadcasts per round and call).
+// the last round and the transpose (blocks in order and a transpose: 10 rounds and 10, with two
+// key broadcasts per round and call).
 template <int G>
 inline void philox256_elements(uint64_t b0, uint32_t c2, uint32_t c3, const PhiloxKey& key, uint32_t* w) {
   const __m256i m0 = _mm256_set1_epi64x(0xD2511F53u), m1 = _mm256_set1_epi64x(0xCD9E8D57u);
@@ -208,7 +219,7 @@ inline void philox256_elements(uint64_t b0, uint32_t c2, uint32_t c3, const Phil
   for (int r = 0; r + 1 < cpd::PHILOX_ROUNDS; ++r) {
     for (int g = 0; g < G; ++g) {
       const __m256i p0 = _mm256_mul_epu32(x0[g], m0), p1 = _mm256_mul_epu32(x2[g], m1);
-      const __m256i y1 = _mm256_xor_si256(x1[g], key.r0[r]), y3 = _mm256_xor_si256(x3[g], key.r1[r]);
+      const __m256i y1 = opaque_xor(x1[g], key.r0[r]), y3 = opaque_xor(x3[g], key.r1[r]);
       x0[g] = _mm256_xor_si256(_mm256_srli_epi64(p1, 32), y1);
       x1[g] = p1;
       x2[g] = _mm256_xor_si256(_mm256_srli_epi64(p0, 32), y3);
