@@ -2,9 +2,10 @@
 
 Invariants defended:
 * ``tests/cpp/simd_check.cpp`` (vector Philox, the lane roundings and the matmul's register
-  chains against the numerics core, no torch) passes when built for each x86 level the host runs, and for aarch64 where a cross
-  compiler is installed (``apt-get install g++-aarch64-linux-gnu``; run under ``qemu-aarch64``
-  when ``qemu-user`` is installed, otherwise compiled only);
+  chains against the numerics core, no torch) passes when built for each x86 level the host
+  runs, and for aarch64 where a cross compiler is installed (``apt-get install
+  g++-aarch64-linux-gnu``; run under ``qemu-aarch64`` when ``qemu-user`` is installed, otherwise
+  compiled only);
 * x86-64-v4's paths run on a host without AVX-512 too: simd_check with SIMDe's portable AVX-512
   intrinsics (test-only headers, the cmeel-simde wheel);
 * levels the host cannot run are compile-checked: the extension's vector sources for
@@ -65,10 +66,10 @@ def _simde_include():
 def test_simd_check_x86_v4_emulated(tmp_path):
     """x86-64-v4's vector paths (the AVX-512 Philox of both forms, the fused stochastic cast's
     32-block calls, the zmm binary16 lanes, the matmul's zmm register chains) run on a host
-    without AVX-512: simd_check built with
-    the AVX-512 macros defined and every intrinsic from SIMDe's portable C
-    (tests/cpp/simde_avx512/immintrin.h). Checks the paths' logic, not the instructions' encodings;
-    an AVX-512 host runs the real thing in test_simd_check_x86[x86-64-v4]."""
+    without AVX-512: simd_check built with the AVX-512 macros defined and every intrinsic from
+    SIMDe's portable C (tests/cpp/simde_avx512/immintrin.h). Checks the paths' logic, not the
+    instructions' encodings; an AVX-512 host runs the real thing in
+    test_simd_check_x86[x86-64-v4]."""
     if runs("x86-64-v4"):
         pytest.skip("this CPU runs x86-64-v4 itself (test_simd_check_x86)")
     inc = _simde_include()

@@ -3,8 +3,9 @@
 // __AVX512F__ / BW / DQ / VL / CD and SIMDE_NO_NATIVE, and this directory comes first on the include
 // path, so that the headers take their AVX-512 paths and every intrinsic is SIMDe's portable C
 // (https://github.com/simd-everywhere/simde, MIT; the cmeel-simde wheel of the test extra), which
-// follows Intel's definition of each intrinsic (its FMAs excepted: replaced below). The machine code is the compiler's x86-64-v3:
-// this checks the AVX-512 paths' logic (lanes, masks, shuffles, tails), not the AVX-512 encodings.
+// follows Intel's definition of each intrinsic (its FMAs excepted: replaced below). The machine
+// code is the compiler's x86-64-v3: this checks the AVX-512 paths' logic (lanes, masks, shuffles,
+// tails), not the AVX-512 encodings.
 #pragma once
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
