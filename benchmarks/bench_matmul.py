@@ -70,7 +70,7 @@ CASES = [
 FLOOR_ROW = "Philox blocks alone (stochastic floor)"
 
 
-def philox_blocks(ext, count: int, chunk: int = 1 << 14):
+def strided_words(ext, count: int, chunk: int = 1 << 14):
     """A function drawing `count` Philox4x32-10 blocks with the matmul's vector Philox (strided
     form, cuda/cpu/philox_simd.h): the words the stochastic rows' contract draws, one block per
     multiply-add (two with Kahan: numerics.h, "Accumulation"), with no rounding around them."""
@@ -128,7 +128,7 @@ def main() -> None:
         # The stochastic rows cannot go below their Philox words: n^3 blocks, one thread's worth
         # (the ratio is the floor of a one-rounding-per-step row; Kahan draws twice as many).
         t_mm = _time(lambda: torch.mm(a, b), max(args.repeat, 50))
-        t_w = _time(philox_blocks(ext, n ** 3), args.repeat)
+        t_w = _time(strided_words(ext, n ** 3), args.repeat)
         t_mm = min(t_mm, _time(lambda: torch.mm(a, b), max(args.repeat, 50)))
         tab.row(FLOOR_ROW, "philox", f"{t_w * 1e3:.2f}", f"{t_mm * 1e3:.3f}", f"{t_w / t_mm:.1f}")
     tab.save()

@@ -156,6 +156,18 @@ inline __m256i opaque_xor(__m256i x, __m256i k) {
   return y;
 }
 
+// Round r (the header's round) on a vector of 4 blocks, one per 64-bit lane with its words in the
+// low halves; m0, m1: the multipliers broadcast, the round keys key's.
+inline void philox256_round(__m256i& x0, __m256i& x1, __m256i& x2, __m256i& x3, __m256i m0, __m256i m1,
+                            const PhiloxKey& key, int r) {
+  const __m256i p0 = _mm256_mul_epu32(x0, m0), p1 = _mm256_mul_epu32(x2, m1);
+  const __m256i y1 = opaque_xor(x1, key.r0[r]), y3 = opaque_xor(x3, key.r1[r]);
+  x0 = _mm256_xor_si256(_mm256_srli_epi64(p1, 32), y1);
+  x1 = p1;
+  x2 = _mm256_xor_si256(_mm256_srli_epi64(p0, 32), y3);
+  x3 = p0;
+}
+
 // Blocks b0 + i * st for i < 8, word j of block i stored at w[j * ld + i] (philox_strided's vector
 // body on AVX2, the matmul's lanes): two vectors of four blocks, a = {0, 1, 4, 5} and
 // b = {2, 3, 6, 7}, so that one in-lane vshufps of their low halves gives the 8 words of an index
@@ -175,16 +187,8 @@ inline void philox256_strided8(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c
     x2[g] = _mm256_set1_epi64x(c2);
     x3[g] = _mm256_set1_epi64x(c3);
   }
-  for (int r = 0; r < cpd::PHILOX_ROUNDS; ++r) {
-    for (int g = 0; g < 2; ++g) {
-      const __m256i p0 = _mm256_mul_epu32(x0[g], m0), p1 = _mm256_mul_epu32(x2[g], m1);
-      const __m256i y1 = opaque_xor(x1[g], key.r0[r]), y3 = opaque_xor(x3[g], key.r1[r]);
-      x0[g] = _mm256_xor_si256(_mm256_srli_epi64(p1, 32), y1);
-      x1[g] = p1;
-      x2[g] = _mm256_xor_si256(_mm256_srli_epi64(p0, 32), y3);
-      x3[g] = p0;
-    }
-  }
+  for (int r = 0; r < cpd::PHILOX_ROUNDS; ++r)
+    for (int g = 0; g < 2; ++g) philox256_round(x0[g], x1[g], x2[g], x3[g], m0, m1, key, r);
   const __m256i* x[4] = {x0, x1, x2, x3};
   for (int j = 0; j < 4; ++j)
     _mm256_storeu_ps((float*)(w + j * ld),
@@ -216,16 +220,8 @@ inline void philox256_elements(uint64_t b0, uint32_t c2, uint32_t c3, const Phil
     x2[g] = _mm256_set1_epi64x(c2);
     x3[g] = _mm256_set1_epi64x(c3);
   }
-  for (int r = 0; r + 1 < cpd::PHILOX_ROUNDS; ++r) {
-    for (int g = 0; g < G; ++g) {
-      const __m256i p0 = _mm256_mul_epu32(x0[g], m0), p1 = _mm256_mul_epu32(x2[g], m1);
-      const __m256i y1 = opaque_xor(x1[g], key.r0[r]), y3 = opaque_xor(x3[g], key.r1[r]);
-      x0[g] = _mm256_xor_si256(_mm256_srli_epi64(p1, 32), y1);
-      x1[g] = p1;
-      x2[g] = _mm256_xor_si256(_mm256_srli_epi64(p0, 32), y3);
-      x3[g] = p0;
-    }
-  }
+  for (int r = 0; r + 1 < cpd::PHILOX_ROUNDS; ++r)
+    for (int g = 0; g < G; ++g) philox256_round(x0[g], x1[g], x2[g], x3[g], m0, m1, key, r);
   constexpr int R = cpd::PHILOX_ROUNDS - 1;
   for (int g = 0; g < G; ++g) {
     const __m256i p0 = _mm256_mul_epu32(x0[g], m0), p1 = _mm256_mul_epu32(x2[g], m1);

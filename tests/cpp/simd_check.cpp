@@ -91,6 +91,12 @@ static void check_philox() {
   if (want[0] != 0x6627E8D5u || want[3] != 0x9B00DBD8u) fail("philox known answer", want[0], want[3], 0);
 }
 
+// The test data's generator: Knuth's MMIX LCG, the high word of the next state.
+static u32 lcg_next(u64& state) {
+  state = state * 6364136223846793005ull + 1442695040888963407ull;
+  return (u32)(state >> 32);
+}
+
 static bool same(u32 a, u32 b) {
   const bool na = (a & 0x7fffffffu) > cpd::INF_BITS, nb = (b & 0x7fffffffu) > cpd::INF_BITS;
   return a == b || (na && nb);
@@ -134,8 +140,7 @@ static void check_kahan_guarded(const char* what, const cpd::Format& f) {
   const int emin = f.emin, emax = (int)(f.max_bits >> 23) - 127;
   for (int step = 0; step < 300; ++step) {
     for (int64_t i = 0; i < L; ++i) {
-      state = state * 6364136223846793005ull + 1442695040888963407ull;
-      const u32 r = (u32)(state >> 32);
+      const u32 r = lcg_next(state);
       // magnitudes from the subnormals up to 2^(emax - 9), so that 300 steps stay inside the guard
       const int span = emax - 9 - (emin - f.man);
       const int e = emin - f.man + (int)((r >> 8) % (u32)(span > 1 ? span : 1));
@@ -188,7 +193,7 @@ static void check_fused_cast() {
   float* xa = (float*)(((uintptr_t)xbuf.data() + 63) & ~(uintptr_t)63);
   float* ya = (float*)(((uintptr_t)ybuf.data() + 63) & ~(uintptr_t)63);
   u64 r = 0x243F6A8885A308D3ull;
-  auto next = [&r] { r = r * 6364136223846793005ull + 1442695040888963407ull; return (u32)(r >> 32); };
+  auto next = [&r] { return lcg_next(r); };
   const u64 seed = 0xA5A5F00D12345678ull, offset = 0x7FFF000100000003ull;
   int k = 0;
   for (const cpd::Format& f : formats) {
@@ -232,7 +237,7 @@ struct ChainData {
 static ChainData chain_data(int64_t mr, int64_t nr, int elo, int ehi, bool specials, u64 seed) {
   ChainData d{2 * mr + 3, 29, nr + 5, {}, {}, {}};
   u64 r = seed;
-  auto next = [&r] { r = r * 6364136223846793005ull + 1442695040888963407ull; return (u32)(r >> 32); };
+  auto next = [&r] { return lcg_next(r); };
   auto value = [&] {
     const u32 m = next();
     if ((m & 31u) == 0u) return (m & 32u) ? -0.0f : 0.0f;
