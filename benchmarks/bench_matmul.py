@@ -6,7 +6,8 @@
 The first line names the CPU and the ISA level the extension was built for. Each line gives the
 loop cuda/cpu/matmul.cpp picks (plan_for): "h16" binary16 lanes (AVX512-FP16 adds, or float32
 lanes rounded by the F16C / FCVT conversion), "f32" float32 lanes, "f32 sr" stochastic float32
-lanes (matmul_sr.h), "f64" float64 lanes, "generic" one output at a time.
+lanes (matmul_sr.h), "f32 directed" float32 lanes in the processor's rounding direction
+(matmul_directed.h), "f64" float64 lanes, "generic" one output at a time.
 
 The last line is the floor under the stochastic rows: the Philox4x32-10 blocks their word
 contract draws (one per multiply-add, two with Kahan), drawn alone by the same vector Philox.
@@ -33,7 +34,7 @@ from cpd import _cpu
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: the shared table format
 from _figures import Table  # noqa: E402
 
-LANES = {0: "generic", 16: "h16", 32: "f32", 33: "f32 sr", 64: "f64"}
+LANES = {0: "generic", 16: "h16", 32: "f32", 33: "f32 sr", 34: "f32 directed", 64: "f64"}
 
 
 def lanes(kw) -> str:
@@ -64,6 +65,11 @@ CASES = [
     ("E4M3", "BF16 stochastic", dict(mul=cpd.E4M3, acc=cpd.BF16, rounding="stochastic")),
     ("E5M2", "(5,10) kahan stochastic", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10), kahan=True,
                                            rounding="stochastic")),
+    ("None", "FP32 toward_zero", dict(acc=cpd.FP32, rounding="toward_zero")),
+    ("E4M3", "FP32 down", dict(mul=cpd.E4M3, acc=cpd.FP32, rounding="down")),
+    ("None", "BF16 up", dict(acc=cpd.BF16, rounding="up")),
+    ("E5M2", "(5,10) kahan toward_zero", dict(mul=cpd.E5M2, acc=cpd.FloatFormat(5, 10), kahan=True,
+                                            rounding="toward_zero")),
 ]
 
 

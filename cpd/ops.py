@@ -510,8 +510,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
     2x; products of an 8-bit format into FP16 or FP32, about 8-15x; other round-to-nearest
     accumulators of up to 11 bits and BF16/TF32, 15-40x; stochastic rounding for formats of up to
     11 bits runs float32 lanes, about 170-500x (its Philox words alone cost about 145x on AVX2),
-    and up to 19 mantissa bits float64 lanes, several hundred times; the rest (directed modes,
-    wider stochastic formats) a scalar path, slower again. Every path gives the same bits.
+    and up to 19 mantissa bits float64 lanes, several hundred times; the directed modes float32
+    lanes in the processor's own rounding direction, about as fast as round-to-nearest; the rest
+    (wider stochastic formats, FNUZ/P3109 accumulators) a scalar path, slower again. Every path
+    gives the same bits.
 
     Args:
         a, b: the operands.

@@ -1,6 +1,7 @@
 // cpd_cpu: the calling thread's floating-point unit: whether it keeps subnormals (asked at run time
 // by the CPU loops that lean on IEEE float32 arithmetic: the wire hops, the matmul's binary32
-// lanes) and a guard that makes it keep them (KeepSubnormals, around every parallel_for chunk).
+// lanes), a guard that makes it keep them (KeepSubnormals, around every parallel_for chunk), and
+// one that also sets its rounding direction (DirectedRounding, the matmul's directed lanes).
 #ifndef CPD_CPU_FP_ENV_H
 #define CPD_CPU_FP_ENV_H
 
@@ -57,6 +58,58 @@ class KeepSubnormals {
   unsigned saved_ = 0;
 #elif defined(__aarch64__)
   static constexpr uint64_t kFlushBits = (1ull << 24) | (1ull << 19);  // FPCR FZ, FZ16
+  uint64_t saved_ = 0;
+#endif
+};
+
+// Sets this thread's rounding direction for float32 and float64 arithmetic to one of cpd's
+// directed modes (cpd::TOWARD_ZERO, UP, DOWN) and keeps subnormals (as KeepSubnormals) for its
+// lifetime, then restores the register it found: x86 MXCSR RC (bits 13-14: 01 down, 10 up,
+// 11 toward zero), Arm FPCR RMode (bits 22-23: 01 up, 10 down, 11 toward zero). The vector and
+// scalar float instructions (and FMA) round in that direction. kDirectedRounding: whether this
+// build can set it (elsewhere the callers keep the generic steps).
+// The arithmetic meant to round in the direction must run in a function the guard's holder calls
+// and the compiler cannot inline (matmul_directed.h): the compiler assumes round-to-nearest and
+// does not order float operations against the register's write, but it cannot move them out of
+// a call. Nothing that assumes round-to-nearest may run inside (cpd::directed_lane does not).
+#if defined(__SSE__) || defined(_M_X64) || defined(__aarch64__)
+constexpr bool kDirectedRounding = true;
+#else
+constexpr bool kDirectedRounding = false;
+#endif
+
+class DirectedRounding {
+ public:
+  explicit DirectedRounding(int mode) {
+#if defined(__SSE__) || defined(_M_X64)
+    saved_ = _mm_getcsr();
+    const unsigned rc = mode == cpd::UP ? 0x4000u : mode == cpd::DOWN ? 0x2000u : 0x6000u;
+    _mm_setcsr((saved_ & ~(kFlushBits | 0x6000u)) | rc);
+#elif defined(__aarch64__)
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(saved_));
+    const uint64_t rm = mode == cpd::UP ? 1u : mode == cpd::DOWN ? 2u : 3u;
+    const uint64_t set = (saved_ & ~(kFlushBits | (3ull << 22))) | (rm << 22);
+    __asm__ __volatile__("msr fpcr, %0" ::"r"(set));
+#else
+    (void)mode;
+#endif
+  }
+  ~DirectedRounding() {
+#if defined(__SSE__) || defined(_M_X64)
+    _mm_setcsr(saved_);
+#elif defined(__aarch64__)
+    __asm__ __volatile__("msr fpcr, %0" ::"r"(saved_));
+#endif
+  }
+  DirectedRounding(const DirectedRounding&) = delete;
+  DirectedRounding& operator=(const DirectedRounding&) = delete;
+
+ private:
+#if defined(__SSE__) || defined(_M_X64)
+  static constexpr unsigned kFlushBits = 0x8040u;  // FTZ, DAZ
+  unsigned saved_ = 0;
+#elif defined(__aarch64__)
+  static constexpr uint64_t kFlushBits = (1ull << 24) | (1ull << 19);  // FZ, FZ16
   uint64_t saved_ = 0;
 #endif
 };

@@ -23,7 +23,12 @@
 //     lanes at once (philox_simd.h, philox_strided); float32 lanes for formats of at most 11 bits
 //     (cpd::sr_lane_applies: each rounding the stochastic cast of the float32 result, the few lanes
 //     near a decision's edge redone exactly), else float64 lanes for man <= 19 (round_d_sr);
-//   * any mode (directed rounding, wide formats, and the reference for the tests): one output
+//   * directed rounding (toward zero, up, down; matmul_directed.h): float32 lanes computed with the
+//     processor's rounding direction set to the mode, each result then cast in that mode, for
+//     formats whose values are all float32 values (cpd::directed_lane_applies); with exact
+//     products and plain sums, register chains under that direction: into binary32 the binary32
+//     chain, into TF32/BF16 (finite operands) the fused narrow chain's, rounded on the bits;
+//   * any mode (wide formats, other conventions, and the reference for the tests): one output
 //     at a time, dot_step on float32 bits, the step's random words from dot_words.
 // Work is split over (batch, row, tile) or over outputs with cpd_cpu::parallel_for; an output's
 // bits depend only on its operands and (seed, offset, o, K), never on the split.
@@ -41,6 +46,7 @@
 #include "cpd/numerics.h"
 #include "fp_env.h"
 #include "matmul_chain.h"
+#include "matmul_directed.h"
 #include "matmul_f32.h"
 #include "matmul_fchain.h"
 #include "matmul_h16.h"
@@ -396,6 +402,107 @@ void generic_matmul(const float* a, const float* b, float* y, const Dims& d, con
   });
 }
 
+// Directed rounding (matmul_directed.h): each tile under DirectedRounding(MODE) on the thread that
+// runs it, then its NaN outputs redone by the generic steps (their payloads), outside the guard.
+template <int MODE, bool MUL, bool KAHAN, bool BLOCK>
+void dir_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd_cpu::DirFormats& g,
+                const cpd::DotSpec& spec) {
+  for_each_tile(a, b, y, d, [&](const float* ar, const float* bm, float* yr, int64_t o0, int64_t j0, int64_t jt) {
+    {
+      cpd_cpu::DirectedRounding dir(MODE);
+      cpd_cpu::dir_tile<MODE, MUL, KAHAN, BLOCK>(ar, bm + j0, d.N, yr + j0, cpd_cpu::Tile{d.K, d.L, jt}, g);
+    }
+    redo_generic(a, b, d, spec, yr + j0, o0, jt, false);
+  });
+}
+
+template <int MODE>
+void dir_dispatch(const float* a, const float* b, float* y, const Dims& d, bool has_mul, bool kahan,
+                  const cpd_cpu::DirFormats& g, const cpd::DotSpec& sp) {
+  switch ((has_mul ? 4 : 0) | (kahan ? 2 : 0) | (d.L ? 1 : 0)) {
+    case 0: dir_matmul<MODE, false, false, false>(a, b, y, d, g, sp); break;
+    case 1: dir_matmul<MODE, false, false, true>(a, b, y, d, g, sp); break;
+    case 2: dir_matmul<MODE, false, true, false>(a, b, y, d, g, sp); break;
+    case 3: dir_matmul<MODE, false, true, true>(a, b, y, d, g, sp); break;
+    case 4: dir_matmul<MODE, true, false, false>(a, b, y, d, g, sp); break;
+    case 5: dir_matmul<MODE, true, false, true>(a, b, y, d, g, sp); break;
+    case 6: dir_matmul<MODE, true, true, false>(a, b, y, d, g, sp); break;
+    default: dir_matmul<MODE, true, true, true>(a, b, y, d, g, sp); break;
+  }
+}
+
+#if CPD_CPU_CHAIN
+// The binary32 chain's rows (matmul_chain.h) in the caller's rounding direction: out of line, so
+// that the direction holds for exactly its FMAs (fp_env.h DirectedRounding).
+__attribute__((noinline)) void dir_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N,
+                                              int64_t m0, int64_t m1, int64_t j0, int64_t nc,
+                                              std::vector<float>& pack) {
+  cpd_cpu::chain_rows(a, b, y, K, N, m0, m1, j0, nc, pack);
+}
+
+// Into binary32 with exact products and plain sums: every output is the FMA chain, each FMA rounded
+// in the mode's direction (tasks as chain_matmul's; NaN outputs redone by the generic steps).
+void dir_chain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::DotSpec& spec) {
+  using C = cpd_cpu::ChainVec;
+  cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
+                                                             int64_t nc, std::vector<float>& pack) {
+    float* yb = y + bi * d.M * d.N;
+    {
+      cpd_cpu::DirectedRounding dir(spec.mode);
+      dir_chain_rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack);
+    }
+    for (int64_t i = m0; i < m1; ++i)
+      redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, false);
+  });
+}
+#endif
+
+#if CPD_CPU_H16_CHAIN
+// The fused narrow chain in a directed mode (matmul_directed.h dir_fchain_rows): finite operands
+// (checked by the caller), tasks as chain_matmul's; NaN outputs cannot occur, and are redone if
+// they did.
+template <int MODE>
+void dir_fchain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::Format& af,
+                       const cpd::DotSpec& spec) {
+  using C = cpd_cpu::H16Chain;
+  cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
+                                                             int64_t nc, std::vector<float>& pack) {
+    float* yb = y + bi * d.M * d.N;
+    {
+      cpd_cpu::DirectedRounding dir(MODE);
+      cpd_cpu::dir_fchain_rows<MODE>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack, af);
+    }
+    for (int64_t i = m0; i < m1; ++i)
+      redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, false);
+  });
+}
+#endif
+
+// The directed lanes: the binary32 chain or the fused narrow chain where they apply (not for path
+// 6, the tests' tiles only), else the tiles.
+void directed_matmul(const float* a, const float* b, float* y, const Dims& d, bool has_mul, bool kahan,
+                     const cpd::Format& mf, const cpd::Format& af, int mode, bool chain) {
+  const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, kahan ? 1 : 0, (int)d.L, mode, 32);
+#if CPD_CPU_CHAIN
+  if (chain && !has_mul && !kahan && !d.L && is_binary32(af)) return dir_chain_matmul(a, b, y, d, sp);
+#else
+  (void)chain;
+#endif
+#if CPD_CPU_H16_CHAIN
+  if (chain && !has_mul && !kahan && !d.L && cpd_cpu::fchain_applies(af) &&
+      cpd_cpu::max_magnitude_bits(a, d.B * d.M * d.K) < cpd::INF_BITS &&
+      cpd_cpu::max_magnitude_bits(b, d.B * d.K * d.N) < cpd::INF_BITS) {
+    if (mode == cpd::UP) return dir_fchain_matmul<cpd::UP>(a, b, y, d, af, sp);
+    if (mode == cpd::DOWN) return dir_fchain_matmul<cpd::DOWN>(a, b, y, d, af, sp);
+    return dir_fchain_matmul<cpd::TOWARD_ZERO>(a, b, y, d, af, sp);
+  }
+#endif
+  const cpd_cpu::DirFormats g{mf, af, cpd_cpu::dir_kind(mf, is_binary32(mf)), cpd_cpu::dir_kind(af, is_binary32(af))};
+  if (mode == cpd::UP) dir_dispatch<cpd::UP>(a, b, y, d, has_mul, kahan, g, sp);
+  else if (mode == cpd::DOWN) dir_dispatch<cpd::DOWN>(a, b, y, d, has_mul, kahan, g, sp);
+  else dir_dispatch<cpd::TOWARD_ZERO>(a, b, y, d, has_mul, kahan, g, sp);
+}
+
 #if CPD_CPU_H16_CHAIN
 // The binary16 chain's bounded products (matmul_h16.h) apply: every operand finite (top bits below
 // INF_BITS) and max|a| * max|b| (exact in double: 24 x 24 bits) at most mul's largest value.
@@ -405,7 +512,7 @@ bool h16_bounded(uint32_t top_a, uint32_t top_b, const cpd::FormatF& mg) {
 }
 #endif
 
-enum { LANES_GENERIC = 0, LANES_H16 = 16, LANES_F32 = 32, LANES_SR32 = 33, LANES_F64 = 64 };
+enum { LANES_GENERIC = 0, LANES_H16 = 16, LANES_F32 = 32, LANES_SR32 = 33, LANES_DIR32 = 34, LANES_F64 = 64 };
 
 struct Plan {
   int lanes;     // LANES_*
@@ -417,9 +524,10 @@ struct Plan {
 // Which loop runs. path: 0 automatic; 1 generic; 2 float64 lanes (no float32 or binary16 lanes);
 // 3 float32 lanes without binary16 rounding (round_f where it applies, else integer lanes);
 // 4 float32 lanes on integer-lane rounding only; 5 as 3, Kahan's steps on guarded lanes where
-// they apply. Then binary16 lanes, float32 lanes, stochastic float32 lanes (automatic only),
-// float64 lanes (nearest; stochastic with formats of man <= 19), or the generic one, whichever
-// applies first (paths 2-5 are for the tests, which
+// they apply; 6 the directed lanes' tiles (no binary32 chain). Then binary16 lanes, float32
+// lanes, stochastic float32 lanes (automatic only), directed float32 lanes, float64 lanes
+// (nearest; stochastic with formats of man <= 19), or the generic one, whichever
+// applies first (paths 2-6 are for the tests, which
 // compare every loop with the generic one). Automatic takes the guarded lanes for Kahan's steps
 // where they apply, except into binary16 (F16C's conversion is the faster rounding there).
 Plan plan_for(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode, int64_t path) {
@@ -431,6 +539,9 @@ Plan plan_for(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mo
   }
   if (path == 0 && mode == cpd::STOCHASTIC && cpd::sr_lane_applies(af) && (!has_mul || cpd::sr_lane_applies(mf)))
     return {LANES_SR32, ACC_NONE, false};
+  if ((path == 0 || path == 6) && cpd_cpu::kDirectedRounding && cpd::directed_lane_applies(af, mode) &&
+      (!has_mul || cpd::directed_lane_applies(mf, mode)))
+    return {LANES_DIR32, ACC_NONE, false};
   if (path != 1 && (mode == cpd::NEAREST || (mode == cpd::STOCHASTIC && af.man <= 19 && (!has_mul || mf.man <= 19))))
     return {LANES_F64, ACC_NONE, false};
   return {LANES_GENERIC, ACC_NONE, false};
@@ -452,7 +563,7 @@ int64_t matmul_lanes(bool has_mul, int64_t mexp, int64_t mman, int64_t mbias, in
 // out[b, i, j] = the accumulation of a[b, i, :] . b[b, :, j] (numerics.h, "Accumulation").
 // a: (B, M, K), b: (B, K, N), out: (B, M, N), contiguous float32. path: 0 automatic, 1 generic,
 // 2 float64 lanes, 3 float32 lanes without binary16, 4 float32 integer lanes, 5 as 3 with guarded
-// Kahan lanes (see plan_for).
+// Kahan lanes, 6 the directed lanes' tiles (see plan_for).
 void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool has_mul, int64_t mexp,
                 int64_t mman, int64_t mbias, int64_t mspecials, bool msubnormals, int64_t aexp, int64_t aman,
                 int64_t abias, int64_t aspecials, bool asubnormals, bool kahan, int64_t block, int64_t mode,
@@ -524,6 +635,7 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
     f32_dispatch(plan.acc, ap, bp, yp, d, has_mul, kahan, guard, finite, mf, af);
     return;
   }
+  if (lanes == LANES_DIR32) return directed_matmul(ap, bp, yp, d, has_mul, kahan, mf, af, (int)mode, path == 0);
   if (lanes == LANES_F64 && mode == cpd::NEAREST) {
     const cpd::FormatD mg = cpd::make_format_d(mf), ag = cpd::make_format_d(af);
     const int key = (has_mul ? 4 : 0) | (kahan ? 2 : 0) | (block ? 1 : 0);

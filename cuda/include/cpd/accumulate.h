@@ -361,6 +361,57 @@ CPD_FN u32 sr_lane(u32 hi, const Format& f, u32 rand, int sr_bits, u32& redo) {
   return sign | sel((u32)(f.subnormals == 0) & (u32)(mag < f.min_normal_bits), 0u, mag);
 }
 
+// ------------------------------------------------------------------------------------------
+// Directed lanes (the CPU matmul's rounding toward zero, up and down: cuda/cpu/matmul_directed.h).
+// For a format f all of whose values are float32 values (f.fast: its largest is finite and below
+// float32's, its quantum 2^(emin - man) >= 2^-149, man <= 23) and a directed mode, rounding any
+// real v to f is rounding it to float32 in the same direction first, then to f:
+//     cast(v, f, mode) == cast_bits_fast(R32(v), f, mode)        R32: v rounded to float32 in mode
+// Rounding up to a set G of values picks the least member of G at or above v (down: the greatest
+// at or below; toward zero: one or the other by v's sign). Every value of f at or above v is a
+// float32 value at or above v, hence at or above R32(v) = the least such float32 value; so the
+// values of f at or above v and at or above R32(v) are the same, and so is their least (down and
+// toward zero alike). The rest of the cast acts on that rounded magnitude and the sign (finish_cast:
+// overflow against f's largest value, itself a float32 value; the flush of a format without
+// subnormals; the plain convention's signed zeros), and R32(v) keeps v's sign (a tiny v rounds to a
+// zero of its own sign). So a step's rounding (add_bits, mul_bits, fma_bits of float32 operands:
+// v = x + y, a * b or x + a * b) is the processor's float32 add, multiply or FMA with its rounding
+// direction set to mode (IEEE 754 rounds each operation once, in the direction set: fp_env.h
+// DirectedRounding; subnormals kept), then directed_lane; an exact zero sum gets the standard's
+// sign in that direction, which is zero_sum_sign's. Nothing is redone but NaN results (their
+// payloads: the callers run the generic steps there). No bound on man is needed, and binary32
+// itself (man = 23) is the float32 result as it is.
+// directed_lane runs while the processor rounds in mode: region N of the cast is integer work, and
+// region S's float operations (round_sub_fast) give the same bits in every direction: (a + C) - C
+// is then a neighbour of a on the grid of q, the one below or the one above, and the truncation
+// step keeps the one below (v > a ? v - q : v), its zero made +0 (rounding down, an exact zero
+// difference is -0); t + q, the compares and the rest are exact.
+CPD_FN int directed_lane_applies(const Format& f, int mode) {
+  return (int)((mode == TOWARD_ZERO || mode == UP || mode == DOWN) && f.fast && plain_convention(f));
+}
+
+template <int MODE>
+CPD_FN u32 directed_lane(u32 hi, const Format& f) {
+  static_assert(MODE == TOWARD_ZERO || MODE == UP || MODE == DOWN, "a directed mode");
+  return cast_bits_fast(hi, f, MODE, 0u, 32);
+}
+
+// directed_lane on the bits alone, for the formats of the CPU's fused narrow chains (float32's
+// exponent range, emin = -126 so that region N's rounding holds on float32's subnormals too
+// (lane_normal_only), a signed zero of each sign, subnormals, overflow to infinity, largest value
+// float32's own binade: TF32, BF16) and hi finite or infinite: region N's directed rounding
+// t + ((dropped != 0) & away) << d0 is (a + (away ? qmask : 0)) & ~qmask (a carry exactly when a
+// dropped bit is set), on the signed bits alike (a + qmask never reaches the sign bit for
+// a <= INF_BITS), and its carry past f's largest value lands on INF_BITS, the overflow; an
+// infinity has no dropped bits. No NaN reaches it (the chains take finite operands).
+template <int MODE>
+CPD_FN u32 directed_lane_bits(u32 hi, const Format& f) {
+  static_assert(MODE == TOWARD_ZERO || MODE == UP || MODE == DOWN, "a directed mode");
+  u32 neg = 0u - (hi >> 31);  // all ones for a negative hi
+  u32 away = MODE == UP ? ~neg : MODE == DOWN ? neg : 0u;
+  return (hi + (away & f.qmask)) & ~f.qmask;
+}
+
 }  // namespace cpd
 
 #endif  // CPD_ACCUMULATE_H

@@ -215,6 +215,9 @@ CPD_FN u32 round_sub_fast(u32 a, u32 sign, const Format& f, int mode, u32 rand, 
   float v = fsub(fadd(ax, f.sub_c), f.sub_c);                                // nearest, ties even
   if (mode == NEAREST) return bits_of(v);
   u32 tz = sel((u32)(v > ax), bits_of(fsub(v, f.sub_q)), bits_of(v));        // toward zero
+  // The directed modes' zero as +0: where the processor itself rounds down (the CPU matmul's
+  // directed lanes, accumulate.h), an exact zero difference above is -0. To nearest it is +0 already.
+  if (mode == UP || mode == DOWN || mode == TOWARD_ZERO) tz &= ~SIGN;
   u32 tz_up = bits_of(fadd(float_of(tz), f.sub_q));                          // one quantum further
   u32 grow;
   if (mode == NEAREST_AWAY) {  // rem = a - t exact (< q); 2 rem >= q is a tie or more

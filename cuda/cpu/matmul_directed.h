@@ -1,0 +1,194 @@
+// The CPU matmul's directed lanes (included by matmul.cpp): rounding toward zero, up or down, for
+// formats with cpd::directed_lane_applies (every value a float32 value, the plain convention).
+// Each rounding of a step is the processor's float32 operation (add, multiply, or FMA for the
+// exact product) with its rounding direction set to the mode (fp_env.h DirectedRounding, held by
+// the caller around the tile), then cpd::directed_lane, the fast cast in the same mode: rounding
+// in one direction to float32 and then to the format is rounding to the format once
+// (accumulate.h, "Directed lanes"), so nothing is redone but NaN results (their payloads: the
+// caller runs the generic steps there, outside the guard). binary32 itself (an accumulator or
+// product format whose values are all of float32's: kind B32) takes the float32 result as it is.
+// Without an FMA instruction the fused step is (float)((double)a * b + x): the product exact in
+// float64, one float64 rounding and one float32 rounding in the same direction, which compose as
+// above (float32's values are float64 values).
+//
+// A tile of up to kLanes outputs of one row keeps s, c and bs in arrays, every rounding a pass
+// over the lanes that the compiler vectorizes, as matmul_f32.h's lanes do; its function is never
+// inlined (dir_tile): the rounding direction holds for exactly the float operations inside.
+// With exact products, plain sums, finite operands and an accumulator of matmul_fchain.h's
+// fchain_applies (TF32, BF16), the steps run in a register tile instead (dir_fchain_rows): one
+// FMA and cpd::directed_lane_bits per step, nothing to redo.
+#ifndef CPD_CPU_MATMUL_DIRECTED_H
+#define CPD_CPU_MATMUL_DIRECTED_H
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "cpd/numerics.h"
+#include "matmul_f32.h"     // kLanes, Tile, CPD_IVDEP, CPD_CPU_HW_FMA
+#include "matmul_fchain.h"  // fchain_applies, H16Chain, pack_panel, store_tile
+#include "plain_format.h"   // plain_lane_format, plain_lanes
+
+namespace cpd_cpu {
+
+// How a pass rounds its float32 results to a format: B32 keeps them (the format is binary32),
+// PLAIN through the fast cast with the plain convention's fields as constants (plain_lanes), GENERAL
+// through the fast cast on the format as it is (e.g. no subnormals).
+enum DirKind { DIR_B32 = 0, DIR_PLAIN = 1, DIR_GENERAL = 2 };
+
+inline DirKind dir_kind(const cpd::Format& f, bool binary32) {
+  return binary32 ? DIR_B32 : plain_lane_format(f) ? DIR_PLAIN : DIR_GENERAL;
+}
+
+// out[i] = the rounding of op(i) (a float32 result computed in MODE's direction), i < n; out may be
+// an operand of op (each lane reads its own index only).
+template <int MODE, class Op>
+inline void dir_pass(float* out, int64_t n, const cpd::Format& f, DirKind kind, const Op& op) {
+  if (kind == DIR_B32) {
+    CPD_IVDEP for (int64_t i = 0; i < n; ++i) out[i] = op(i);
+  } else if (kind == DIR_PLAIN) {
+    const cpd::Format h = plain_lanes(f);
+    CPD_IVDEP for (int64_t i = 0; i < n; ++i) out[i] = cpd::float_of(cpd::directed_lane<MODE>(cpd::bits_of(op(i)), h));
+  } else {
+    const cpd::Format h = f;
+    CPD_IVDEP for (int64_t i = 0; i < n; ++i) out[i] = cpd::float_of(cpd::directed_lane<MODE>(cpd::bits_of(op(i)), h));
+  }
+}
+
+// x + a*b rounded once in the current direction (see the top of this file).
+inline float dir_fma(float a, float b, float x) {
+#if CPD_CPU_HW_FMA
+  return cpd::ffma(a, b, x);
+#else
+  return (float)((double)a * (double)b + (double)x);
+#endif
+}
+
+struct DirFormats {
+  cpd::Format mf, af;  // product and accumulator formats
+  DirKind mk, ak;      // how each rounds
+};
+
+// Kahan's last three roundings, y formed: t = s + y, c = (t - s) - y, s = t (u: scratch lanes).
+template <int MODE>
+inline void dir_kahan_finish(float*& s, float* c, const float* y, float*& t, float* u, int64_t n,
+                             const DirFormats& g) {
+  float* ss = s;
+  float* tt = t;
+  dir_pass<MODE>(tt, n, g.af, g.ak, [&](int64_t i) { return cpd::fadd(ss[i], y[i]); });
+  dir_pass<MODE>(u, n, g.af, g.ak, [&](int64_t i) { return cpd::fsub(tt[i], ss[i]); });
+  dir_pass<MODE>(c, n, g.af, g.ak, [&](int64_t i) { return cpd::fsub(u[i], y[i]); });
+  std::swap(s, t);
+}
+
+// One tile: outputs out[0 .. jt) of a row (arow: its K values of a; b: row k of b at b + k * ldb),
+// the steps of numerics.h's "Accumulation" in k order. The caller holds DirectedRounding(MODE).
+template <int MODE, bool MUL, bool KAHAN, bool BLOCK>
+__attribute__((noinline)) void dir_tile(const float* __restrict arow, const float* __restrict b, int64_t ldb,
+                                        float* __restrict out, const Tile& d, const DirFormats& g) {
+  alignas(64) float s0[kLanes], c[kLanes], bs[kLanes], p[kLanes], y[kLanes], t0[kLanes], u[kLanes];
+  for (int64_t i = 0; i < kLanes; ++i) s0[i] = c[i] = bs[i] = p[i] = y[i] = t0[i] = u[i] = 0.0f;
+  float* s = s0;  // the running sums; plain and Kahan steps swap s and t
+  float* t = t0;
+  const int64_t jt = d.jt;
+  for (int64_t k = 0; k < d.K; ++k) {
+    const float av = arow[k];
+    const float* __restrict br = b + k * ldb;
+    if (MUL) dir_pass<MODE>(p, jt, g.mf, g.mk, [&](int64_t i) { return cpd::fmul(av, br[i]); });
+    // the term: round(x + P) or round(x + a b), x = bs (block), -c (Kahan's y) or s, into
+    // bs, y or the spare lanes t (which then become s)
+    float* q = BLOCK ? bs : KAHAN ? y : t;
+    const float* x = BLOCK ? bs : s;
+    if (MUL && KAHAN && !BLOCK) {
+      dir_pass<MODE>(q, jt, g.af, g.ak, [&](int64_t i) { return cpd::fsub(p[i], c[i]); });
+    } else if (MUL) {
+      dir_pass<MODE>(q, jt, g.af, g.ak, [&](int64_t i) { return cpd::fadd(x[i], p[i]); });
+    } else if (KAHAN && !BLOCK) {
+      dir_pass<MODE>(q, jt, g.af, g.ak, [&](int64_t i) { return dir_fma(av, br[i], -c[i]); });
+    } else {
+      dir_pass<MODE>(q, jt, g.af, g.ak, [&](int64_t i) { return dir_fma(av, br[i], x[i]); });
+    }
+    if (!BLOCK && KAHAN) dir_kahan_finish<MODE>(s, c, y, t, u, jt, g);
+    else if (!BLOCK) std::swap(s, t);
+    if (BLOCK && ((k + 1) % d.L == 0 || k + 1 == d.K)) {
+      if (KAHAN) {
+        dir_pass<MODE>(y, jt, g.af, g.ak, [&](int64_t i) { return cpd::fsub(bs[i], c[i]); });
+        dir_kahan_finish<MODE>(s, c, y, t, u, jt, g);
+      } else {
+        const float* ss = s;
+        dir_pass<MODE>(t, jt, g.af, g.ak, [&](int64_t i) { return cpd::fadd(ss[i], bs[i]); });
+        std::swap(s, t);
+      }
+      for (int64_t i = 0; i < kLanes; ++i) bs[i] = 0.0f;
+    }
+  }
+  for (int64_t i = 0; i < jt; ++i) out[i] = s[i];
+}
+
+#if CPD_CPU_H16_CHAIN
+// cpd::directed_lane_bits on vectors of float32 bits: (h + (away ? qmask : 0)) & ~qmask, away for
+// the lanes the mode rounds away from zero (up: sign clear; down: sign set; toward zero: none).
+template <int MODE>
+struct DirChainAcc {
+  using C = H16Chain;
+  C::I qmask, keep;
+  explicit DirChainAcc(const cpd::Format& f) : qmask(C::ci(f.qmask)), keep(C::ci(~f.qmask)) {}
+  C::I round(C::I h) const {
+    if (MODE == cpd::TOWARD_ZERO) return C::andi(h, keep);
+#if defined(__AVX512F__)
+    const C::I neg = _mm512_srai_epi32(h, 31);
+    const C::I away = MODE == cpd::UP ? _mm512_andnot_si512(neg, qmask) : C::andi(neg, qmask);
+#else
+    const C::I neg = _mm256_srai_epi32(h, 31);
+    const C::I away = MODE == cpd::UP ? _mm256_andnot_si256(neg, qmask) : C::andi(neg, qmask);
+#endif
+    return C::andi(C::addi(h, away), keep);
+  }
+};
+
+// Rows r < R of a register tile (matmul_fchain.h's fchain_tile without its midpoints): y[r][0 .. nc)
+// = the chains of a's rows (a + r * lda, K values) against the packed panel bp (K x NR). A padded
+// lane (b's panel is zero past N) rounds s, a value of acc, to itself.
+template <int MODE, int R>
+inline void dir_fchain_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K,
+                            float* __restrict y, int64_t ldy, int64_t nc, const DirChainAcc<MODE>& m) {
+  using C = H16Chain;
+  C::V s[R][C::NV];
+  CPD_UNROLL for (int r = 0; r < R; ++r)
+    CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::zero();  // s = +0
+  for (int64_t k = 0; k < K; ++k) {
+    C::V bv[C::NV];
+    CPD_UNROLL for (int v = 0; v < C::NV; ++v) bv[v] = C::load(bp + k * C::NR + v * C::W);
+    CPD_UNROLL for (int r = 0; r < R; ++r) {
+      const C::V av = C::bcast(a + r * lda + k);
+      CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::flt(m.round(C::bits(C::fma(av, bv[v], s[r][v]))));
+    }
+  }
+  store_tile<C, R>(s, y, ldy, nc);
+}
+
+template <int MODE, int R>
+inline void dir_fchain_last(int64_t n, const float* a, int64_t K, const float* bp, float* y, int64_t N, int64_t nc,
+                            const DirChainAcc<MODE>& m) {
+  if (n == R) dir_fchain_tile<MODE, R>(a, K, bp, K, y, N, nc, m);
+  else if constexpr (R > 1) dir_fchain_last<MODE, R - 1>(n, a, K, bp, y, N, nc, m);
+}
+
+// Rows m0 .. m1 of one batch element's output, columns j0 .. j0 + nc (as fchain_rows). The caller
+// holds DirectedRounding(MODE); never inlined, so that the direction holds for exactly its FMAs.
+template <int MODE>
+__attribute__((noinline)) void dir_fchain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N,
+                                               int64_t m0, int64_t m1, int64_t j0, int64_t nc,
+                                               std::vector<float>& pack, const cpd::Format& af) {
+  using C = H16Chain;
+  const DirChainAcc<MODE> m(af);
+  const float* bp = pack_panel(b, K, N, j0, nc, C::NR, pack);
+  int64_t i = m0;
+  for (; i + C::MR <= m1; i += C::MR) dir_fchain_tile<MODE, C::MR>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m);
+  if (i < m1) dir_fchain_last<MODE, C::MR - 1>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m);
+}
+#endif
+
+}  // namespace cpd_cpu
+
+#endif  // CPD_CPU_MATMUL_DIRECTED_H
