@@ -27,6 +27,12 @@
 //     into BF16 and TF32, also on 4-bit significands whose sums land on midpoints (fchain_fix).
 //     Full register tiles and remainders, a full column panel and a partial one; products planted
 //     just above E5M2 midpoints whose float32 product is the midpoint (an unfused product fails).
+//   * the directed lanes' roundings (accumulate.h, "Directed lanes"): cpd::directed_lane run with
+//     the processor rounding in each direction (fp_env.h DirectedRounding) equals
+//     cast_bits_generic in the lane's mode, and directed_lane_bits equals it for BF16 and TF32, on
+//     random float32 values, the formats' subnormal ranges densely, their grid points and the
+//     values one float32 step either side, zeros and infinities, both signs (not in the SIMDe
+//     build, whose intrinsics stand in for the processor's control register).
 // On a host without AVX-512, tests/test_isa_compile.py also builds it with the AVX-512 paths and
 // SIMDe's portable intrinsics (tests/cpp/simde_avx512/immintrin.h).
 // Build and run from the repository root, e.g.
@@ -49,6 +55,9 @@
 #include "matmul_fchain.h"
 #include "matmul_h16.h"
 #include "philox_simd.h"
+#if !defined(SIMDE_NO_NATIVE)
+#include "fp_env.h"
+#endif
 
 using cpd::u32;
 using cpd::u64;
@@ -358,11 +367,76 @@ static void check_chains() {
 #endif
 }
 
+#if !defined(SIMDE_NO_NATIVE)
+// ------------------------------------------------------------------------------------------
+// The directed lanes' roundings. Out of line, so that the rounding direction the caller set holds
+// for exactly this loop's float operations (as in cuda/cpu/matmul_directed.h).
+template <int MODE>
+__attribute__((noinline)) static void directed_lanes_v(const u32* u, u32* out, int64_t n, const cpd::Format f) {
+  for (int64_t i = 0; i < n; ++i) out[i] = cpd::directed_lane<MODE>(u[i], f);
+}
+
+// Inputs: random bits, the subnormal range below 2 * 2^emin densely, grid points of the format's
+// smallest quantum and their float32 neighbours, zeros and infinities; both signs.
+static std::vector<u32> directed_inputs(const cpd::Format& f, u64 seed) {
+  std::vector<u32> u = {0u, cpd::INF_BITS, f.min_normal_bits, f.max_bits, f.max_bits + 1u};
+  for (int i = 0; i < 20000; ++i) u.push_back(lcg_next(seed));
+  for (int i = 0; i < 20000; ++i) u.push_back(lcg_next(seed) % (2u * f.min_normal_bits));
+  const float q = f.sub_q;
+  for (int k = 0; k < 3000; ++k) {
+    const u32 g = cpd::bits_of(q * (float)k);
+    for (u32 d : {0u, 1u}) u.push_back(g + d), u.push_back(g - d);
+  }
+  const size_t n = u.size();
+  for (size_t i = 0; i < n; ++i) u.push_back(u[i] ^ cpd::SIGN);
+  return u;
+}
+
+template <int MODE>
+static void check_directed_mode(const char* what, const cpd::Format& f, const std::vector<u32>& u) {
+  std::vector<u32> got(u.size());
+  for (int dir : {(int)cpd::TOWARD_ZERO, (int)cpd::UP, (int)cpd::DOWN}) {
+    {
+      cpd_cpu::DirectedRounding r(dir);
+      directed_lanes_v<MODE>(u.data(), got.data(), (int64_t)u.size(), f);
+    }
+    for (size_t i = 0; i < u.size(); ++i)
+      if (!same(got[i], cpd::cast_bits_generic(u[i], f, MODE, 0u, 32))) fail(what, (u64)(MODE * 16 + dir), u[i], got[i]);
+  }
+  if (f.man >= 1 && f.man <= 10 && f.emin == -126 && f.subnormals && f.outward_bits == cpd::INF_BITS)
+    for (size_t i = 0; i < u.size(); ++i)  // directed_lane_bits: no NaN input
+      if ((u[i] & ~cpd::SIGN) <= cpd::INF_BITS &&
+          cpd::directed_lane_bits<MODE>(u[i], f) != cpd::cast_bits_generic(u[i], f, MODE, 0u, 32))
+        fail(what, (u64)MODE, u[i], cpd::directed_lane_bits<MODE>(u[i], f));
+}
+
+static void check_directed_lanes() {
+  const cpd::Format formats[] = {
+      cpd::make_format(4, 3, 7, cpd::SPECIALS_IEEE, 1, 0),  cpd::make_format(4, 3, 7, cpd::SPECIALS_FN, 1, 0),
+      cpd::make_format(5, 2, 15, cpd::SPECIALS_IEEE, 1, 0), cpd::make_format(5, 10, 15, cpd::SPECIALS_IEEE, 1, 1),
+      cpd::make_format(8, 7, 127, cpd::SPECIALS_IEEE, 1, 0), cpd::make_format(8, 10, 127, cpd::SPECIALS_IEEE, 1, 0),
+      cpd::make_format(2, 1, 1, cpd::SPECIALS_FINITE, 1, 0), cpd::make_format(4, 3, 7, cpd::SPECIALS_IEEE, 0, 0),
+      cpd::make_format(8, 23, 127, cpd::SPECIALS_IEEE, 1, 1)};
+  u64 seed = 41;
+  for (const cpd::Format& f : formats) {
+    for (int mode : {(int)cpd::TOWARD_ZERO, (int)cpd::UP, (int)cpd::DOWN})
+      if (!cpd::directed_lane_applies(f, mode)) fail("directed_lane_applies", (u64)f.exp, (u64)f.man, (u64)mode);
+    const std::vector<u32> u = directed_inputs(f, seed++);
+    check_directed_mode<cpd::TOWARD_ZERO>("directed_lane toward zero", f, u);
+    check_directed_mode<cpd::UP>("directed_lane up", f, u);
+    check_directed_mode<cpd::DOWN>("directed_lane down", f, u);
+  }
+}
+#endif
+
 int main() {
   std::printf("simd_check: %s\n", cpd_cpu::isa_name());
   check_chains();
   check_philox();
   check_fused_cast();
+#if !defined(SIMDE_NO_NATIVE)
+  check_directed_lanes();
+#endif
   const cpd::Format fp16 = cpd::make_format(5, 10, 15, cpd::SPECIALS_IEEE, 1, 0);
   const cpd::Format bf16 = cpd::make_format(8, 7, 127, cpd::SPECIALS_IEEE, 1, 0);
   const cpd::Format e5m2 = cpd::make_format(5, 2, 15, cpd::SPECIALS_IEEE, 1, 0);
