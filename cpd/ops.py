@@ -507,13 +507,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
 
     Speed (CPU, 512^3, one core, ratio to ``torch.mm``; ``benchmarks/bench_matmul.py``, figures
     on the docs' Figures page): the default (``mul=None, acc=FP32``) is a float32 FMA chain, about
-    2x; products of an 8-bit format into FP16 or FP32, about 8-15x; other round-to-nearest
-    accumulators of up to 11 bits and BF16/TF32, 15-40x; stochastic rounding for formats of up to
-    11 bits runs float32 lanes, about 170-500x (its Philox words alone cost about 145x on AVX2),
-    and up to 19 mantissa bits float64 lanes, several hundred times; the directed modes float32
-    lanes in the processor's own rounding direction, about as fast as round-to-nearest; the rest
-    (wider stochastic formats, FNUZ/P3109 accumulators) a scalar path, slower again. Every path
-    gives the same bits.
+    2x; products of an 8-bit format into FP16 or FP32, about 5-8x; other round-to-nearest
+    accumulators of up to 11 bits and BF16/TF32, 4-30x; stochastic rounding for formats of up to
+    11 bits runs float32 lanes, about 130-400x (its Philox words alone cost about 85-110x on AVX2),
+    and up to 19 mantissa bits float64 lanes, several hundred times; the directed modes run float32
+    lanes in the processor's own rounding direction: exact products into FP32, TF32 or BF16 about
+    as fast as round-to-nearest, other formats about 40-90x; the rest (wider stochastic formats,
+    FNUZ/P3109 accumulators) a scalar path, about 1000x or more. Every path gives the same bits.
 
     Args:
         a, b: the operands.
