@@ -41,6 +41,7 @@ F510, F67 = cpd.FloatFormat(5, 10), cpd.FloatFormat(6, 7)
 ROUTED = [
     (None, cpd.FP32), (cpd.E4M3, cpd.FP32), (cpd.E5M2, cpd.FP16), (None, cpd.BF16), (None, cpd.TF32),
     (cpd.E4M3, cpd.BF16), (None, cpd.FP16), (cpd.BF16, cpd.FP32), (cpd.FP32, cpd.E5M2), (cpd.E4M3FN, F67),
+    (cpd.FP16, cpd.FP16), (cpd.FP16, cpd.BF16),
     (cpd.FloatFormat(4, 3, subnormals=False), cpd.FloatFormat(5, 6, subnormals=False)),
     (cpd.FloatFormat(4, 3, specials="finite"), cpd.FloatFormat(6, 4, specials="fn")),
     (cpd.FloatFormat(8, 15), cpd.FloatFormat(8, 21)),

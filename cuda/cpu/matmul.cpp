@@ -497,7 +497,8 @@ void directed_matmul(const float* a, const float* b, float* y, const Dims& d, bo
     return dir_fchain_matmul<cpd::TOWARD_ZERO>(a, b, y, d, af, sp);
   }
 #endif
-  const cpd_cpu::DirFormats g{mf, af, cpd_cpu::dir_kind(mf, is_binary32(mf)), cpd_cpu::dir_kind(af, is_binary32(af))};
+  const cpd_cpu::DirFormats g{mf, af, cpd_cpu::dir_kind(mf, is_binary32(mf), is_binary16(mf)),
+                              cpd_cpu::dir_kind(af, is_binary32(af), is_binary16(af))};
   if (mode == cpd::UP) dir_dispatch<cpd::UP>(a, b, y, d, has_mul, kahan, g, sp);
   else if (mode == cpd::DOWN) dir_dispatch<cpd::DOWN>(a, b, y, d, has_mul, kahan, g, sp);
   else dir_dispatch<cpd::TOWARD_ZERO>(a, b, y, d, has_mul, kahan, g, sp);

@@ -32,12 +32,17 @@
 namespace cpd_cpu {
 
 // How a pass rounds its float32 results to a format: B32 keeps them (the format is binary32),
-// PLAIN through the fast cast with the plain convention's fields as constants (plain_lanes), GENERAL
-// through the fast cast on the format as it is (e.g. no subnormals).
-enum DirKind { DIR_B32 = 0, DIR_PLAIN = 1, DIR_GENERAL = 2 };
+// H16 by the processor's float32 -> binary16 conversion in its current rounding direction (the
+// format is IEEE binary16 itself; F16C, FCVT: IEEE 754 rounds once, overflow to infinity in the
+// directions that overflow, binary16 subnormals), PLAIN through the fast cast with the plain
+// convention's fields as constants (plain_lanes), GENERAL through the fast cast on the format as
+// it is (e.g. no subnormals).
+enum DirKind { DIR_B32 = 0, DIR_PLAIN = 1, DIR_GENERAL = 2, DIR_H16 = 3 };
 
-inline DirKind dir_kind(const cpd::Format& f, bool binary32) {
-  return binary32 ? DIR_B32 : plain_lane_format(f) ? DIR_PLAIN : DIR_GENERAL;
+inline DirKind dir_kind(const cpd::Format& f, bool binary32, bool binary16) {
+  if (binary32) return DIR_B32;
+  if (CPD_CPU_F16_LANES && binary16) return DIR_H16;
+  return plain_lane_format(f) ? DIR_PLAIN : DIR_GENERAL;
 }
 
 // out[i] = the rounding of op(i) (a float32 result computed in MODE's direction), i < n; out may be
@@ -46,6 +51,11 @@ template <int MODE, class Op>
 inline void dir_pass(float* out, int64_t n, const cpd::Format& f, DirKind kind, const Op& op) {
   if (kind == DIR_B32) {
     CPD_IVDEP for (int64_t i = 0; i < n; ++i) out[i] = op(i);
+#if CPD_CPU_F16_LANES
+  } else if (kind == DIR_H16) {  // out has kLanes lanes; those past n are rounded too, and unused
+    CPD_IVDEP for (int64_t i = 0; i < n; ++i) out[i] = op(i);
+    for (int64_t i = 0; i < kLanes; i += H16Vec::kWidth) H16Vec::store(out + i, H16Vec::rnd_cur(H16Vec::load(out + i)));
+#endif
   } else if (kind == DIR_PLAIN) {
     const cpd::Format h = plain_lanes(f);
     CPD_IVDEP for (int64_t i = 0; i < n; ++i) out[i] = cpd::float_of(cpd::directed_lane<MODE>(cpd::bits_of(op(i)), h));

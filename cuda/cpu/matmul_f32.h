@@ -180,6 +180,8 @@ struct H16Vec {
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V rnd(V v) { return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+  // in the processor's current rounding direction (MXCSR RC: matmul_directed.h)
+  static V rnd_cur(V v) { return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_CUR_DIRECTION | _MM_FROUND_NO_EXC)); }
 #elif defined(__F16C__)
   using V = __m256;
   static constexpr int64_t kWidth = 8;
@@ -188,6 +190,7 @@ struct H16Vec {
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V rnd(V v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+  static V rnd_cur(V v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_CUR_DIRECTION | _MM_FROUND_NO_EXC)); }
 #else
   using V = float32x4_t;
   static constexpr int64_t kWidth = 4;
@@ -195,7 +198,8 @@ struct H16Vec {
   static void store(float* p, V v) { vst1q_f32(p, v); }
   static V add(V a, V b) { return vaddq_f32(a, b); }
   static V sub(V a, V b) { return vsubq_f32(a, b); }
-  static V rnd(V v) { return vcvt_f32_f16(vcvt_f16_f32(v)); }
+  static V rnd(V v) { return vcvt_f32_f16(vcvt_f16_f32(v)); }      // FCVT rounds in FPCR's direction:
+  static V rnd_cur(V v) { return vcvt_f32_f16(vcvt_f16_f32(v)); }  // nearest, or matmul_directed.h's
 #endif
 };
 
