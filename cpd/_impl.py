@@ -88,7 +88,7 @@ class Extension:
         self.ext.decode_out(codes, out, *f)
 
     def arith(self, op, a, b, c, out, f, rounding, saturate, sr_bits, s, o):
-        self.ext.arith_out(op, a, b, c, out, *f, rounding, saturate, sr_bits, s, o)
+        self.ext.arith_out(op, a, b, c, out, *f, rounding, saturate, sr_bits, s, o, 0)
 
     def matmul(self, a, b, out, mf, af, kahan, block, rounding, saturate, sr_bits, s, o):
         self.ext.matmul_out(a, b, out, mf is not None, *(mf or af), *af, kahan, block, rounding, saturate, sr_bits,

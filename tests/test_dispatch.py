@@ -126,7 +126,7 @@ def test_arith_kernel_gives_the_loops_bits(ext, op):
     s, o = seed.tolist()
     for mode in (0, SR, 3):
         want = torch.empty(40, 3)
-        ext.arith_out(op, a, b, c, want, *cpd.ops._fmt_args(cpd.BF16), mode, False, 32, s, o)
+        ext.arith_out(op, a, b, c, want, *cpd.ops._fmt_args(cpd.BF16), mode, False, 32, s, o, 0)
         assert bits_equal(torch.ops.cpd.arith(op, a.t().contiguous().t(), b, c, seed, SPEC(cpd.BF16), mode, False, 32),
                           want)
 

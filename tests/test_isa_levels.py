@@ -73,6 +73,7 @@ SELECTION = [
     "tests/test_matmul_sr_lanes.py",
     "tests/test_matmul_directed.py::test_equals_generic",  # x86-64-v2: the fused step in float64, no FMA
     "tests/test_matmul_directed.py::test_hypothesis_values",
+    "tests/test_arith_lanes.py::test_lanes_equal_generic",
 ]
 LEVELS = [("x86-64-v2", "0"), ("x86-64-v3", "1"), ("x86-64-v4", "1")]  # (CPD_CPU_ARCH, CPD_CPU_OPENMP)
 ISA_OF = {"x86-64-v2": "sse4.2", "x86-64-v3": "avx2+fma", "x86-64-v4": "avx512"}

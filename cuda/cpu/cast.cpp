@@ -213,7 +213,7 @@ std::string isa() { return std::string(cpd_cpu::isa_name()) + (cpd_cpu::kOpenMP 
 // cuda/cpu/arith.cpp
 void arith_out(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
                at::Tensor& out, int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals,
-               int64_t mode, bool saturate, int64_t sr_bits, int64_t seed, int64_t offset);
+               int64_t mode, bool saturate, int64_t sr_bits, int64_t seed, int64_t offset, int64_t path);
 
 // cuda/cpu/matmul.cpp
 void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool has_mul, int64_t mexp,

@@ -78,6 +78,18 @@ constexpr bool kDirectedRounding = true;
 constexpr bool kDirectedRounding = false;
 #endif
 
+// c + a*b rounded once in this thread's current rounding direction: the FMA instruction, or without
+// one (x86-64-v2) (double)a * b + c in float64 and then float32, each rounded in that direction:
+// the product is exact in float64, and a directed rounding to float64 then to float32 is the one
+// directed rounding to float32 (float32's values are float64 values: accumulate.h, "Directed lanes").
+inline float fma_current(float a, float b, float c) {
+#if defined(__FMA__) || defined(__aarch64__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return (float)((double)a * (double)b + (double)c);
+#endif
+}
+
 class DirectedRounding {
  public:
   explicit DirectedRounding(int mode) {

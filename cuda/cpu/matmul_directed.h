@@ -7,9 +7,7 @@
 // (accumulate.h, "Directed lanes"), so nothing is redone but NaN results (their payloads: the
 // caller runs the generic steps there, outside the guard). binary32 itself (an accumulator or
 // product format whose values are all of float32's: kind B32) takes the float32 result as it is.
-// Without an FMA instruction the fused step is (float)((double)a * b + x): the product exact in
-// float64, one float64 rounding and one float32 rounding in the same direction, which compose as
-// above (float32's values are float64 values).
+// Without an FMA instruction the fused step is (float)((double)a * b + x) (fp_env.h fma_current).
 //
 // A tile of up to kLanes outputs of one row keeps s, c and bs in arrays, every rounding a pass
 // over the lanes that the compiler vectorizes, as matmul_f32.h's lanes do; its function is never
@@ -25,7 +23,8 @@
 #include <vector>
 
 #include "cpd/numerics.h"
-#include "matmul_f32.h"     // kLanes, Tile, CPD_IVDEP, CPD_CPU_HW_FMA
+#include "fp_env.h"         // fma_current
+#include "matmul_f32.h"     // kLanes, Tile, CPD_IVDEP
 #include "matmul_fchain.h"  // fchain_applies, H16Chain, pack_panel, store_tile
 #include "plain_format.h"   // plain_lane_format, plain_lanes
 
@@ -65,14 +64,8 @@ inline void dir_pass(float* out, int64_t n, const cpd::Format& f, DirKind kind, 
   }
 }
 
-// x + a*b rounded once in the current direction (see the top of this file).
-inline float dir_fma(float a, float b, float x) {
-#if CPD_CPU_HW_FMA
-  return cpd::ffma(a, b, x);
-#else
-  return (float)((double)a * (double)b + (double)x);
-#endif
-}
+// x + a*b rounded once in the current direction (fp_env.h fma_current).
+inline float dir_fma(float a, float b, float x) { return fma_current(a, b, x); }
 
 struct DirFormats {
   cpd::Format mf, af;  // product and accumulator formats

@@ -50,7 +50,7 @@ void decode_out(const at::Tensor& codes, at::Tensor& out, int64_t exp, int64_t m
                 int64_t specials, bool subnormals);
 void arith_out(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, at::Tensor& out,
                int64_t exp, int64_t man, int64_t bias, int64_t specials, bool subnormals, int64_t mode,
-               bool saturate, int64_t sr_bits, int64_t seed, int64_t offset);
+               bool saturate, int64_t sr_bits, int64_t seed, int64_t offset, int64_t path);
 void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool has_mul, int64_t mexp,
                 int64_t mman, int64_t mbias, int64_t mspecials, bool msubnormals, int64_t aexp, int64_t aman,
                 int64_t abias, int64_t aspecials, bool asubnormals, bool kahan, int64_t block, int64_t mode,
@@ -123,7 +123,7 @@ struct Loops {
   }
   static void arith(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, at::Tensor& out,
                     const Fmt& f, int64_t r, bool sat, int64_t sr, int64_t s, int64_t o) {
-    arith_out(op, a, b, c, out, f.exp, f.man, f.bias, f.specials, f.subnormals, r, sat, sr, s, o);
+    arith_out(op, a, b, c, out, f.exp, f.man, f.bias, f.specials, f.subnormals, r, sat, sr, s, o, 0);
   }
   // a (B, M, K), b (B, K, N), out (B, M, N); m is acc when there is no mul format (has_mul false)
   static void matmul(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool has_mul, const Fmt& m,
