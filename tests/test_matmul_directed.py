@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 import cpd
 from cpd import _cpu
 from test_matmul import bits_equal, ref_matmul
+from test_matmul_sr_lanes import _binades, _mismatch
 
 pytestmark = pytest.mark.skipif(_cpu.extension() is None, reason="no compiled extension")
 
@@ -61,11 +62,6 @@ def _lanes(mul, acc, mode):
                                          CODE[mode] if isinstance(mode, str) else mode, False)
 
 
-def _mismatch(x, y):
-    bad = (x.view(torch.int32) != y.view(torch.int32)).nonzero()[:5].tolist()
-    return "; ".join(f"{i}: {x[tuple(i)].item()!r} != {y[tuple(i)].item()!r}" for i in bad)
-
-
 def _same_bits(x, y):
     """Bits equal, NaN payloads included (the lanes redo NaN outputs by the generic steps)."""
     return x.shape == y.shape and torch.equal(x.view(torch.int32), y.view(torch.int32))
@@ -89,12 +85,6 @@ def test_routing():
                      (None, cpd.FloatFormat(8, 3, bias=130)), (cpd.FloatFormat(8, 20, bias=128), cpd.FP32)]:
         for mode in MODES:
             assert _lanes(mul, acc, mode) == 0, (mul, acc, mode)
-
-
-def _binades(g, shape, lo, hi):
-    """Random values whose exponents spread evenly over [lo, hi), both signs."""
-    e = torch.randint(lo, hi, shape, generator=g).to(torch.float32)
-    return torch.randn(shape, generator=g) * torch.exp2(e)
 
 
 def _range(mul, acc):

@@ -63,18 +63,22 @@ inline void arith_finish(const float* a, const float* b, const float* c, float* 
   std::memcpy(y + s0, buf, sizeof(float) * (size_t)(s1 - s0));
 }
 
+// The span [s0, s0 + m) (m <= kArithSpan) to nearest on float64 lanes (g = make_format_d(f)).
+template <int OP>
+inline void nearest_d_span(const float* a, const float* b, const float* c, float* y, int64_t s0, int64_t m,
+                           const cpd::FormatD& g, const cpd::Format& f) {
+  alignas(64) float buf[kArithSpan];
+  for (int64_t i = 0; i < m; ++i)
+    buf[i] = (float)cpd::round_d(arith_odd<OP>(a[s0 + i], b[s0 + i], OP == OP_FMA ? c[s0 + i] : 0.0f), g);
+  arith_finish<OP>(a, b, c, y, buf, s0, s0 + m, f, cpd::NEAREST, nullptr, 0, 32);
+}
+
 // Round to nearest, any format: float64 lanes.
 template <int OP>
 void arith_nearest_d(const float* a, const float* b, const float* c, float* y, int64_t n, const cpd::Format f) {
   cpd_cpu::parallel_for(0, n, kArithGrain, [&](int64_t lo, int64_t hi) {
     const cpd::FormatD g = cpd::make_format_d(f);
-    alignas(64) float buf[kArithSpan];
-    for (int64_t s0 = lo; s0 < hi; s0 += kArithSpan) {
-      const int64_t m = std::min(hi - s0, kArithSpan);
-      for (int64_t i = 0; i < m; ++i)
-        buf[i] = (float)cpd::round_d(arith_odd<OP>(a[s0 + i], b[s0 + i], OP == OP_FMA ? c[s0 + i] : 0.0f), g);
-      arith_finish<OP>(a, b, c, y, buf, s0, s0 + m, f, cpd::NEAREST, nullptr, 0, 32);
-    }
+    for (int64_t s0 = lo; s0 < hi; s0 += kArithSpan) nearest_d_span<OP>(a, b, c, y, s0, std::min(hi - s0, kArithSpan), g, f);
   });
 }
 
@@ -167,11 +171,11 @@ void arith_dispatch(const float* a, const float* b, const float* c, float* y, in
 // identity of add_bits_fast holds and the span takes the float32 loop; otherwise the float64
 // lanes. The operands are checked before anything is written (out may alias a or b).
 void add_nearest_fast(const float* a, const float* b, float* y, int64_t n, const cpd::Format f) {
-  constexpr int64_t kSpan = kArithSpan;
   cpd_cpu::parallel_for(0, n, kArithGrain, [&](int64_t lo, int64_t hi) {
     const cpd::Format g = f;
-    for (int64_t s0 = lo; s0 < hi; s0 += kSpan) {
-      const int64_t s1 = std::min(hi, s0 + kSpan);
+    const cpd::FormatD gd = cpd::make_format_d(f);
+    for (int64_t s0 = lo; s0 < hi; s0 += kArithSpan) {
+      const int64_t s1 = std::min(hi, s0 + kArithSpan);
       // (a few elements first: operands that are not values of the format, the general case, skip
       // the span's scan; either loop gives the same bits)
       const int64_t probe = std::min<int64_t>(s1 - s0, 8);
@@ -181,11 +185,8 @@ void add_nearest_fast(const float* a, const float* b, float* y, int64_t n, const
         for (int64_t i = s0 + probe; i < s1; ++i) all &= cpd::add_fast_operands(cpd::bits_of(a[i]), cpd::bits_of(b[i]), g);
       if (all) {
         for (int64_t i = s0; i < s1; ++i) y[i] = cpd::float_of(cpd::add_bits_fast(cpd::bits_of(a[i]), cpd::bits_of(b[i]), g));
-      } else {  // the float64 lanes (arith_nearest_d)
-        const cpd::FormatD gd = cpd::make_format_d(g);
-        alignas(64) float buf[kSpan];
-        for (int64_t i = s0; i < s1; ++i) buf[i - s0] = (float)cpd::round_d(cpd::add_odd((double)a[i], (double)b[i]), gd);
-        arith_finish<OP_ADD>(a, b, nullptr, y, buf, s0, s1, g, cpd::NEAREST, nullptr, 0, 32);
+      } else {
+        nearest_d_span<OP_ADD>(a, b, nullptr, y, s0, s1 - s0, gd, g);
       }
     }
   });

@@ -23,6 +23,15 @@ inline bool float32_subnormals_kept() {
   return cpd::bits_of(t + t) == 2u;
 }
 
+// The control register's flush bits, and its type (both guards below).
+#if defined(__SSE__) || defined(_M_X64)
+using FpControl = unsigned;
+constexpr FpControl kFlushBits = 0x8040u;  // MXCSR bit 15 FTZ, bit 6 DAZ
+#elif defined(__aarch64__)
+using FpControl = uint64_t;
+constexpr FpControl kFlushBits = (1ull << 24) | (1ull << 19);  // FPCR FZ, FZ16
+#endif
+
 // Keeps subnormals on this thread for its lifetime: clears the flush-to-zero and
 // denormals-are-zero modes (x86 MXCSR FTZ and DAZ; Arm FPCR FZ and FZ16) if they are set, and
 // restores the register when it ends. Every chunk of cpd_cpu::parallel_for runs under one, so a
@@ -53,12 +62,8 @@ class KeepSubnormals {
   KeepSubnormals& operator=(const KeepSubnormals&) = delete;
 
  private:
-#if defined(__SSE__) || defined(_M_X64)
-  static constexpr unsigned kFlushBits = 0x8040u;  // MXCSR bit 15 FTZ, bit 6 DAZ
-  unsigned saved_ = 0;
-#elif defined(__aarch64__)
-  static constexpr uint64_t kFlushBits = (1ull << 24) | (1ull << 19);  // FPCR FZ, FZ16
-  uint64_t saved_ = 0;
+#if defined(__SSE__) || defined(_M_X64) || defined(__aarch64__)
+  FpControl saved_ = 0;
 #endif
 };
 
@@ -117,12 +122,8 @@ class DirectedRounding {
   DirectedRounding& operator=(const DirectedRounding&) = delete;
 
  private:
-#if defined(__SSE__) || defined(_M_X64)
-  static constexpr unsigned kFlushBits = 0x8040u;  // FTZ, DAZ
-  unsigned saved_ = 0;
-#elif defined(__aarch64__)
-  static constexpr uint64_t kFlushBits = (1ull << 24) | (1ull << 19);  // FZ, FZ16
-  uint64_t saved_ = 0;
+#if defined(__SSE__) || defined(_M_X64) || defined(__aarch64__)
+  FpControl saved_ = 0;
 #endif
 };
 

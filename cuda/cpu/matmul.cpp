@@ -431,50 +431,45 @@ void dir_dispatch(const float* a, const float* b, float* y, const Dims& d, bool 
   }
 }
 
-#if CPD_CPU_CHAIN
-// The binary32 chain's rows (matmul_chain.h) in the caller's rounding direction: out of line, so
-// that the direction holds for exactly its FMAs (fp_env.h DirectedRounding).
-__attribute__((noinline)) void dir_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N,
-                                              int64_t m0, int64_t m1, int64_t j0, int64_t nc,
-                                              std::vector<float>& pack) {
-  cpd_cpu::chain_rows(a, b, y, K, N, m0, m1, j0, nc, pack);
-}
-
-// Into binary32 with exact products and plain sums: every output is the FMA chain, each FMA rounded
-// in the mode's direction (tasks as chain_matmul's; NaN outputs redone by the generic steps).
-void dir_chain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::DotSpec& spec) {
-  using C = cpd_cpu::ChainVec;
+// A register chain's tasks (chain_tasks, panels of C::NR columns) in the mode's rounding
+// direction: rows(a, b, y, K, N, m0, m1, j0, nc, pack) runs a task's rows out of line (so that the
+// direction holds for exactly its float operations: fp_env.h DirectedRounding), then the task's NaN
+// outputs are redone by the generic steps, outside the guard.
+template <class C, class Rows>
+void dir_chain_tasks(const float* a, const float* b, float* y, const Dims& d, const cpd::DotSpec& spec,
+                     const Rows& rows) {
   cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
                                                              int64_t nc, std::vector<float>& pack) {
     float* yb = y + bi * d.M * d.N;
     {
       cpd_cpu::DirectedRounding dir(spec.mode);
-      dir_chain_rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack);
+      rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack);
     }
     for (int64_t i = m0; i < m1; ++i)
       redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, false);
   });
 }
+
+#if CPD_CPU_CHAIN
+// The binary32 chain's rows (matmul_chain.h), out of line: into binary32 with exact products and
+// plain sums every output is the FMA chain, each FMA rounded in the caller's direction.
+__attribute__((noinline)) void dir_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N,
+                                              int64_t m0, int64_t m1, int64_t j0, int64_t nc,
+                                              std::vector<float>& pack) {
+  cpd_cpu::chain_rows(a, b, y, K, N, m0, m1, j0, nc, pack);
+}
 #endif
 
 #if CPD_CPU_H16_CHAIN
-// The fused narrow chain in a directed mode (matmul_directed.h dir_fchain_rows): finite operands
-// (checked by the caller), tasks as chain_matmul's; NaN outputs cannot occur, and are redone if
-// they did.
+// The fused narrow chain's rows in MODE (matmul_directed.h dir_fchain_rows, out of line).
 template <int MODE>
 void dir_fchain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::Format& af,
                        const cpd::DotSpec& spec) {
-  using C = cpd_cpu::H16Chain;
-  cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
-                                                             int64_t nc, std::vector<float>& pack) {
-    float* yb = y + bi * d.M * d.N;
-    {
-      cpd_cpu::DirectedRounding dir(MODE);
-      cpd_cpu::dir_fchain_rows<MODE>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack, af);
-    }
-    for (int64_t i = m0; i < m1; ++i)
-      redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, false);
-  });
+  dir_chain_tasks<cpd_cpu::H16Chain>(a, b, y, d, spec,
+                                     [&af](const float* ab, const float* bb, float* yb, int64_t K, int64_t N,
+                                           int64_t m0, int64_t m1, int64_t j0, int64_t nc, std::vector<float>& pack) {
+                                       cpd_cpu::dir_fchain_rows<MODE>(ab, bb, yb, K, N, m0, m1, j0, nc, pack, af);
+                                     });
 }
 #endif
 
@@ -484,11 +479,13 @@ void directed_matmul(const float* a, const float* b, float* y, const Dims& d, bo
                      const cpd::Format& mf, const cpd::Format& af, int mode, bool chain) {
   const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, kahan ? 1 : 0, (int)d.L, mode, 32);
 #if CPD_CPU_CHAIN
-  if (chain && !has_mul && !kahan && !d.L && is_binary32(af)) return dir_chain_matmul(a, b, y, d, sp);
+  if (chain && !has_mul && !kahan && !d.L && is_binary32(af))
+    return dir_chain_tasks<cpd_cpu::ChainVec>(a, b, y, d, sp, dir_chain_rows);
 #else
   (void)chain;
 #endif
 #if CPD_CPU_H16_CHAIN
+  // the fused narrow chain (matmul_directed.h dir_fchain_rows): finite operands, so no NaN output
   if (chain && !has_mul && !kahan && !d.L && cpd_cpu::fchain_applies(af) &&
       cpd_cpu::max_magnitude_bits(a, d.B * d.M * d.K) < cpd::INF_BITS &&
       cpd_cpu::max_magnitude_bits(b, d.B * d.K * d.N) < cpd::INF_BITS) {

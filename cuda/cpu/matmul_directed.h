@@ -64,9 +64,6 @@ inline void dir_pass(float* out, int64_t n, const cpd::Format& f, DirKind kind, 
   }
 }
 
-// x + a*b rounded once in the current direction (fp_env.h fma_current).
-inline float dir_fma(float a, float b, float x) { return fma_current(a, b, x); }
-
 struct DirFormats {
   cpd::Format mf, af;  // product and accumulator formats
   DirKind mk, ak;      // how each rounds
@@ -107,9 +104,9 @@ __attribute__((noinline)) void dir_tile(const float* __restrict arow, const floa
     } else if (MUL) {
       dir_pass<MODE>(q, jt, g.af, g.ak, [&](int64_t i) { return cpd::fadd(x[i], p[i]); });
     } else if (KAHAN && !BLOCK) {
-      dir_pass<MODE>(q, jt, g.af, g.ak, [&](int64_t i) { return dir_fma(av, br[i], -c[i]); });
+      dir_pass<MODE>(q, jt, g.af, g.ak, [&](int64_t i) { return fma_current(av, br[i], -c[i]); });
     } else {
-      dir_pass<MODE>(q, jt, g.af, g.ak, [&](int64_t i) { return dir_fma(av, br[i], x[i]); });
+      dir_pass<MODE>(q, jt, g.af, g.ak, [&](int64_t i) { return fma_current(av, br[i], x[i]); });
     }
     if (!BLOCK && KAHAN) dir_kahan_finish<MODE>(s, c, y, t, u, jt, g);
     else if (!BLOCK) std::swap(s, t);
