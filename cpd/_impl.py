@@ -435,3 +435,27 @@ def _host_geometry() -> tuple[int, int]:
 
 _core = CoreOps()
 _shim.set_router(route_cpu_to_kernels)  # cpd._shim.on_host routes through this module
+
+# The tensor types torch.ops would hand no __torch_function__ (nn.Parameter disables its own).
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_compiling = torch.compiler.is_compiling
+_torch_function_mode = torch._C._is_torch_function_mode_enabled
+
+
+def direct(*tensors):
+    """The extension, when an op call may go straight into torch's dispatcher through its
+    ``call_*`` functions (``cuda/cpu/ops.cpp``, "direct calls") rather than through
+    ``torch.ops``; else None. Both reach the same op, dispatch keys and kernels (autograd, every
+    device, fake tensors and other dispatch modes); ``torch.ops`` adds the __torch_function__
+    protocol and is what torch.compile traces. So the direct call is taken once the extension's
+    kernels are installed, with plain tensors (``torch.Tensor``, ``nn.Parameter``), no
+    __torch_function__ mode active, and not while compiling."""
+    if _compiling():  # first: under dynamo this is a constant True, and nothing below is traced
+        return None
+    ext = _core.native
+    if ext is None or _torch_function_mode():
+        return None
+    for t in tensors:
+        if type(t) not in _PLAIN_TENSORS:
+            return None
+    return ext

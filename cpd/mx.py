@@ -215,7 +215,9 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator
         gen = _cuda.cpu_twin(generator) if generator is not None and generator.device.type == "cuda" else generator
         seed = torch.randint(0, 2**62, (), generator=gen, dtype=torch.int64)
     if out is None:
-        return _OP_CAST(x, seed, fmt._op_spec, mode.code)
+        ext = _impl.direct(x)
+        return ext.call_mx_cast(x, seed, fmt._op_spec, mode.code) if ext is not None else _OP_CAST(
+            x, seed, fmt._op_spec, mode.code)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
     if out.dtype != torch.float32 or out.shape != x.shape or out.device != x.device:
@@ -226,7 +228,11 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, generator: torch.Generator
                          "(or under torch.no_grad())")
     if out.data_ptr() == x.data_ptr():
         raise ValueError("out must not be x's memory (cpd.mx.cast reads whole blocks before writing)")
-    _OP_CAST_OUT(x, seed, fmt._op_spec, mode.code, out)
+    ext = _impl.direct(x, out)
+    if ext is not None:
+        ext.call_mx_cast_out(x, seed, fmt._op_spec, mode.code, out)
+    else:
+        _OP_CAST_OUT(x, seed, fmt._op_spec, mode.code, out)
     return out
 
 

@@ -231,7 +231,8 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr
     args = (_fmt_spec(fmt), mode.code, saturate, k)
     if out is None:
         _ready()
-        return _OP_CAST(x32, seed, *args)
+        ext = _direct(x32)
+        return ext.call_cast(x32, seed, *args) if ext is not None else _OP_CAST(x32, seed, *args)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
     if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
@@ -243,7 +244,11 @@ def cast(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr
             f"shape {tuple(out.shape)} on {out.device}"
         )
     _ready()
-    _OP_CAST_OUT(x32, seed, *args, out)
+    ext = _direct(x32, out)
+    if ext is not None:
+        ext.call_cast_out(x32, seed, *args, out)
+    else:
+        _OP_CAST_OUT(x32, seed, *args, out)
     return out
 
 
@@ -371,7 +376,9 @@ def _arith(name: str, tensors: list, fmt, rounding, saturate, sr_bits, generator
     else:
         (a, b), c = tensors, tensors[0]
     _ready()
-    return _OP_ARITH(_ARITH[name], a, b, c, seed, _fmt_spec(fmt), mode.code, saturate, k)
+    args = (_ARITH[name], a, b, c, seed, _fmt_spec(fmt), mode.code, saturate, k)
+    ext = _direct(a, b, c)
+    return ext.call_arith(*args) if ext is not None else _OP_ARITH(*args)
 
 
 def mul(x: torch.Tensor, y: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False,
@@ -549,9 +556,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, mul=None, acc=FP32, fma: bool = 
             raise ValueError(f"block must be >= 1 (or None), got {block}")
     seed = draw_seed(generator, a.device) if mode is Rounding.STOCHASTIC else _ZERO_SEED
     _ready()
-    return _OP_MATMUL(a if a.dtype == torch.float32 else a.to(torch.float32),
-                      b if b.dtype == torch.float32 else b.to(torch.float32), seed, _fmt_spec(mul), _fmt_spec(acc),
-                      kahan, block or 0, mode.code, saturate, k)
+    a = a if a.dtype == torch.float32 else a.to(torch.float32)
+    b = b if b.dtype == torch.float32 else b.to(torch.float32)
+    args = (a, b, seed, _fmt_spec(mul), _fmt_spec(acc), kahan, block or 0, mode.code, saturate, k)
+    ext = _direct(a, b)
+    return ext.call_matmul(*args) if ext is not None else _OP_MATMUL(*args)
 
 
 def sum(x: torch.Tensor, dim: int | None = None, *, acc, kahan: bool = False, rounding="nearest",  # noqa: A001
@@ -607,6 +616,7 @@ _impl._core.register(
 
 
 _core = _impl._core
+_direct = _impl.direct
 
 
 def _ready() -> None:
