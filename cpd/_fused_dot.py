@@ -99,6 +99,11 @@ class FusedDot:
             raise ValueError(f"FusedDot algorithm='amd_pairwise' sums a group pairwise: group must be a power of two "
                              f"<= 16, got {self.group}")
         _check_blocks(self)
+        # what each call passes the op, made once (frozen: nothing they derive from changes)
+        object.__setattr__(self, "_params", _fused_dot_ref.Params(
+            self.group, self.frac_bits, _fused_dot_ref.OUT_CODES[self.out], self.a.emin, self.b.emin, self.zero_exp,
+            _fused_dot_ref.ALGORITHMS[self.algorithm], int(self.ftz)))
+        object.__setattr__(self, "_op_fields", (self.a.man, self.a.emax, self.b.man, self.b.emax))
 
     @property
     def block_scaled(self) -> bool:
@@ -108,9 +113,12 @@ class FusedDot:
     @property
     def params(self) -> _fused_dot_ref.Params:
         """The integers the numerics core takes (``FusedDotSpec``)."""
-        return _fused_dot_ref.Params(self.group, self.frac_bits, _fused_dot_ref.OUT_CODES[self.out], self.a.emin,
-                                     self.b.emin, self.zero_exp, _fused_dot_ref.ALGORITHMS[self.algorithm],
-                                     int(self.ftz))
+        return self._params
+
+    @property
+    def op_fields(self) -> tuple[int, int, int, int]:
+        """The input formats' fields the tiled kernels take: ``(a.man, a.emax, b.man, b.emax)``."""
+        return self._op_fields
 
     def __str__(self) -> str:
         label = f"{self.name}: " if self.name else ""

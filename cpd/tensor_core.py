@@ -315,7 +315,7 @@ class _BlockScaledMatmul(torch.autograd.Function):
         pa, sa, ta, aq = _block_operand(a, acc.a_block, -1, dequantized=True)
         pb, sb, tb, bq = _block_operand(b, acc.b_block, -2, dequantized=True)
         s_emin = acc.a_block.scale.emin
-        fields = (acc.a.man, acc.a.emax, acc.b.man, acc.b.emax)
+        fields = acc.op_fields
         y = _tensor_core_op.fused_dot_matmul(pa, pb, acc.params, fields, sa, sb, acc.a_block.block_size, s_emin)
         if ta is not None or tb is not None:  # NVFP4's tensor scales: the epilogue's alpha, in float32
             one = torch.ones((), dtype=torch.float32, device=y.device)
@@ -349,20 +349,23 @@ def tensor_core_matmul(a: torch.Tensor, b: torch.Tensor, acc: FusedDot, **unused
     """
     if not isinstance(acc, FusedDot):
         raise TypeError(f"acc must be a FusedDot (see cpd.tensor_core), got {type(acc).__name__}")
-    defaults = {"mul": None, "fma": False, "kahan": False, "block": None, "rounding": "nearest", "saturate": False,
-                "sr_bits": None, "generator": None}
     for key, value in unused.items():
-        if key not in defaults:
+        if key not in _MATMUL_DEFAULTS:
             raise TypeError(f"tensor_core_matmul got an unexpected argument {key!r}")
-        if value is not defaults[key] and value != defaults[key]:
+        if value is not _MATMUL_DEFAULTS[key] and value != _MATMUL_DEFAULTS[key]:
             raise ValueError(f"{key}={value!r} does not apply to a FusedDot accumulator (its rounding is the "
-                             f"model's); leave {key} at {defaults[key]!r}")
+                             f"model's); leave {key} at {_MATMUL_DEFAULTS[key]!r}")
     _check_matmul_operands(a, b)
     if acc.block_scaled:
         return _BlockScaledMatmul.apply(a.to(torch.float32), b.to(torch.float32), acc)
     a = _to_input(a, acc.a, acc.a_rounding)
     b = _to_input(b, acc.b, acc.b_rounding)
-    return _tensor_core_op.fused_dot_matmul(a, b, acc.params, (acc.a.man, acc.a.emax, acc.b.man, acc.b.emax))
+    return _tensor_core_op.fused_dot_matmul(a, b, acc.params, acc.op_fields)
+
+
+# cpd.matmul's other arguments, which a FusedDot accumulator takes at these values only
+_MATMUL_DEFAULTS = {"mul": None, "fma": False, "kahan": False, "block": None, "rounding": "nearest",
+                    "saturate": False, "sr_bits": None, "generator": None}
 
 
 # cpd.matmul(acc=FusedDot) calls upward through the registry (docs/design.md §1).

@@ -4,8 +4,8 @@ issue 28) instead of through ``torch.ops``.
 
 Invariants defended:
 * once the extension is installed, ``cpd.cast`` (with and without ``out=``), ``cpd.add`` /
-  ``mul`` / ``fma``, ``cpd.matmul`` and ``cpd.mx.cast`` (with and without ``out=``) take the
-  direct call, and give the bits of ``torch.ops.cpd.*`` called with the same arguments (the
+  ``mul`` / ``fma``, ``cpd.matmul`` (a tensor-core accumulator's fused dot too, block-scaled or
+  not) and ``cpd.mx.cast`` (with and without ``out=``) take the direct call, and give the bits of ``torch.ops.cpd.*`` called with the same arguments (the
   stochastic modes with the same seed), gradients included (the same C++ autograd node);
 * everything ``torch.ops`` adds is kept: a ``__torch_function__`` mode sees the op, a tensor
   subclass's ``__torch_function__`` runs, and ``torch.compile(fullgraph=True)`` traces the op
@@ -58,6 +58,10 @@ CASES = {
     "matmul": ("call_matmul", lambda x, y, g: cpd.matmul(x, y.t(), mul=cpd.E4M3, acc=cpd.FP16)),
     "matmul_sr": ("call_matmul", lambda x, y, g: cpd.matmul(x, y.t(), acc=cpd.BF16, rounding="stochastic",
                                                             generator=g)),
+    "tensor_core": ("call_fused_dot_matmul",
+                    lambda x, y, g: cpd.matmul(x, y.t(), acc=cpd.tensor_core("hopper", a="e5m2"))),
+    "tensor_core_nvfp4": ("call_fused_dot_matmul",
+                          lambda x, y, g: cpd.matmul(x, y.t(), acc=cpd.tensor_core("blackwell", a="nvfp4"))),
     "mx.cast": ("call_mx_cast", lambda x, y, g: mx.cast(x, mx.MXFP8_E4M3, "stochastic", generator=g)),
     "mx.cast_out": ("call_mx_cast_out", lambda x, y, g: mx.cast(x, mx.NVFP4, out=torch.empty_like(x))),
 }
@@ -117,16 +121,19 @@ class _Seen(TorchFunctionMode):
 def test_torch_function_mode_sees_the_ops(monkeypatch):
     """Under a __torch_function__ mode the calls go through torch.ops, which the mode sees."""
     ext = _ext()
-    spies = [_Spy(monkeypatch, ext, n) for n in ("call_cast", "call_matmul", "call_arith", "call_mx_cast")]
+    spies = [_Spy(monkeypatch, ext, n)
+             for n in ("call_cast", "call_matmul", "call_arith", "call_mx_cast", "call_fused_dot_matmul")]
     x = torch.randn(4, 32)
     with _Seen() as seen:
         cpd.cast(x, cpd.E5M2)
         cpd.matmul(x, x.t(), acc=cpd.FP16)
         cpd.mul(x, x, cpd.E4M3)
         mx.cast(x, mx.MXFP8_E5M2)
+        cpd.matmul(x, x.t(), acc=cpd.tensor_core("hopper"))
     assert all(s.calls == 0 for s in spies)
     names = {str(f) for f in seen.funcs}
-    for op in ("cpd.cast.default", "cpd.matmul.default", "cpd.arith.default", "cpd_mx.cast.default"):
+    for op in ("cpd.cast.default", "cpd.matmul.default", "cpd.arith.default", "cpd_mx.cast.default",
+               "cpd.fused_dot_matmul.default"):
         assert op in names, (op, sorted(names))
 
 
@@ -160,6 +167,7 @@ def test_compile_traces_the_ops_without_graph_breaks():
     def fn(x, w):
         h = cpd.matmul(cpd.cast(x, cpd.E4M3), w, acc=cpd.BF16)
         h = cpd.add(h, x[:, :8], cpd.BF16, "stochastic")
+        h = cpd.matmul(h, w.t()[:, :8], acc=cpd.tensor_core("hopper", a="e5m2"))
         return mx.cast(h, mx.MXFP8_E4M3), cpd.cast(h, cpd.E5M2, out=torch.empty_like(h))
 
     x, w = torch.randn(32, 64), torch.randn(64, 8)

@@ -425,15 +425,18 @@ cpd_launch::F5 f5_of(const std::vector<int>& f) {
 }
 
 // ------------------------------------------------------------------------------ direct calls
-// The hot ops called from Python straight into torch's dispatcher (cpd/ops.py and cpd/mx.py take
-// these once the extension is loaded, where torch.ops would do nothing more: plain tensors, no
-// __torch_function__ mode, not under torch.compile): the same op, dispatch keys and kernels as
-// torch.ops.cpd.*, without torch.ops' Python layer (the argument stack built from Python objects
-// against the schema, the __torch_function__ scan of every argument): 2.7 us less per cpd.cast,
-// 3.8 us less per cpd.matmul forward of a 16^3 GEMM on a Zen 3 core. Errors and warnings reach
-// Python as from torch.ops, and the GIL is released while the op runs, as torch.ops does
-// (torch::wrap_pybind_function_no_gil). Each handle is looked up on first use: the schemas are
-// defined in Python (cpd/ops.py, cpd/mx.py).
+// The hot ops called from Python straight into torch's dispatcher (cpd/ops.py, cpd/mx.py and
+// cpd/_tensor_core_op.py take these once the extension is loaded, where torch.ops would do nothing
+// more: plain tensors, no __torch_function__ mode, not under torch.compile; cpd/_impl.py direct):
+// the same op, dispatch keys and kernels as torch.ops.cpd.*, without torch.ops' Python layer (the
+// argument stack built from Python objects against the schema, the __torch_function__ scan of
+// every argument): 2.7 us less per cpd.cast, 3.8 us less per cpd.matmul forward of a 16^3 GEMM on
+// a Zen 3 core. Errors and warnings reach Python as from torch.ops, and the GIL is released while
+// the op runs, as torch.ops does (torch::wrap_pybind_function_no_gil). Each handle is looked up on
+// first use: the schemas are defined in Python.
+using FusedDotSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                               int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                               int64_t, int64_t, int64_t);
 using MxCastSig = at::Tensor(const at::Tensor&, const at::Tensor&, c10::IntArrayRef, int64_t);
 using MxCastOutSig = void(const at::Tensor&, const at::Tensor&, c10::IntArrayRef, int64_t, const at::Tensor&);
 using Ints = std::vector<int64_t>;
@@ -465,6 +468,16 @@ void bind_direct(pybind11::module_& m) {
           static const auto op = op_handle<MatmulSig>("cpd::matmul");
           return op.call(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
         }));
+  m.def("call_fused_dot_matmul",
+        torch::wrap_pybind_function_no_gil(
+            [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb, int64_t block,
+               int64_t s_emin, int64_t group, int64_t frac, int64_t out, int64_t a_emin, int64_t b_emin,
+               int64_t zero_exp, int64_t algo, int64_t ftz, int64_t a_man, int64_t a_emax, int64_t b_man,
+               int64_t b_emax) {
+              static const auto op = op_handle<FusedDotSig>("cpd::fused_dot_matmul");
+              return op.call(a, b, sa, sb, block, s_emin, group, frac, out, a_emin, b_emin, zero_exp, algo, ftz,
+                             a_man, a_emax, b_man, b_emax);
+            }));
   m.def("call_mx_cast", torch::wrap_pybind_function_no_gil([](const at::Tensor& x, const at::Tensor& seed,
                                                               const Ints& spec, int64_t rounding) {
           static const auto op = op_handle<MxCastSig>("cpd_mx::cast");
