@@ -156,8 +156,17 @@ def test_matmul_kernel_gives_the_loops_bits(ext, shapes):
 def test_autograd_of_the_cpp_kernels(ext):
     x = sample(6, 4).requires_grad_()
     g = sample(6, 4, seed=9) / 7
-    cpd.cast(x, cpd.E2M1, "stochastic").backward(g)
+    y = cpd.cast(x, cpd.E2M1, "stochastic")
+    assert y.grad_fn.name() == "cpd::CastBackward"  # the light node (cuda/cpu/matmul_backward.h)
+    y.backward(g)
     assert bits_equal(x.grad, g)  # straight-through
+    h = x.detach().half().requires_grad_()  # a float16 input: the gradient comes back as float16
+    (gh,) = torch.autograd.grad(cpd.cast(h, cpd.E5M2), h, g.half())
+    assert gh.dtype == torch.float16 and torch.equal(gh, g.half())
+    gr = g.clone().requires_grad_()  # double backward: the node's own backward is the identity again
+    (gg,) = torch.autograd.grad(cpd.cast(x, cpd.E4M3), x, gr, create_graph=True)
+    (g2,) = torch.autograd.grad((gg * gg).sum(), gr)
+    assert bits_equal(gg.detach(), g) and bits_equal(g2, 2 * g)
     a, b, c = (sample(6, 4, seed=i).requires_grad_() for i in (1, 2, 3))
     for name, fn, grads in (("mul", lambda: cpd.mul(a, b, cpd.BF16), (g * b, g * a, None)),
                             ("add", lambda: cpd.add(a, b, cpd.BF16), (g, g, None)),

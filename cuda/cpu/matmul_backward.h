@@ -44,6 +44,23 @@ struct MatmulBackward : public torch::autograd::Node {
   std::string name() const override { return name_; }
 };
 
+// The graph node of the quantizers (cpd::cast, cpd_mx::cast): straight-through, the gradient passed
+// on as it comes (the same object, no copy). A Node, as MatmulBackward, rather than a
+// torch::autograd::Function: no per-call packing of the arguments.
+struct StraightThroughBackward : public torch::autograd::Node {
+  const char* name_;
+  explicit StraightThroughBackward(const char* name) : name_(name) {}
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override { return {grads[0]}; }
+  std::string name() const override { return name_; }
+};
+
+// out's history: a StraightThroughBackward node (named `name`) whose one edge is x's.
+inline void record_straight_through(at::Tensor& out, const at::Tensor& x, const char* name) {
+  auto node = c10::make_intrusive<StraightThroughBackward>(name);
+  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  torch::autograd::set_history(out, node);
+}
+
 // Whether autograd records a node for an op of these differentiable inputs.
 inline bool wants_grad(const at::Tensor& a, const at::Tensor& b = at::Tensor(), const at::Tensor& c = at::Tensor()) {
   return at::GradMode::is_enabled() && ((a.defined() && a.requires_grad()) || (b.defined() && b.requires_grad()) ||

@@ -48,6 +48,7 @@
 
 #include "cpd/numerics.h"
 #include "launch.h"
+#include "matmul_backward.h"  // record_straight_through, wants_grad
 
 // cuda/cpu/mx.cpp: the fused CPU loops
 at::Tensor mx_cast(const at::Tensor& x, at::IntArrayRef el, at::IntArrayRef sc, int64_t rule, bool is_int,
@@ -62,7 +63,6 @@ at::Tensor mx_decode(const at::Tensor& codes, const at::Tensor& scodes, at::IntA
 namespace cpd_mx_ops {
 namespace {
 
-using torch::autograd::variable_list;
 using Triple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 constexpr int64_t kStochastic = 1;  // Rounding.STOCHASTIC.code
@@ -336,12 +336,6 @@ c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
 }
 
-// cast's graph node: straight-through (the quantizer's gradient is the identity).
-struct CastBackward : public torch::autograd::Node {
-  variable_list apply(variable_list&& grads) override { return {grads[0]}; }
-  std::string name() const override { return "cpd_mx::CastBackward"; }
-};
-
 at::Tensor cast_autograd(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef spec, int64_t rounding) {
   static const auto op = op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, c10::IntArrayRef, int64_t)>(
       "cpd_mx::cast");
@@ -350,11 +344,7 @@ at::Tensor cast_autograd(const at::Tensor& x, const at::Tensor& seed, c10::IntAr
     at::AutoDispatchBelowADInplaceOrView below;
     out = op.call(x, seed, spec, rounding);
   }
-  if (at::GradMode::is_enabled() && x.requires_grad()) {
-    auto node = c10::make_intrusive<CastBackward>();
-    node->set_next_edges(torch::autograd::collect_next_edges(x));
-    torch::autograd::set_history(out, node);
-  }
+  if (cpd_cpu::wants_grad(x)) cpd_cpu::record_straight_through(out, x, "cpd_mx::CastBackward");  // straight-through
   return out;
 }
 

@@ -285,16 +285,6 @@ at::Tensor matmul_below(const at::Tensor& a, const at::Tensor& b, const at::Tens
   return op.call(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
 }
 
-struct CastFn : public torch::autograd::Function<CastFn> {
-  static at::Tensor forward(AutogradContext*, const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt,
-                            int64_t rounding, bool saturate, int64_t sr_bits) {
-    return cast_below(x, seed, fmt, rounding, saturate, sr_bits);
-  }
-  static variable_list backward(AutogradContext*, variable_list grad) {  // straight-through
-    return {grad[0], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
 struct ArithFn : public torch::autograd::Function<ArithFn> {
   static at::Tensor forward(AutogradContext* ctx, int64_t op, const at::Tensor& a, const at::Tensor& b,
                             const at::Tensor& c, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding,
@@ -323,8 +313,9 @@ using cpd_cpu::wants_grad;
 
 at::Tensor cast_autograd(const at::Tensor& x, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding,
                          bool saturate, int64_t sr_bits) {
-  if (wants_grad(x)) return CastFn::apply(x, seed, fmt, rounding, saturate, sr_bits);
-  return cast_below(x, seed, fmt, rounding, saturate, sr_bits);
+  at::Tensor out = cast_below(x, seed, fmt, rounding, saturate, sr_bits);
+  if (wants_grad(x)) cpd_cpu::record_straight_through(out, x, "cpd::CastBackward");  // straight-through
+  return out;
 }
 
 at::Tensor arith_autograd(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
