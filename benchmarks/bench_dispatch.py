@@ -11,7 +11,8 @@ ratio. On the GPU the time is the host's (no synchronisation inside the loop: wh
 thread spends before the kernel is queued), then one synchronisation. The sizes run 2^10 to 2^24
 floats for the casts (at large sizes the CPU figure is the kernel's, not the dispatch's); the
 GEMM is 16x16x16, forward (operands that do not require grad) and forward + backward (operands
-that do; ``y.backward(g)``). Baselines: ``x.to(torch.bfloat16)`` (a cast with a new output),
+that do; ``y.backward(g)``), also with a tensor-core accumulator (Hopper's E4M3 fused dot); the
+cast of 2^10 floats also forward + backward. Baselines: ``x.to(torch.bfloat16)`` (a cast with a new output),
 ``out.copy_(x)`` (writing into an existing tensor), ``torch.mm`` and its forward + backward.
 The issue's goals (issue 28): on any CPU ``cpd.cast`` of 2^10 floats <= 3x ``x.to(bfloat16)``
 with and without ``out=``, ``cpd.matmul`` 16^3 forward <= 30 us, forward + backward <= 80 us;
@@ -82,6 +83,12 @@ def cases(device: str, sizes: list[int]):
                  calls_scale),
                 (f"cpd.cast E5M2 stochastic", n, "x.to(bfloat16)", lambda x=x: cpd.cast(x, cpd.E5M2, "stochastic"),
                  to_bf16, calls_scale)]
+        if n == 1 << 10:  # with autograd: the forward records the graph node, the backward runs it
+            xg = x.clone().requires_grad_()
+            gx = torch.ones_like(x)
+            out.append((f"cpd.cast E5M2, forward + backward", n, "x.to(bfloat16) forward + backward",
+                        lambda xg=xg, gx=gx: cpd.cast(xg, cpd.E5M2).backward(gx),
+                        lambda xg=xg, gx=gx: xg.to(torch.bfloat16).backward(gx), calls_scale))
         if n >= 1 << 10:
             xm = x.reshape(-1, 32)
             ym = torch.empty_like(xm)
@@ -93,12 +100,17 @@ def cases(device: str, sizes: list[int]):
     a, b = torch.randn(16, 16, device=device), torch.randn(16, 16, device=device)
     ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
     g = torch.ones(16, 16, device=device)
+    hopper = cpd.tensor_core("hopper")  # E4M3 operands (their casts included), the wgmma model
     out += [("cpd.matmul E4M3 x FP16, forward", 16, "torch.mm", lambda: cpd.matmul(a, b, mul=cpd.E4M3, acc=cpd.FP16),
              lambda: torch.mm(a, b), 1),
             ("cpd.matmul (default FP32), forward", 16, "torch.mm", lambda: cpd.matmul(a, b), lambda: torch.mm(a, b), 1),
             ("cpd.matmul E4M3 x FP16, forward + backward", 16, "torch.mm forward + backward",
              lambda: cpd.matmul(ag, bg, mul=cpd.E4M3, acc=cpd.FP16).backward(g),
-             lambda: torch.mm(ag, bg).backward(g), 1)]
+             lambda: torch.mm(ag, bg).backward(g), 1),
+            ("cpd.matmul tensor_core('hopper'), forward", 16, "torch.mm", lambda: cpd.matmul(a, b, acc=hopper),
+             lambda: torch.mm(a, b), 1),
+            ("cpd.matmul tensor_core('hopper'), forward + backward", 16, "torch.mm forward + backward",
+             lambda: cpd.matmul(ag, bg, acc=hopper).backward(g), lambda: torch.mm(ag, bg).backward(g), 1)]
     return out
 
 

@@ -365,10 +365,13 @@ def _arith(name: str, tensors: list, fmt, rounding, saturate, sr_bits, generator
     devices = {t.device for t in tensors}
     if len(devices) > 1:
         raise ValueError(f"{name}: all tensors must be on one device, got {sorted(map(str, devices))}")
-    try:
-        tensors = torch.broadcast_tensors(*[t.to(torch.float32) for t in tensors])
-    except RuntimeError as exc:
-        raise ValueError(f"{name}: shapes {[tuple(t.shape) for t in tensors]} do not broadcast") from exc
+    tensors = [t if t.dtype == torch.float32 else t.to(torch.float32) for t in tensors]
+    shape = tensors[0].shape
+    if any(t.shape != shape for t in tensors[1:]):  # equal shapes (the common call) need no expanded views
+        try:
+            tensors = torch.broadcast_tensors(*tensors)
+        except RuntimeError as exc:
+            raise ValueError(f"{name}: shapes {[tuple(t.shape) for t in tensors]} do not broadcast") from exc
     device = tensors[0].device
     seed = draw_seed(generator, device) if mode is Rounding.STOCHASTIC else _zero_seed(device)
     if name == "fma":

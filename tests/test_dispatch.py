@@ -173,9 +173,23 @@ def test_autograd_of_the_cpp_kernels(ext):
                             ("fma", lambda: cpd.fma(c, a, b, cpd.BF16), (g * b, g * a, g))):
         for t in (a, b, c):
             t.grad = None
-        fn().backward(g)
+        y = fn()
+        assert y.grad_fn.name() == "cpd::ArithBackward"
+        y.backward(g)
         for t, want in zip((a, b, c), grads):
             assert (t.grad is None and want is None) or bits_equal(t.grad, want.detach()), name
+    a.grad = b.grad = None
+    b.requires_grad_(False)
+    y = cpd.mul(a, b, cpd.BF16)  # saves b (for a's gradient) and not a
+    with torch.no_grad():
+        a.mul_(2)
+    y.backward(g)
+    assert bits_equal(a.grad, g * b) and b.grad is None
+    y = cpd.mul(a, b, cpd.BF16)
+    b.mul_(2)  # the saved operand changed: the backward refuses, as torch's own ops do
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    b.requires_grad_(True)
     a, b = sample(2, 1, 5, 7).requires_grad_(), sample(3, 7, 4, seed=1).requires_grad_()
     gy = sample(2, 3, 5, 4, seed=4)
     cpd.matmul(a, b, mul=cpd.E4M3, acc=cpd.FP16).backward(gy)
@@ -273,7 +287,7 @@ def test_dispatch_benchmark_prints_its_table():
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| cpd.")]
-    assert len(rows) == 9 and all(ln.count("|") == 7 for ln in rows), r.stdout
+    assert len(rows) == 12 and all(ln.count("|") == 7 for ln in rows), r.stdout
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic", "toward_zero", "up", "down", "nearest_away", "odd"])

@@ -27,7 +27,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/Exceptions.h>  // torch::wrap_pybind_function_no_gil
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
@@ -59,7 +59,6 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
 
 namespace {
 
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr int64_t kStochastic = 1;  // cpd::STOCHASTIC (cuda/include/cpd/base.h), Rounding.STOCHASTIC.code
@@ -285,28 +284,31 @@ at::Tensor matmul_below(const at::Tensor& a, const at::Tensor& b, const at::Tens
   return op.call(a, b, seed, mul, acc, kahan, block, rounding, saturate, sr_bits);
 }
 
-struct ArithFn : public torch::autograd::Function<ArithFn> {
-  static at::Tensor forward(AutogradContext* ctx, int64_t op, const at::Tensor& a, const at::Tensor& b,
-                            const at::Tensor& c, const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding,
-                            bool saturate, int64_t sr_bits) {
-    ctx->saved_data["op"] = op;
-    ctx->save_for_backward({a, b});
-    return arith_below(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
-  }
-  // The gradients of the exact operation (the rounding is passed straight through).
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    const int64_t op = ctx->saved_data["op"].toInt();
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor& g = grad[0];
-    at::Tensor ga, gb, gc;
+// cpd::arith's graph node: the gradients of the exact operation (the rounding passed straight
+// through); a Node, as MatmulBackward, with each operand saved only where the other's gradient
+// needs it. Edges: a, b, c (for add and mul c is a, and gets no gradient).
+struct ArithBackward : public torch::autograd::Node {
+  int64_t op = 0;  // 0 mul, 1 add, 2 fma (c + a*b)
+  torch::autograd::SavedVariable a_, b_;
+  variable_list apply(variable_list&& grads) override {
+    variable_list out(3);
+    const at::Tensor& g = grads[0];
+    if (!g.defined()) return out;
     if (op == 1) {
-      ga = g, gb = g;
-    } else {
-      ga = at::mul(g, saved[1]), gb = at::mul(g, saved[0]);
-      if (op == 2) gc = g;
+      if (task_should_compute_output(0)) out[0] = g;
+      if (task_should_compute_output(1)) out[1] = g;
+      return out;
     }
-    return {at::Tensor(), ga, gb, gc, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (task_should_compute_output(0)) out[0] = at::mul(g, b_.unpack());
+    if (task_should_compute_output(1)) out[1] = at::mul(g, a_.unpack());
+    if (op == 2 && task_should_compute_output(2)) out[2] = g;
+    return out;
   }
+  void release_variables() override {
+    a_.reset_data();
+    b_.reset_data();
+  }
+  std::string name() const override { return "cpd::ArithBackward"; }
 };
 
 using cpd_cpu::wants_grad;
@@ -321,8 +323,16 @@ at::Tensor cast_autograd(const at::Tensor& x, const at::Tensor& seed, c10::IntAr
 at::Tensor arith_autograd(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
                           const at::Tensor& seed, c10::IntArrayRef fmt, int64_t rounding, bool saturate,
                           int64_t sr_bits) {
-  if (wants_grad(a, b, c)) return ArithFn::apply(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
-  return arith_below(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
+  at::Tensor out = arith_below(op, a, b, c, seed, fmt, rounding, saturate, sr_bits);
+  if (wants_grad(a, b, c)) {
+    auto node = c10::make_intrusive<ArithBackward>();
+    node->op = op;
+    node->set_next_edges(torch::autograd::collect_next_edges(a, b, c));
+    if (op != 1 && a.requires_grad()) node->b_ = torch::autograd::SavedVariable(b, false);
+    if (op != 1 && b.requires_grad()) node->a_ = torch::autograd::SavedVariable(a, false);
+    torch::autograd::set_history(out, node);
+  }
+  return out;
 }
 
 at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b, const at::Tensor& seed, c10::IntArrayRef mul,
