@@ -352,9 +352,11 @@ def fused_dot_matmul(a, b, p: _fused_dot_ref.Params, fields, sa=None, sb=None, b
         _install_cuda(a.device)
     ext = _impl.direct(a, b, *(t for t in (sa, sb) if t is not None))
     if ext is not None:  # plain tensors, eager: "no block scales" is one cached empty tensor per device
-        empty = _EMPTY.get(a.device) if sa is None or sb is None else None
-        if empty is None and (sa is None or sb is None):
-            empty = _EMPTY[a.device] = torch.empty((0,), dtype=torch.float32, device=a.device)
+        empty = None
+        if sa is None or sb is None:
+            empty = _EMPTY.get(a.device)
+            if empty is None:
+                empty = _EMPTY[a.device] = torch.empty((0,), dtype=torch.float32, device=a.device)
         return ext.call_fused_dot_matmul(a, b, empty if sa is None else sa, empty if sb is None else sb, block,
                                          s_emin, *p, *fields)
     empty = a.new_empty((0,))

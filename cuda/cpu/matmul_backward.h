@@ -1,8 +1,9 @@
-// The graph node of cpd::matmul and cpd::fused_dot_matmul (cuda/cpu/ops.cpp, fused_dot_op.cpp),
-// written as torch's own backward nodes are (a Node subclass, not a torch::autograd::Function: no
-// per-call packing of the arguments, about 10 us less a call). Straight-through: the gradients of
-// the exact float32 product a @ b, reduced over the broadcast batch dims (at::sum_to: the leading
-// dims, then the dims of size 1).
+// The graph nodes of cpd::matmul and cpd::fused_dot_matmul (cuda/cpu/ops.cpp, fused_dot_op.cpp)
+// and of the quantizers cpd::cast and cpd_mx::cast (ops.cpp, mx_ops.cpp), written as torch's own
+// backward nodes are (Node subclasses, not torch::autograd::Functions: no per-call packing of the
+// arguments, about 10 us less a call). Straight-through: the matmul's gradients are those of the
+// exact float32 product a @ b, reduced over the broadcast batch dims (at::sum_to: the leading
+// dims, then the dims of size 1); a quantizer passes its gradient on as it is.
 #ifndef CPD_CPU_MATMUL_BACKWARD_H
 #define CPD_CPU_MATMUL_BACKWARD_H
 
