@@ -123,6 +123,22 @@ inline bool philox_same_high(uint64_t b0, uint64_t st, int64_t n) {
   return st <= 0xFFFFFFFFu && last >= b0 && (b0 >> 32) == (last >> 32);
 }
 
+// The shared head's constants for counter words c1, c2, c3 and key (k0, k1), each xored into or
+// standing for a word in every lane (the vector forms broadcast them): k2a = c3 ^ k1 (round 0's
+// x2'), k0b = x1' ^ k0' (round 1's x0''), k2b = h ^ k1' (round 1's x2''), x3 = l (round 1's x3''),
+// y3 = l ^ k1'' (round 2's key xor of x3'').
+struct PhiloxHeadWords {
+  uint32_t k2a, k0b, k2b, x3, y3;
+};
+
+inline PhiloxHeadWords philox_head_words(uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  const uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
+  const uint32_t x0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, x1 = (uint32_t)p1;
+  const uint64_t q = (uint64_t)0xD2511F53u * x0;
+  return {c3 ^ k1, x1 ^ (k0 + 0x9E3779B9u), (uint32_t)(q >> 32) ^ (k1 + 0xBB67AE85u), (uint32_t)q,
+          (uint32_t)q ^ (k1 + 2u * 0xBB67AE85u)};
+}
+
 #if defined(__AVX512F__)
 constexpr int kGroups512 = 4;
 
@@ -134,12 +150,9 @@ inline void philox512(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint32
   const __m512i iota = _mm512_set_epi64(7 * s, 6 * s, 5 * s, 4 * s, 3 * s, 2 * s, s, 0);
   int r0 = 0;
   if (philox_same_high(b0, st, 8 * kGroups512)) {  // the shared head
-    const uint64_t q1 = (uint64_t)0xCD9E8D57u * c2;
-    const uint32_t h0 = (uint32_t)(q1 >> 32) ^ (uint32_t)(b0 >> 32) ^ k0, h1 = (uint32_t)q1;
-    const uint64_t q0 = (uint64_t)0xD2511F53u * h0;
-    const __m512i k2a = _mm512_set1_epi64(c3 ^ k1), k0b = _mm512_set1_epi64(h1 ^ (k0 + 0x9E3779B9u));
-    const __m512i k2b = _mm512_set1_epi64((uint32_t)(q0 >> 32) ^ (k1 + 0xBB67AE85u));
-    const __m512i x3c = _mm512_set1_epi64((uint32_t)q0);
+    const PhiloxHeadWords h = philox_head_words((uint32_t)(b0 >> 32), c2, c3, k0, k1);
+    const __m512i k2a = _mm512_set1_epi64(h.k2a), k0b = _mm512_set1_epi64(h.k0b);
+    const __m512i k2b = _mm512_set1_epi64(h.k2b), x3c = _mm512_set1_epi64(h.x3);
     for (int g = 0; g < kGroups512; ++g) {
       const __m512i b = _mm512_add_epi64(_mm512_set1_epi64((long long)(b0 + 8 * g * st)), iota);
       const __m512i p0 = _mm512_mul_epu32(b, m0);
@@ -210,20 +223,13 @@ inline void philox256_round(__m256i& x0, __m256i& x1, __m256i& x2, __m256i& x3, 
 // Per vector the two rounds take 2 multiplies, 2 shifts and 3 xors, against 4, 4 and 8, and
 // round 2 one xor less (x3'' is a constant: its key xor is one too).
 struct PhiloxHead {
-  __m256i k2a, k0b, k2b, x3, y3;  // 64-bit lanes: c3 ^ k1; x1' ^ k0'; h ^ k1'; l; l ^ k1''
+  __m256i k2a, k0b, k2b, x3, y3;  // philox_head_words' words in 64-bit lanes
 };
 
 inline PhiloxHead philox_head256(uint32_t c1, uint32_t c2, uint32_t c3, const PhiloxKey& key) {
-  const uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
-  const uint32_t x0 = (uint32_t)(p1 >> 32) ^ c1 ^ key.k0, x1 = (uint32_t)p1;
-  const uint64_t q = (uint64_t)0xD2511F53u * x0;
-  PhiloxHead h;
-  h.k2a = _mm256_set1_epi64x(c3 ^ key.k1);
-  h.k0b = _mm256_set1_epi64x(x1 ^ (key.k0 + 0x9E3779B9u));
-  h.k2b = _mm256_set1_epi64x((uint32_t)(q >> 32) ^ (key.k1 + 0xBB67AE85u));
-  h.x3 = _mm256_set1_epi64x((uint32_t)q);
-  h.y3 = _mm256_set1_epi64x((uint32_t)q ^ (key.k1 + 2u * 0xBB67AE85u));
-  return h;
+  const PhiloxHeadWords w = philox_head_words(c1, c2, c3, key.k0, key.k1);
+  return {_mm256_set1_epi64x(w.k2a), _mm256_set1_epi64x(w.k0b), _mm256_set1_epi64x(w.k2b), _mm256_set1_epi64x(w.x3),
+          _mm256_set1_epi64x(w.y3)};
 }
 
 // Rounds 0-2 of a vector of blocks b (64-bit lanes, sharing h's c1), by philox_head256's scheme.
