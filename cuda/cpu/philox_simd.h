@@ -142,13 +142,40 @@ inline PhiloxHeadWords philox_head_words(uint32_t c1, uint32_t c2, uint32_t c3, 
 #if defined(__AVX512F__)
 constexpr int kGroups512 = 4;
 
+// Rounds R0 .. 9 of kGroups512 vectors of blocks, the keys (k0, k1) those of round R0; unrolled, so
+// that a caller's words left unused take none of the last rounds' work (dead code: philox512's WORDS).
+template <int R0>
+inline __attribute__((always_inline)) void philox512_rounds(__m512i* x0, __m512i* x1, __m512i* x2, __m512i* x3,
+                                                            uint32_t k0, uint32_t k1) {
+  const __m512i m0 = _mm512_set1_epi64(0xD2511F53u), m1 = _mm512_set1_epi64(0xCD9E8D57u);
+#pragma GCC unroll 10
+  for (int r = R0; r < cpd::PHILOX_ROUNDS; ++r) {
+    if (r > R0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const __m512i kk0 = _mm512_set1_epi64(k0), kk1 = _mm512_set1_epi64(k1);
+#pragma GCC unroll 4
+    for (int g = 0; g < kGroups512; ++g) {
+      __m512i p0 = _mm512_mul_epu32(x0[g], m0), p1 = _mm512_mul_epu32(x2[g], m1);
+      x0[g] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), x1[g], kk0, 0x96);  // a ^ b ^ c
+      x1[g] = p1;
+      x2[g] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), x3[g], kk1, 0x96);
+      x3[g] = p0;
+    }
+  }
+}
+
 // Blocks b0 + i * st for i < 32 (8 per vector, 4 vectors); x0..x3 hold the words in low halves.
+// Only the words j in the mask WORDS (bit j) are written, and the rounds' work that only the others
+// need is not done (the stochastic matmul's steps use one to four words of a block: matmul_sr.h).
+template <unsigned WORDS = 0xFu>
 inline void philox512(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
                       __m512i* x0, __m512i* x1, __m512i* x2, __m512i* x3) {
   const __m512i m0 = _mm512_set1_epi64(0xD2511F53u), m1 = _mm512_set1_epi64(0xCD9E8D57u);
   const long long s = (long long)st;
   const __m512i iota = _mm512_set_epi64(7 * s, 6 * s, 5 * s, 4 * s, 3 * s, 2 * s, s, 0);
-  int r0 = 0;
+  __m512i y0[kGroups512], y1[kGroups512], y2[kGroups512], y3[kGroups512];
   if (philox_same_high(b0, st, 8 * kGroups512)) {  // the shared head
     const PhiloxHeadWords h = philox_head_words((uint32_t)(b0 >> 32), c2, c3, k0, k1);
     const __m512i k2a = _mm512_set1_epi64(h.k2a), k0b = _mm512_set1_epi64(h.k0b);
@@ -157,36 +184,27 @@ inline void philox512(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint32
       const __m512i b = _mm512_add_epi64(_mm512_set1_epi64((long long)(b0 + 8 * g * st)), iota);
       const __m512i p0 = _mm512_mul_epu32(b, m0);
       const __m512i p1 = _mm512_mul_epu32(_mm512_xor_si512(_mm512_srli_epi64(p0, 32), k2a), m1);
-      x0[g] = _mm512_xor_si512(_mm512_srli_epi64(p1, 32), k0b);
-      x1[g] = p1;
-      x2[g] = _mm512_xor_si512(p0, k2b);
-      x3[g] = x3c;
+      y0[g] = _mm512_xor_si512(_mm512_srli_epi64(p1, 32), k0b);
+      y1[g] = p1;
+      y2[g] = _mm512_xor_si512(p0, k2b);
+      y3[g] = x3c;
     }
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-    r0 = 2;
+    philox512_rounds<2>(y0, y1, y2, y3, k0 + 2u * 0x9E3779B9u, k1 + 2u * 0xBB67AE85u);
   } else {
     for (int g = 0; g < kGroups512; ++g) {
       __m512i b = _mm512_add_epi64(_mm512_set1_epi64((long long)(b0 + 8 * g * st)), iota);
-      x0[g] = b;
-      x1[g] = _mm512_srli_epi64(b, 32);
-      x2[g] = _mm512_set1_epi64(c2);
-      x3[g] = _mm512_set1_epi64(c3);
+      y0[g] = b;
+      y1[g] = _mm512_srli_epi64(b, 32);
+      y2[g] = _mm512_set1_epi64(c2);
+      y3[g] = _mm512_set1_epi64(c3);
     }
+    philox512_rounds<0>(y0, y1, y2, y3, k0, k1);
   }
-  for (int r = r0; r < cpd::PHILOX_ROUNDS; ++r) {
-    if (r) {
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    const __m512i kk0 = _mm512_set1_epi64(k0), kk1 = _mm512_set1_epi64(k1);
-    for (int g = 0; g < kGroups512; ++g) {
-      __m512i p0 = _mm512_mul_epu32(x0[g], m0), p1 = _mm512_mul_epu32(x2[g], m1);
-      x0[g] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), x1[g], kk0, 0x96);  // a ^ b ^ c
-      x1[g] = p1;
-      x2[g] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), x3[g], kk1, 0x96);
-      x3[g] = p0;
-    }
+  for (int g = 0; g < kGroups512; ++g) {
+    if (WORDS & 1u) x0[g] = y0[g];
+    if (WORDS & 2u) x1[g] = y1[g];
+    if (WORDS & 4u) x2[g] = y2[g];
+    if (WORDS & 8u) x3[g] = y3[g];
   }
 }
 #endif
@@ -251,12 +269,27 @@ inline void philox256_rounds012(__m256i b, __m256i& x0, __m256i& x1, __m256i& x2
 }
 
 
+// Rounds R0 .. 9 of G vectors of blocks (philox256_round), unrolled: a caller's words left unused take
+// none of the last rounds' work (dead code: philox256_strided8's WORDS).
+template <int R0, int G>
+inline __attribute__((always_inline)) void philox256_rounds(__m256i* x0, __m256i* x1, __m256i* x2, __m256i* x3,
+                                                            __m256i m0, __m256i m1, const PhiloxKey& key) {
+#pragma GCC unroll 10
+  for (int r = R0; r < cpd::PHILOX_ROUNDS; ++r)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) philox256_round(x0[g], x1[g], x2[g], x3[g], m0, m1, key, r);
+}
+
 // Blocks b0 + i * st for i < 8, word j of block i stored at w[j * ld + i] (philox_strided's vector
 // body on AVX2, the matmul's lanes): two vectors of four blocks, a = {0, 1, 4, 5} and
 // b = {2, 3, 6, 7}, so that one in-lane vshufps of their low halves gives the 8 words of an index
 // in order (one 256-bit store, no cross-lane permute); the round keys are key's (memory operands).
 // On Zen 3 this took 7.4-7.8 cycles per block against 8.9-9.9 for four-block vectors in order,
 // keys broadcast per round and a permute per 4 words (a micro-benchmark of 64 lanes, stride 512).
+// Only the words j in WORDS (bit j) are stored, and the work of the last rounds that only the
+// others need is left out (unrolled rounds, dead code): word 1 alone takes 66 of the 80 vector
+// instructions per vector of the ten rounds, words 0 and 1 73.
+template <unsigned WORDS = 0xFu>
 inline void philox256_strided8(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, const PhiloxKey& key,
                                uint32_t* __restrict w, int64_t ld) {
   const __m256i m0 = _mm256_set1_epi64x(0xD2511F53u), m1 = _mm256_set1_epi64x(0xCD9E8D57u);
@@ -265,24 +298,23 @@ inline void philox256_strided8(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c
   __m256i x0[2], x1[2], x2[2], x3[2];
   x0[0] = _mm256_add_epi64(base, _mm256_set_epi64x(5 * s, 4 * s, s, 0));
   x0[1] = _mm256_add_epi64(base, _mm256_set_epi64x(7 * s, 6 * s, 3 * s, 2 * s));
-  int r0 = 0;
   if (philox_same_high(b0, st, 8)) {
     const PhiloxHead h = philox_head256((uint32_t)(b0 >> 32), c2, c3, key);
     for (int g = 0; g < 2; ++g) philox256_rounds012(x0[g], x0[g], x1[g], x2[g], x3[g], m0, m1, h, key);
-    r0 = 3;
+    philox256_rounds<3, 2>(x0, x1, x2, x3, m0, m1, key);
   } else {
     for (int g = 0; g < 2; ++g) {
       x1[g] = _mm256_srli_epi64(x0[g], 32);
       x2[g] = _mm256_set1_epi64x(c2);
       x3[g] = _mm256_set1_epi64x(c3);
     }
+    philox256_rounds<0, 2>(x0, x1, x2, x3, m0, m1, key);
   }
-  for (int r = r0; r < cpd::PHILOX_ROUNDS; ++r)
-    for (int g = 0; g < 2; ++g) philox256_round(x0[g], x1[g], x2[g], x3[g], m0, m1, key, r);
   const __m256i* x[4] = {x0, x1, x2, x3};
   for (int j = 0; j < 4; ++j)
-    _mm256_storeu_ps((float*)(w + j * ld),
-                     _mm256_shuffle_ps(_mm256_castsi256_ps(x[j][0]), _mm256_castsi256_ps(x[j][1]), _MM_SHUFFLE(2, 0, 2, 0)));
+    if (WORDS >> j & 1u)
+      _mm256_storeu_ps((float*)(w + j * ld), _mm256_shuffle_ps(_mm256_castsi256_ps(x[j][0]),
+                                                               _mm256_castsi256_ps(x[j][1]), _MM_SHUFFLE(2, 0, 2, 0)));
 }
 #endif
 
@@ -477,8 +509,11 @@ inline void philox_blocks(uint64_t b0, int64_t nb, uint32_t c2, uint32_t c3, uin
   philox_blocks(b0, nb, c2, c3, philox_key(k0, k1), words);
 }
 
-// w[j * ld + i] = word j of block b0 + i * st, for i < n (one array per word).
-// key: philox_key(k0, k1), made once for many calls (the matmul's tiles).
+// w[j * ld + i] = word j of block b0 + i * st, for i < n (one array per word), for the words j in
+// the mask WORDS (bit j; the others' arrays are not written, and on AVX2 and AVX-512 the rounds'
+// work only they need is not done). key: philox_key(k0, k1), made once for many calls (the
+// matmul's tiles).
+template <unsigned WORDS = 0xFu>
 inline void philox_strided(uint64_t b0, uint64_t st, int64_t n, uint32_t c2, uint32_t c3, const PhiloxKey& key,
                            uint32_t* __restrict w, int64_t ld) {
   const uint32_t k0 = key.k0, k1 = key.k1;
@@ -487,20 +522,22 @@ inline void philox_strided(uint64_t b0, uint64_t st, int64_t n, uint32_t c2, uin
   // 32 blocks per call (the 64-bit lanes' low halves packed by VPMOVQD), then AVX2's 8 for the rest
   for (; i + 8 * kGroups512 <= n; i += 8 * kGroups512) {
     __m512i x[4][kGroups512];
-    philox512(b0 + (uint64_t)i * st, st, c2, c3, k0, k1, x[0], x[1], x[2], x[3]);
+    philox512<WORDS>(b0 + (uint64_t)i * st, st, c2, c3, k0, k1, x[0], x[1], x[2], x[3]);
     for (int j = 0; j < 4; ++j)
       for (int g = 0; g < kGroups512; ++g)
+        if (WORDS >> j & 1u)
         _mm256_storeu_si256((__m256i*)(w + j * ld + i + 8 * g), _mm512_cvtepi64_epi32(x[j][g]));
   }
 #endif
 #if defined(__AVX2__)
-  for (; i + 8 <= n; i += 8) philox256_strided8(b0 + (uint64_t)i * st, st, c2, c3, key, w + i, ld);
+  for (; i + 8 <= n; i += 8) philox256_strided8<WORDS>(b0 + (uint64_t)i * st, st, c2, c3, key, w + i, ld);
 #elif defined(__SSE4_1__)
   constexpr int G = kGroups128Strided;  // 2 vectors: 4 blocks, one 128-bit store per word
   for (; i + 2 * G <= n; i += 2 * G) {
     __m128i x[4][G];
     philox128<G>(b0 + (uint64_t)i * st, st, c2, c3, k0, k1, x[0], x[1], x[2], x[3]);
-    for (int j = 0; j < 4; ++j) _mm_storeu_si128((__m128i*)(w + j * ld + i), low_halves(x[j][0], x[j][1]));
+    for (int j = 0; j < 4; ++j)
+      if (WORDS >> j & 1u) _mm_storeu_si128((__m128i*)(w + j * ld + i), low_halves(x[j][0], x[j][1]));
   }
 #elif defined(CPD_CPU_NEON)
   constexpr int G = 4;
@@ -508,13 +545,15 @@ inline void philox_strided(uint64_t b0, uint64_t st, int64_t n, uint32_t c2, uin
     uint32x4_t x[4][G];
     philox_neon<G>(b0 + (uint64_t)i * st, st, c2, c3, k0, k1, x);
     for (int j = 0; j < 4; ++j)
-      for (int g = 0; g < G; ++g) vst1q_u32(w + j * ld + i + 4 * g, x[j][g]);
+      if (WORDS >> j & 1u)
+        for (int g = 0; g < G; ++g) vst1q_u32(w + j * ld + i + 4 * g, x[j][g]);
   }
 #endif
   for (; i < n; ++i) {
     uint32_t w4[4];
     philox_one(b0 + (uint64_t)i * st, c2, c3, k0, k1, w4);
-    for (int j = 0; j < 4; ++j) w[j * ld + i] = w4[j];
+    for (int j = 0; j < 4; ++j)
+      if (WORDS >> j & 1u) w[j * ld + i] = w4[j];
   }
 }
 

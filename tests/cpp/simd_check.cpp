@@ -4,6 +4,8 @@
 //   * cuda/cpu/philox_simd.h: philox_blocks (element order) and philox_strided (one run per
 //     word) give cpd::philox4x32_10's words bit for bit: block numbers crossing 2^32, strides
 //     1..2^33, every count 0..70 (full vectors and scalar tails), keys and offsets with high bits;
+//     philox_strided<WORDS> (the stochastic matmul's) the same for the words in each of the 15
+//     masks, and nothing written for the others;
 //   * cuda/cpu/matmul_f32.h's binary16 rounding by conversion (AccH: F16C, FCVT) equals
 //     cpd::cast_bits_generic to IEEE binary16, round to nearest, on every float32 value whose
 //     top 16 bits are anything and low bits are a few patterns (ties, near-ties, subnormals,
@@ -48,6 +50,7 @@
 
 #include "cpd/numerics.h"
 #include <type_traits>
+#include <utility>
 
 #include "cast_loops.h"
 #include "matmul_chain.h"
@@ -67,6 +70,27 @@ static int failures = 0;
 static void fail(const char* what, u64 a, u64 b, u64 c) {
   if (failures++ < 10) std::printf("MISMATCH %s: %llx %llx %llx\n", what, (unsigned long long)a, (unsigned long long)b,
                                    (unsigned long long)c);
+}
+
+// philox_strided<M>: the words j in the mask M (bit j) as cpd::philox4x32_10's, the others' arrays
+// not written (the stochastic matmul draws only the words its step uses: cuda/cpu/matmul_sr.h).
+template <unsigned M>
+static void check_strided_words(u64 b0, u64 st, int n, const u32* kk) {
+  static u32 got[4 * 80];
+  for (u32& g : got) g = 0x5a5a5a5au;
+  cpd_cpu::philox_strided<M>(b0, st, n, kk[2], kk[3], cpd_cpu::philox_key(kk[0], kk[1]), got, 80);
+  for (int i = 0; i < 80; ++i) {
+    const cpd::U32x4 w = cpd::philox4x32_10((u32)(b0 + i * st), (u32)((b0 + i * st) >> 32), kk[2], kk[3], kk[0], kk[1]);
+    for (int j = 0; j < 4; ++j) {
+      const u32 want = i < n && (M >> j & 1u) ? w.v[j] : 0x5a5a5a5au;
+      if (got[j * 80 + i] != want) fail("philox_strided<WORDS>", b0, st, (u64)(M * 1000 + j * 80 + i));
+    }
+  }
+}
+
+template <unsigned... M>
+static void check_strided_masks(u64 b0, u64 st, int n, const u32* kk, std::integer_sequence<unsigned, M...>) {
+  (check_strided_words<M + 1>(b0, st, n, kk), ...);
 }
 
 static void check_philox() {
@@ -91,6 +115,7 @@ static void check_philox() {
             for (int j = 0; j < 4; ++j)
               if (got[j * 80 + i] != w.v[j]) fail("philox_strided", b0, st, (u64)(j * 80 + i));
           }
+          check_strided_masks(b0, st, n, kk, std::make_integer_sequence<unsigned, 15>());
         }
       }
     }
