@@ -345,10 +345,10 @@ def fused_dot_matmul(a, b, p: _fused_dot_ref.Params, fields, sa=None, sb=None, b
                      s_emin: int = -127) -> torch.Tensor:
     """Call the op (loading the CPU extension first where ``a`` is on the CPU)."""
     if not _installed:
-        if a.device.type == "cpu":
+        if a.is_cpu:
             _cpu.extension()  # loading the library registers torch.ops.cpd_fused_dot
         _install()
-    if not _cuda_done and a.device.type == "cuda":
+    if not _cuda_done and a.is_cuda:  # (not a.device.type: 0.9 us a read)
         _install_cuda(a.device)
     ext = _impl.direct(a, b, *(t for t in (sa, sb) if t is not None))
     if ext is not None:  # plain tensors, eager: "no block scales" is one cached empty tensor per device

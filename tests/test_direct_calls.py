@@ -5,8 +5,11 @@ issue 28) instead of through ``torch.ops``.
 Invariants defended:
 * once the extension is installed, ``cpd.cast`` (with and without ``out=``), ``cpd.add`` /
   ``mul`` / ``fma``, ``cpd.matmul`` (a tensor-core accumulator's fused dot too, block-scaled or
-  not) and ``cpd.mx.cast`` (with and without ``out=``) take the direct call, and give the bits of ``torch.ops.cpd.*`` called with the same arguments (the
-  stochastic modes with the same seed), gradients included (the same C++ autograd node);
+  not), ``cpd.mx.cast`` (with and without ``out=``), ``encode`` and ``decode`` take the direct
+  call, and give the bits of ``torch.ops.cpd.*`` called with the same arguments (the stochastic
+  modes with the same seed), gradients included (the same C++ autograd node); the stochastic
+  seed pair is drawn by the extension's ``at::randint``: torch.randint's values and generator
+  state;
 * everything ``torch.ops`` adds is kept: a ``__torch_function__`` mode sees the op, a tensor
   subclass's ``__torch_function__`` runs, and ``torch.compile(fullgraph=True)`` traces the op
   (no graph break) with eager's bits; dispatch modes (fake tensors) still work;
@@ -64,6 +67,9 @@ CASES = {
                           lambda x, y, g: cpd.matmul(x, y.t(), acc=cpd.tensor_core("blackwell", a="nvfp4"))),
     "mx.cast": ("call_mx_cast", lambda x, y, g: mx.cast(x, mx.MXFP8_E4M3, "stochastic", generator=g)),
     "mx.cast_out": ("call_mx_cast_out", lambda x, y, g: mx.cast(x, mx.NVFP4, out=torch.empty_like(x))),
+    "encode": ("call_encode", lambda x, y, g: cpd.encode(x, cpd.E4M3, "up")),
+    "decode": ("call_decode", lambda x, y, g: cpd.decode((x * 40).to(torch.int64) & 0xFF, cpd.E5M2)),
+    "draw_seed": ("draw_seed", lambda x, y, g: cpd.ops.draw_seed(g)),
 }
 
 
@@ -83,6 +89,25 @@ def test_direct_call_taken_and_equal_to_torch_ops(case, monkeypatch):
     assert spy.calls == 1
     assert torch.equal(_bits(direct), _bits(via_ops))
     assert torch.equal(x, x0) and torch.equal(y, y0)
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_draw_seed_is_torch_randint(seeded, monkeypatch):
+    """The extension's draw_seed is torch.randint's pair: the same values from the same generator
+    state, and the generator advanced alike (the default generator, or one passed)."""
+    ext = _ext()
+    spy = _Spy(monkeypatch, ext, "draw_seed")
+    gen = torch.Generator().manual_seed(11) if seeded else None
+    state_of = gen if seeded else torch.default_generator
+    for _ in range(3):
+        before = state_of.get_state()
+        got = cpd.ops.draw_seed(gen)
+        after = state_of.get_state()
+        state_of.set_state(before)
+        want = torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, generator=gen)
+        assert got.dtype == torch.int64 and got.device.type == "cpu" and torch.equal(got, want)
+        assert torch.equal(state_of.get_state(), after)
+    assert spy.calls == 3
 
 
 def test_direct_matmul_backward_is_the_cpp_node():
@@ -122,18 +147,21 @@ def test_torch_function_mode_sees_the_ops(monkeypatch):
     """Under a __torch_function__ mode the calls go through torch.ops, which the mode sees."""
     ext = _ext()
     spies = [_Spy(monkeypatch, ext, n)
-             for n in ("call_cast", "call_matmul", "call_arith", "call_mx_cast", "call_fused_dot_matmul")]
+             for n in ("call_cast", "call_matmul", "call_arith", "call_mx_cast", "call_fused_dot_matmul",
+                       "call_encode", "call_decode", "draw_seed")]
     x = torch.randn(4, 32)
     with _Seen() as seen:
-        cpd.cast(x, cpd.E5M2)
+        cpd.cast(x, cpd.E5M2, "stochastic")
+        cpd.decode(cpd.encode(x, cpd.E5M2), cpd.E5M2)
         cpd.matmul(x, x.t(), acc=cpd.FP16)
         cpd.mul(x, x, cpd.E4M3)
         mx.cast(x, mx.MXFP8_E5M2)
         cpd.matmul(x, x.t(), acc=cpd.tensor_core("hopper"))
     assert all(s.calls == 0 for s in spies)
     names = {str(f) for f in seen.funcs}
+    assert torch.randint in seen.funcs  # the stochastic cast's seed
     for op in ("cpd.cast.default", "cpd.matmul.default", "cpd.arith.default", "cpd_mx.cast.default",
-               "cpd.fused_dot_matmul.default"):
+               "cpd.fused_dot_matmul.default", "cpd.encode.default", "cpd.decode.default"):
         assert op in names, (op, sorted(names))
 
 
