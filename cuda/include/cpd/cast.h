@@ -114,14 +114,20 @@ CPD_FN u32 convention_bits(u32 sign, u32 mag, u32 a, const Format& f) {
 // caller (cast_bits_fast, inf_by_3a_mode): it rounds a by (a + half - 1 + even) & ~qmask, or
 // (a + r) & ~qmask with r <= qmask, and INF_BITS's dropped bits are 0, so no carry reaches the
 // kept bits and nothing is lost above them. One select fewer per element.
+//
+// The compares of steps 3a and 1 are signed: a = |x| is below 2^31, and so are max_bits (a
+// composed positive float, at most INF_BITS) and mag wherever a <= INF_BITS (a positive float
+// composed or selected, or a + r with a <= INF_BITS and r <= 2^23 on the fast path); a NaN's mag
+// may wrap past 2^31, but step 1 replaces it. Signed, the vector loops take one compare per step
+// (AVX2 vpcmpgtd) instead of an unsigned one's two (vpminud, vpcmpeqd).
 CPD_FN u32 finish_cast(u32 u, u32 a, u32 sign, u32 mag, const Format& f, int mode, int inf_by_3a = 0) {
   u32 ovf = sel(rounds_inward(mode, sign), f.max_bits, f.outward_bits);
-  mag = sel((u32)(mag > f.max_bits), ovf, mag);                             // 3a.
+  mag = sel((u32)((int)mag > (int)f.max_bits), ovf, mag);                 // 3a.
   if (!inf_by_3a) mag = sel((u32)(a == INF_BITS), f.outward_bits, mag);     // 2.
   u32 flush = (u32)(f.subnormals == 0) & (u32)(mag < f.min_normal_bits);
   mag = sel(flush, 0u, mag);                                                // 3b.
   u32 res = convention_bits(sign, mag, a, f);  // a NaN from an fn overflow keeps the sign  // 4.
-  return sel((u32)(a > INF_BITS), u, res);                                  // 1.
+  return sel((u32)((int)a > (int)INF_BITS), u, res);                        // 1.
 }
 
 // The generic path: any format FloatFormat accepts. This is the specification; the fast path
