@@ -154,9 +154,12 @@ inline void cast_sr_words(const float* xb, float* dst, int64_t m, const cpd::For
   }
 }
 
-// The blocks [b0, b0 + nb) of a span: one Philox call's words, then the cast of its elements.
-// pf: where the span's prefetches start (pf[0, 4 nb) lies inside x). A whole call (the span's
-// body) casts a constant count (no remainder loop). The loop format is
+// The blocks [b0, b0 + nb) of a span, a Philox call's blocks at a time, software-pipelined: the
+// words of the next call are drawn before the cast of this one's elements, so that the cast (whose
+// words are ready) runs beside the next call's chain of dependent rounds instead of waiting for
+// its own (2-3% fewer cycles per element in cache on Zen 3, AVX2). pf: where the span's
+// prefetches start (pf[0, 4 nb) lies inside x). A whole call (the span's body) casts a constant
+// count (no remainder loop). The loop format is
 // made here, from f (PLAIN: loop_format), so that its constants fold whether or not the compiler
 // inlines this function into cast_sr_range (a shared out-of-line copy taking the format by
 // reference ran every convention select: measured 3.0-3.5x a copy instead of 2.0x).
@@ -164,16 +167,20 @@ template <bool FAST, bool PLAIN, bool SUB>
 inline void cast_sr_span(const float* xb, float* dst, const float* pf, uint64_t b0, int64_t nb, const cpd::Format& f,
                          int sr_bits, uint32_t c2, uint32_t c3, const PhiloxKey& key) {
   const cpd::Format g = loop_format<PLAIN>(f);
-  alignas(64) uint32_t words[4 * kPhiloxCallBlocks];
-  int64_t k = 0;
-  for (; k + kPhiloxCallBlocks <= nb; k += kPhiloxCallBlocks) {
-    for (int64_t i = 0; i < 4 * kPhiloxCallBlocks; i += 16) __builtin_prefetch(pf + 4 * k + i, 0, 3);  // a line each
-    philox_blocks(b0 + (uint64_t)k, kPhiloxCallBlocks, c2, c3, key, words);
-    cast_sr_words<FAST, SUB>(xb + 4 * k, dst + 4 * k, 4 * kPhiloxCallBlocks, g, words, sr_bits);
+  constexpr int64_t C = kPhiloxCallBlocks;
+  alignas(64) uint32_t words[2][4 * C];
+  const int64_t calls = nb / C;  // whole calls, then a partial one
+  if (calls > 0) philox_blocks(b0, C, c2, c3, key, words[0]);
+  for (int64_t c = 0; c < calls; ++c) {
+    const int64_t k = c * C;
+    for (int64_t i = 0; i < 4 * C; i += 16) __builtin_prefetch(pf + 4 * k + i, 0, 3);  // a line each
+    if (c + 1 < calls) philox_blocks(b0 + (uint64_t)(k + C), C, c2, c3, key, words[(c + 1) & 1]);
+    cast_sr_words<FAST, SUB>(xb + 4 * k, dst + 4 * k, 4 * C, g, words[c & 1], sr_bits);
   }
+  const int64_t k = calls * C;
   if (k < nb) {
-    philox_blocks(b0 + (uint64_t)k, nb - k, c2, c3, key, words);
-    cast_sr_words<FAST, SUB>(xb + 4 * k, dst + 4 * k, 4 * (nb - k), g, words, sr_bits);
+    philox_blocks(b0 + (uint64_t)k, nb - k, c2, c3, key, words[0]);
+    cast_sr_words<FAST, SUB>(xb + 4 * k, dst + 4 * k, 4 * (nb - k), g, words[0], sr_bits);
   }
 }
 
