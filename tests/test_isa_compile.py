@@ -8,6 +8,7 @@ Invariants defended:
   compiled only);
 * x86-64-v4's paths run on a host without AVX-512 too: simd_check with SIMDe's portable AVX-512
   intrinsics (test-only headers, the cmeel-simde wheel);
+* ``benchmarks/cycles_cast.cpp`` (the cast loops' cycles per element) builds and runs;
 * levels the host cannot run are compile-checked: the extension's vector sources for
   ``x86-64-v4`` and for ``armv8.2-a`` (cross compiler), with ``static_assert`` on the vector paths
   their headers pick.
@@ -90,6 +91,21 @@ def test_simd_check_aarch64(arch, tmp_path):
     first = _simd_check("aarch64-linux-gnu-g++", [f"-march={arch}", "-static"], tmp_path,
                         runner=(qemu,) if qemu else None)
     assert first is None or first == "simd_check: neon"
+
+
+@pytest.mark.skipif(not X86 or shutil.which("g++") is None, reason="x86-64 (rdtsc) with g++")
+def test_cycles_cast_benchmark_runs(tmp_path):
+    """benchmarks/cycles_cast.cpp (the cast loops' cycles per element, for A/B runs of two
+    checkouts) builds against the headers and prints its table (two repetitions: no timing here)."""
+    exe = tmp_path / "cycles_cast"
+    r = run(["g++", "-std=c++17", "-O1", "-march=x86-64-v3" if runs("x86-64-v3") else "-march=x86-64-v2",
+             "-ffp-contract=off", "-fno-fast-math", "-I", str(ROOT / "cuda/include"), "-I", str(ROOT / "cuda/cpu"),
+             str(ROOT / "benchmarks/cycles_cast.cpp"), "-o", str(exe)], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run([str(exe), "2"], timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("cycles_cast: "), r.stdout + r.stderr
+    for name in ("e5m2", "e4m3", "fp16", "bf16"):
+        assert f"{name} stochastic " in r.stdout
 
 
 # ------------------------------------------------------------------------------------ compile only
