@@ -322,8 +322,9 @@ def decode(codes: torch.Tensor, fmt) -> torch.Tensor:
         if bool((c64 < 0).any()) or bool((c64 >= 1 << fmt.bits).any()):
             raise ValueError(f"codes hold values outside {fmt.name}'s {fmt.bits}-bit code range 0..{(1 << fmt.bits) - 1}")
     _ready()
+    args = (codes, _fmt_spec(fmt))
     ext = _direct(codes)
-    return ext.call_decode(codes, _fmt_spec(fmt)) if ext is not None else _OP_DECODE(codes, _fmt_spec(fmt))
+    return ext.call_decode(*args) if ext is not None else _OP_DECODE(*args)
 
 
 def bits(x: torch.Tensor, fmt, rounding="nearest", *, saturate: bool = False, sr_bits: int | None = None,
