@@ -5,7 +5,8 @@
 
 Each benchmark writes its table with its machine, date and command to benchmarks/results/
 (``CPD_BENCH_RECORD=1 python benchmarks/bench_cast.py ...``: see benchmarks/_figures.py). This
-script collects the latest record of every benchmark and setting into docs/figures.md, and
+script collects the latest record of every benchmark and setting into docs/figures.md (those
+labelled for another machine family into that family's page: OTHER_PAGES), and
 replaces the text between ``<!-- figures:NAME -->`` and ``<!-- /figures:NAME -->`` in
 docs/*.md and README.md by the record ``NAME`` (a file name in results/ without ``.json``),
 or, for NAME ``summary``, by the headline table below. So no page quotes a figure by hand.
@@ -23,6 +24,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 PAGE = ROOT / "docs" / "figures.md"
+#: Records whose label starts with a key here go to that page instead of PAGE (one page per
+#: machine family, so that each stays short enough to read), with a link from PAGE.
+OTHER_PAGES = {"intel": ROOT / "docs" / "figures-intel.md"}
+OTHER_TITLES = {"intel": "Figures: Intel Xeon (AVX-512 and AVX2 builds)"}
 
 #: Section order and titles of the figures page (other benchmarks follow, by name).
 SECTIONS = {
@@ -41,13 +46,14 @@ SECTIONS = {
 HEADLINES = [
     ("bench_cast", "cast e5m2 nearest", "x copy", "cast to E5M2, round to nearest (one thread)"),
     ("bench_cast", "cast e5m2 stochastic", "x copy", "cast to E5M2, stochastic rounding (one thread)"),
-    ("bench_cast@intel-avx512", "round to nearest (e5m2, e4m3, fp16, bf16)", "x copy", "cast, round to nearest"),
-    ("bench_cast@intel-avx512", "stochastic (e5m2, e4m3, fp16, bf16)", "x copy", "cast, stochastic rounding"),
+    ("bench_cast@intel-avx512", "cast e5m2 nearest", "x copy", "same, AVX-512 build"),
+    ("bench_cast@intel-avx512", "cast e5m2 stochastic", "x copy", "same, stochastic, AVX-512 build"),
     ("bench_mx", "cast MXFP8_E4M3 nearest, out=", "x copy", "MXFP8 cast (one thread)"),
     ("bench_mx", "encode MXFP4 -> packed codes + scales", "x copy", "MXFP4 encode (one thread)"),
     ("bench_matmul", "mul=None acc=FP32 (the default)", "x torch.mm", "`cpd.matmul` 512^3, the default (exact products, FP32 sums)"),
     ("bench_matmul", "mul=E5M2 acc=(5,10)", "x torch.mm", "`cpd.matmul` 512^3, E5M2 products, (5,10) sums"),
     ("bench_matmul", "mul=E5M2 acc=(6,7) kahan", "x torch.mm", "same into (6,7), Kahan"),
+    ("bench_matmul@intel-avx512", "mul=None acc=FP32 (the default)", "x torch.mm", "`cpd.matmul` 512^3, the default, AVX-512 build"),
     ("bench_allreduce", "ring", "x stack().sum(0)", "ring allreduce, 64 workers x 2^20, E5M2"),
     ("bench_wire@intel-avx512", "10 Gbit/s, N = 2", "cpd e4m3", "DDP step, e4m3 codes, 10 Gbit/s, 2 ranks"),
     ("bench_wire@intel-avx512", "1 Gbit/s, N = 2", "packed 4-bit", "DDP step, packed 4-bit codes, 1 Gbit/s"),
@@ -113,8 +119,36 @@ def summary(recs: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def page(recs: dict[str, dict]) -> str:
+def page_key(name: str, rec: dict) -> str:
+    """The OTHER_PAGES key of a record's page ("" for PAGE)."""
+    return next((k for k in OTHER_PAGES if rec.get("label", "").startswith(k)), "")
+
+
+def sections(recs: dict[str, dict]) -> list[str]:
+    """One section per benchmark, one table per record."""
     order = list(SECTIONS) + sorted({r["bench"] for r in recs.values()} - set(SECTIONS))
+    out = []
+    for bench in order:
+        names = [n for n, r in recs.items() if r["bench"] == bench]
+        if not names:
+            continue
+        out += [f"## {SECTIONS.get(bench, f'`{bench}.py`')}", ""]
+        for name in sorted(names, key=lambda n: (recs[n].get("label", ""), n)):
+            rec = recs[name]
+            title = rec.get("title") or rec.get("short") or rec["machine"].split(";")[0]
+            out += [f"### {title}", "", f"Record `benchmarks/results/{name}.json`.", "", block(rec, full=True)]
+    return out
+
+
+def other_page(key: str, recs: dict[str, dict]) -> str:
+    out = [f"# {OTHER_TITLES[key]}", "",
+           f"The records made on this machine family, generated as [Figures](figures.md) is (which",
+           "explains how to add one, and holds the headlines of every machine).", ""]
+    return "\n".join(out + sections(recs)).rstrip() + "\n"
+
+
+def page(recs: dict[str, dict]) -> str:
+    others = [f"[{OTHER_TITLES[k]}]({p.name})" for k, p in OTHER_PAGES.items()]
     out = ["# Figures", "",
            "Every speed figure of these docs, as the benchmarks last recorded it: one section per",
            "benchmark, one table per machine or setting, each with the machine, the date and the command.",
@@ -128,17 +162,10 @@ def page(recs: dict[str, dict]) -> str:
            "with other work, use `--threads 1 --clock cpu` where the benchmark has it. A record",
            "marked *recorded from* was measured by an earlier session on a machine not available now and",
            "transcribed with its machine and date. A commit marked `-dirty` had uncommitted changes (often",
-           "the benchmark script itself) when the record was made.", "", "## Headlines", "", summary(recs)]
-    for bench in order:
-        names = [n for n, r in recs.items() if r["bench"] == bench]
-        if not names:
-            continue
-        out += [f"## {SECTIONS.get(bench, f'`{bench}.py`')}", ""]
-        for name in sorted(names, key=lambda n: (recs[n].get("label", ""), n)):
-            rec = recs[name]
-            title = rec.get("title") or rec.get("short") or rec["machine"].split(";")[0]
-            out += [f"### {title}", "", f"Record `benchmarks/results/{name}.json`.", "", block(rec, full=True)]
-    return "\n".join(out).rstrip() + "\n"
+           "the benchmark script itself) when the record was made. Other machines' tables are on their",
+           "own pages: " + ", ".join(others) + ".", "", "## Headlines", "", summary(recs)]
+    here = {n: r for n, r in recs.items() if not page_key(n, r)}
+    return "\n".join(out + sections(here)).rstrip() + "\n"
 
 
 def fill(text: str, recs: dict[str, dict]) -> str:
@@ -165,8 +192,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     recs = load()
     want = {PAGE: page(recs)}
+    for key, path in OTHER_PAGES.items():
+        want[path] = other_page(key, {n: r for n, r in recs.items() if page_key(n, r) == key})
     for path in targets():
-        if path != PAGE and "<!-- figures:" in path.read_text():
+        if path not in want and "<!-- figures:" in path.read_text():
             want[path] = fill(path.read_text(), recs)
     stale = [p for p, text in want.items() if not p.is_file() or p.read_text() != text]
     if args.check:
