@@ -216,6 +216,14 @@ inline void philox512(uint64_t b0, uint64_t st, uint32_t c2, uint32_t c3, uint32
 // of whole calls, best of 7); without it 3 groups were best.
 constexpr int kGroups256 = 2;
 
+// Each 64-bit lane's high half moved to its low half (the high half then holds the old low half,
+// which no caller reads: the multiplies read low halves, the stores pick them). A dword shuffle,
+// not a 64-bit shift: on Intel's cores AVX2 shifts share ports 0 and 1 with the multiplies, where
+// the shuffle also issues on port 5 (x86-64-v3 build on an Intel Xeon, cycles_cast.cpp: 2% fewer
+// cycles per stochastic element, 6.26 -> 6.11 cycles per Philox block); on Zen 3 both are one
+// cycle on the same two pipes.
+inline __m256i hi_to_low256(__m256i p) { return _mm256_shuffle_epi32(p, 0xB1); }
+
 // y = x ^ k, held as a value of its own: GCC would otherwise reassociate a round's
 // hi(p) ^ (x ^ k) into (hi(p) ^ x) ^ k, putting both xors (one with a memory operand) after the
 // multiply on the round's critical path (multiply, shift, xor: 5 cycles instead of 6 or more).
@@ -231,9 +239,9 @@ inline void philox256_round(__m256i& x0, __m256i& x1, __m256i& x2, __m256i& x3, 
                             const PhiloxKey& key, int r) {
   const __m256i p0 = _mm256_mul_epu32(x0, m0), p1 = _mm256_mul_epu32(x2, m1);
   const __m256i y1 = opaque_xor(x1, key.r0[r]), y3 = opaque_xor(x3, key.r1[r]);
-  x0 = _mm256_xor_si256(_mm256_srli_epi64(p1, 32), y1);
+  x0 = _mm256_xor_si256(hi_to_low256(p1), y1);
   x1 = p1;
-  x2 = _mm256_xor_si256(_mm256_srli_epi64(p0, 32), y3);
+  x2 = _mm256_xor_si256(hi_to_low256(p0), y3);
   x3 = p0;
 }
 
@@ -254,17 +262,17 @@ inline PhiloxHead philox_head256(uint32_t c1, uint32_t c2, uint32_t c3, const Ph
 inline void philox256_rounds012(__m256i b, __m256i& x0, __m256i& x1, __m256i& x2, __m256i& x3, __m256i m0,
                                 __m256i m1, const PhiloxHead& h, const PhiloxKey& key) {
   const __m256i p0 = _mm256_mul_epu32(b, m0);
-  const __m256i x2a = _mm256_xor_si256(_mm256_srli_epi64(p0, 32), h.k2a);
+  const __m256i x2a = _mm256_xor_si256(hi_to_low256(p0), h.k2a);
   const __m256i p1 = _mm256_mul_epu32(x2a, m1);
-  x0 = _mm256_xor_si256(_mm256_srli_epi64(p1, 32), h.k0b);
+  x0 = _mm256_xor_si256(hi_to_low256(p1), h.k0b);
   x1 = p1;
   x2 = _mm256_xor_si256(p0, h.k2b);  // round 1's x2'' (its low half)
   // round 2: x3'' = h.x3 is a constant, its key xor h.y3
   const __m256i q0 = _mm256_mul_epu32(x0, m0), q1 = _mm256_mul_epu32(x2, m1);
   const __m256i y1 = opaque_xor(x1, key.r0[2]);
-  x0 = _mm256_xor_si256(_mm256_srli_epi64(q1, 32), y1);
+  x0 = _mm256_xor_si256(hi_to_low256(q1), y1);
   x1 = q1;
-  x2 = _mm256_xor_si256(_mm256_srli_epi64(q0, 32), h.y3);
+  x2 = _mm256_xor_si256(hi_to_low256(q0), h.y3);
   x3 = q0;
 }
 
