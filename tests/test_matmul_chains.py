@@ -4,6 +4,9 @@
   another format of float32's exponent range with at most 10 mantissa bits, to nearest, no Kahan,
   no blocks, finite operands: ``s = round(fl32(s + a*b))`` per step, the lanes where fl32 lands
   on a midpoint of acc redone exactly;
+* its binary16 form (fchain16): acc FP16, the same steps rounded by the processor's float32 ->
+  binary16 conversion, the midpoints (and the steps that overflow) found by |r - h| >= binary16's
+  half-quantum at r and redone exactly;
 * the binary16 chain into binary32 (cuda/cpu/matmul_h16.h with SumB32): acc FP32, products
   rounded to a format with subnormals (E4M3, E5M2, FP16, ...), bounded and general forms;
 * the same chain into a narrow acc of float32's exponent range (SumI: BF16, (8, 3)), products
@@ -124,6 +127,27 @@ def midpoint_steps(acc, g, rows, K):
     return a, b
 
 
+def midpoint_steps_fp16(g, rows, K):
+    """midpoint_steps for FP16: s's first value on binary16's grid in a random binade from region S
+    (multiples of 2^-24 below 2^-14) to 2^15, each later product +-q/2 times (1 - 2^-24), 1 or
+    (1 + 2^-23), q the grid's quantum there (2^-24 in region S)."""
+    acc = cpd.FP16
+    a = torch.zeros(1, rows, K)
+    for r in range(rows):
+        e = int(torch.randint(-24, 16, (1,), generator=g))
+        q = max(e, acc.emin) - acc.man
+        lo = 1 if e < acc.emin else 1 << acc.man
+        m = int(torch.randint(lo, 2 << acc.man, (1,), generator=g))
+        a[0, r, 0] = math.ldexp(m, q) * (1 if r % 2 else -1)
+        for k in range(1, K):
+            f = [1 - 2.0 ** -24, 1.0, 1 + 2.0 ** -23][int(torch.randint(0, 3, (1,), generator=g))]
+            a[0, r, k] = math.ldexp(f, q - 1) * (1 if torch.rand(1, generator=g) < 0.5 else -1)
+    b = torch.ones(1, K, 3)
+    b[0, :, 1] = -1.0
+    b[0, :, 2] = 2.0
+    return a, b
+
+
 def test_chains_report_float32_lanes():
     e = _cpu.extension()
     for acc in NARROW:
@@ -171,6 +195,52 @@ def test_fused_equals_generic_ragged_and_nonfinite(acc):
     a2 = a.clone()
     a2[1, 0, :] = 3e38
     check(a2, b * 1e10, None, acc)  # float32 overflow in the FMA: infinities
+
+
+def test_fused_fp16_exact_reference():
+    """Into binary16 (fchain16): every binade of the sums from below the smallest subnormal to past
+    the largest value, region S sums, overflow to infinity and the sums that stay there, the sums
+    whose float32 value is 65520 (binary16's overflow midpoint) with the exact sum below, on and
+    above it, signed zeros, midpoint steps in every binade and in region S."""
+    g = torch.Generator().manual_seed(23)
+    near = torch.tensor([[[65504.0, 16 * (1 - 2.0 ** -24)], [65504.0, 16.0], [65504.0, 16 * (1 + 2.0 ** -23)],
+                          [-65504.0, -16 * (1 - 2.0 ** -24)], [65504.0, 15.0]]])
+    cases = [
+        (binades(g, (1, 3, 23), -20, 8), binades(g, (1, 23, 5), -20, 8)),     # every binade
+        (binades(g, (1, 2, 17), -16, -9), binades(g, (1, 17, 4), -16, -9)),   # region S sums
+        (binades(g, (1, 2, 19), 6, 9), binades(g, (1, 19, 4), 6, 9)),         # overflow
+        (near, torch.tensor([[[1.0, -1.0], [1.0, 1.0]]])),                    # 65520
+        (torch.tensor([[[-0.0, 1e-30, -0.0], [-0.0, -0.0, -0.0]]]), torch.tensor([[[1.0, -1.0], [-1e-30, 1e-30],
+                                                                               [0.0, -0.0]]])),  # zeros
+        midpoint_steps_fp16(g, 9, 9),
+    ]
+    for a, b in cases:
+        check(a, b, None, cpd.FP16, oracle=True)
+
+
+def test_fused_fp16_equals_generic_ragged_and_nonfinite():
+    """fchain16 against the generic loop: shapes around the tile, operands of every scale (region S
+    sums, overflow), grids with many exact midpoints, long midpoint runs; NaN and infinite operands
+    (the float32 lanes then serve the call), float32 overflow in the FMA."""
+    g = torch.Generator().manual_seed(29)
+    for M in (1, 3, 4, 5, 6, 7, 65):
+        for N, K in ((1, 9), (15, 1), (16, 33), (17, 8), (33, 3), (70, 20)):
+            for scale in (1.0, 2.0 ** -12, 40.0):
+                check(torch.randn(2, M, K, generator=g) * scale, torch.randn(2, K, N, generator=g), None, cpd.FP16)
+    steps = torch.randint(-8, 9, (1, 13, 53), generator=g).float() * 0.125
+    for scale in (1.0, 2.0 ** -20, 2.0 ** -12, 2.0 ** 11):
+        check(steps * scale, torch.randint(-3, 4, (1, 53, 40), generator=g).float() * 0.5, None, cpd.FP16)
+    a, b = midpoint_steps_fp16(g, 30, 40)
+    check(a, b.repeat(1, 1, 11), None, cpd.FP16)
+    check(torch.randn(1, 5, 0), torch.randn(1, 0, 7), None, cpd.FP16)  # K = 0: +0
+    a, b = torch.randn(2, 5, 11, generator=g), torch.randn(2, 11, 20, generator=g)
+    for v in (math.inf, -math.inf, math.nan):
+        a2 = a.clone()
+        a2[0, 1, 3] = v
+        check(a2, b, None, cpd.FP16)
+    a2 = a.clone()
+    a2[1, 0, :] = 3e38
+    check(a2, b * 1e10, None, cpd.FP16)  # float32 overflow in the FMA: infinities
 
 
 @pytest.mark.parametrize("mul", B32_MULS, ids=lambda f: f.name)
@@ -242,8 +312,9 @@ def test_narrow_chain_with_mul_equals_generic(mul, acc):
     check(a, b, mul, acc)
 
 
-@pytest.mark.parametrize("mul,acc", [(None, cpd.TF32), (None, cpd.BF16), (cpd.E4M3, cpd.FP32), (cpd.E4M3, cpd.BF16)],
-                         ids=["tf32", "bf16", "e4m3-fp32", "e4m3-bf16"])
+@pytest.mark.parametrize("mul,acc", [(None, cpd.TF32), (None, cpd.BF16), (cpd.E4M3, cpd.FP32), (cpd.E4M3, cpd.BF16),
+                                     (None, cpd.FP16)],
+                         ids=["tf32", "bf16", "e4m3-fp32", "e4m3-bf16", "fp16"])
 def test_thread_count_and_flush_to_zero(mul, acc):
     g = torch.Generator().manual_seed(13)
     a, b = torch.randn(2, 150, 64, generator=g), torch.randn(2, 64, 70, generator=g) * 0.1
@@ -266,8 +337,9 @@ def test_thread_count_and_flush_to_zero(mul, acc):
     assert same_bits(ftz, gen), mismatch(ftz, gen)
 
 
-@pytest.mark.parametrize("mul,acc", [(cpd.E5M2, cpd.FP16), (cpd.E5M2, cpd.FloatFormat(5, 10)), (cpd.E5M2, cpd.FP32)],
-                         ids=["e5m2-fp16", "e5m2-5-10", "e5m2-fp32"])
+@pytest.mark.parametrize("mul,acc", [(cpd.E5M2, cpd.FP16), (cpd.E5M2, cpd.FloatFormat(5, 10)), (cpd.E5M2, cpd.FP32),
+                                     (None, cpd.FP16)],
+                         ids=["e5m2-fp16", "e5m2-5-10", "e5m2-fp32", "none-fp16"])
 def test_subnormal_operands_on_a_flushing_thread(mul, acc):
     """float32-subnormal operands whose products are values of mul (2^-127 * 2^118 = 2^-9), within
     the bounded chain's bound: a thread that flushes subnormals (DAZ) would read them as zeros, so

@@ -271,6 +271,22 @@ void fchain_matmul(const float* a, const float* b, float* y, const Dims& d, cons
         redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, true);
   });
 }
+
+// The fused chain's binary16 form (matmul_fchain.h fchain16_rows): as fchain_matmul.
+void fchain16_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::Format& af,
+                     const cpd::DotSpec& spec) {
+  using C = cpd_cpu::H16Chain;
+  const cpd_cpu::FChain16 m;
+  cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
+                                                             int64_t nc, std::vector<float>& pack) {
+    float* yb = y + bi * d.M * d.N;
+    if (cpd_cpu::float32_subnormals_kept())
+      cpd_cpu::fchain16_rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack, m, af);
+    else
+      for (int64_t i = m0; i < m1; ++i)
+        redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, true);
+  });
+}
 #endif
 
 // finite: every operand is finite (asked by the caller where a loop uses it: AccB32's products).
@@ -607,6 +623,10 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
     else h16_chain_matmul<false>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
     return;
   }
+  // its fused form: exact products, plain sums, finite operands (matmul_fchain.h fchain16_rows)
+  if (path == 0 && lanes == LANES_H16 && plan.acc == ACC_H && !has_mul && !kahan && !block &&
+      top_a < cpd::INF_BITS && top_b < cpd::INF_BITS)
+    return fchain16_matmul(ap, bp, yp, d, af, cpd::make_dot_spec(mf, 0, af, 0, 0, cpd::NEAREST, 32));
   // the same register chain into binary32 or (bounded products) an acc of fchain_applies
   // (products rounded to a format with subnormals), and the fused narrow chain (no mul, acc of
   // fchain_applies, finite operands)

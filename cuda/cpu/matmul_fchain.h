@@ -21,6 +21,19 @@
 // fl32's result, as round_lane_i keeps it). With finite operands no step is NaN: a*b is finite,
 // and an infinite s stays infinite (inf + finite).
 //
+// The binary16 form (fchain16_*: acc = IEEE binary16 itself, is_binary16 in matmul.cpp, the rest as
+// above) rounds r by the processor's conversion instead (H16Chain::rnd16: float32 -> binary16 ->
+// float32, round to nearest even once, subnormals, overflow to infinity), h = rnd16(r), and finds
+// the midpoints without a per-region test: with E r's exponent (|r| in [2^E, 2^(E+1))), binary16's
+// half-quantum at r is hq = 2^(max(E, -14) - 11) (2^-25 in region S), and h, the nearest value of
+// acc's grid, lies within hq of r, at exactly hq when r is a midpoint. r - h is exact (h within a
+// factor of 2 of r, or 0: Sterbenz), so the lanes with |r - h| >= hq (float32 compare, false for
+// NaN) are the midpoints, plus those whose r rounds to infinity (|r - h| = inf: at most one step a
+// lane, r >= 65520); fchain16_fix redoes the midpoints (cpd::is_midpoint_bits) with fma_bits and
+// leaves the others' r to the rounding. Infinite s (after an overflow) stays infinite: r = inf, h =
+// inf, r - h NaN, no flag. 9 vector instructions per 8 or 16 products (FMA, two conversions, 6 for
+// the test) against 5 on the bits, and 30-40 in the float32 lanes (matmul_f32.h AccH, fused).
+//
 // A register tile of R rows x NR columns keeps its sums in registers for the whole k loop; b's
 // column panel is packed (matmul_chain.h pack_panel), zero past N: a padded lane's r is s, never a
 // midpoint (s is a value of acc). Built where the binary16 chain's vectors are (H16Chain: AVX2 +
@@ -139,6 +152,91 @@ inline void fchain_rows(const float* a, const float* b, float* y, int64_t K, int
   int64_t i = m0;
   for (; i + C::MR <= m1; i += C::MR) fchain_tile<C::MR>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m, af);
   if (i < m1) fchain_last<C::MR - 1>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m, af);
+}
+
+// ------------------------------------------------------------------------------------------
+// The binary16 form (see the top): acc = IEEE binary16, the rounding h = rnd16(r).
+struct FChain16 {
+  H16Chain::I mag, expo, min_e, neg11;
+  FChain16() {
+    mag = H16Chain::ci(~cpd::SIGN);
+    expo = H16Chain::ci(cpd::INF_BITS);           // r's exponent field: 2^E
+    min_e = H16Chain::ci(0x38800000u);            // 2^-14, binary16's smallest normal
+    neg11 = H16Chain::ci(0u - (11u << 23));       // 2^e -> 2^(e - 11)
+  }
+  // The lanes with |r - h| >= hq (flags as fchain_ties'): the midpoints and the overflows.
+  FChainTies ties(H16Chain::V r, H16Chain::V h) const {
+    using C = H16Chain;
+    const C::V d = C::flt(C::andi(C::bits(C::sub(r, h)), mag));
+    const C::V hq = C::flt(C::addi(C::maxu(C::andi(C::bits(r), expo), min_e), neg11));
+#if defined(__AVX512F__)
+    return _mm512_cmp_ps_mask(d, hq, _CMP_GE_OQ);
+#else
+    return _mm256_castps_si256(_mm256_cmp_ps(d, hq, _CMP_GE_OQ));
+#endif
+  }
+};
+
+// One row's step with flagged lanes: x holds the row's s; on return r = fl32(s + a*b), or for the
+// midpoints (cpd::is_midpoint_bits, which the vector test's other flags fail) fma_bits(s, a, b), a
+// value of acc that rnd16 leaves alone. Cold, as fchain_fix.
+__attribute__((noinline, cold)) inline void fchain16_fix(float* x, float a, const float* b, const cpd::Format& af) {
+  for (int i = 0; i < H16Chain::NR; ++i) {
+    const float r = cpd::ffma(a, b[i], x[i]);
+    x[i] = cpd::is_midpoint_bits(cpd::bits_of(r) & ~cpd::SIGN, af)
+               ? cpd::float_of(cpd::fma_bits(cpd::bits_of(x[i]), cpd::bits_of(a), cpd::bits_of(b[i]), af, cpd::NEAREST,
+                                             0u, 32))
+               : r;
+  }
+}
+
+// fchain_tile's binary16 form.
+template <int R>
+inline void fchain16_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K,
+                          float* __restrict y, int64_t ldy, int64_t nc, const FChain16& m, const cpd::Format& af) {
+  using C = H16Chain;
+  C::V s[R][C::NV];
+  CPD_UNROLL for (int r = 0; r < R; ++r)
+    CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::zero();  // s = +0
+  for (int64_t k = 0; k < K; ++k) {
+    C::V bv[C::NV];
+    CPD_UNROLL for (int v = 0; v < C::NV; ++v) bv[v] = C::load(bp + k * C::NR + v * C::W);
+    CPD_UNROLL for (int r = 0; r < R; ++r) {
+      const C::V av = C::bcast(a + r * lda + k);
+      C::V h[C::NV];
+      FChainTies tie = fchain_no_ties();
+      CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
+        const C::V rr = C::fma(av, bv[v], s[r][v]);
+        h[v] = C::rnd16(rr);
+        tie = fchain_or(tie, m.ties(rr, h[v]));
+      }
+      if (__builtin_expect(!fchain_none(tie), 0)) {
+        alignas(64) float x[C::NR];
+        CPD_UNROLL for (int v = 0; v < C::NV; ++v) C::store(x + v * C::W, s[r][v]);
+        fchain16_fix(x, a[r * lda + k], bp + k * C::NR, af);
+        CPD_UNROLL for (int v = 0; v < C::NV; ++v) h[v] = C::rnd16(C::load(x + v * C::W));
+      }
+      CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = h[v];
+    }
+  }
+  store_tile<C, R>(s, y, ldy, nc);
+}
+
+template <int R>
+inline void fchain16_last(int64_t n, const float* a, int64_t K, const float* bp, float* y, int64_t N, int64_t nc,
+                          const FChain16& m, const cpd::Format& af) {
+  if (n == R) fchain16_tile<R>(a, K, bp, K, y, N, nc, m, af);
+  else if constexpr (R > 1) fchain16_last<R - 1>(n, a, K, bp, y, N, nc, m, af);
+}
+
+// fchain_rows' binary16 form.
+inline void fchain16_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
+                          int64_t j0, int64_t nc, std::vector<float>& pack, const FChain16& m, const cpd::Format& af) {
+  using C = H16Chain;
+  const float* bp = pack_panel(b, K, N, j0, nc, C::NR, pack);
+  int64_t i = m0;
+  for (; i + C::MR <= m1; i += C::MR) fchain16_tile<C::MR>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m, af);
+  if (i < m1) fchain16_last<C::MR - 1>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m, af);
 }
 #endif
 
