@@ -14,7 +14,8 @@
 //     midpoint lanes redone exactly); sums rounded by round_f, or on integer lanes for wide
 //     exponent ranges such as BF16 (8 floats per AVX2 op, 16 per AVX-512 op, 4 per NEON op);
 //     without Kahan or blocks, in register tiles: binary32 with exact products (matmul_chain.h)
-//     or products rounded to mul (matmul_h16.h, SumB32), TF32/BF16 fused (matmul_fchain.h);
+//     or products rounded to mul (matmul_h16.h: SumB32; SumI, SumF into narrow accumulators),
+//     TF32/BF16/binary16 fused (matmul_fchain.h);
 //   * float64 lanes (LANES_F64), round to nearest otherwise: a tile of up to kTile outputs of one
 //     row (i, j0 .. j0 + kTile) keeps its accumulators as doubles in arrays; for each k the loop
 //     over j reads row k of b (contiguous) and applies round_d / add_d (branch-free, so GCC
@@ -232,24 +233,35 @@ void chain_matmul(const float* a, const float* b, float* y, const Dims& d, const
 
 #if CPD_CPU_H16_CHAIN
 // The binary16 register chain (matmul_h16.h), sum = SumH16, and the same chain into binary32
-// (SumB32) or an acc of fchain_applies (SumI, bounded only), products rounded to mul: tasks as
+// (SumB32), an acc of fchain_applies (SumI) or of round_f (SumF; both bounded only), products rounded to mul: tasks as
 // chain_matmul's. BOUNDED: the caller checked that every operand is finite and
 // max|a| * max|b| <= mul's largest value (h16_bounded). Every NaN output is redone by the generic
 // steps, so that it keeps their sign and payload whatever order the vector adds took their two NaN
 // operands in; and, except into binary16, a task on a thread that flushes float32 subnormals runs
-// the generic steps (as chain_matmul's).
+// the generic steps (as chain_matmul's). A guarded Sum (SumF) takes af, acc's format: the rows of a
+// tile whose guard tripped are run again on the float32 lanes (AccF), the loop such calls took
+// before the chain.
 template <bool BOUNDED, class Sum>
 void h16_chain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mg,
-                      const cpd::DotSpec& spec, const Sum& sum) {
+                      const cpd::DotSpec& spec, const Sum& sum, const cpd::Format* af = nullptr) {
   using C = cpd_cpu::H16Chain;
   const cpd_cpu::H16Mul m(mg);
   cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
                                                              int64_t nc, std::vector<float>& pack) {
     float* yb = y + bi * d.M * d.N;
     const bool lanes = std::is_same<Sum, cpd_cpu::SumH16>::value || cpd_cpu::float32_subnormals_kept();
+    const auto redo = [&](int64_t i0, int64_t n) {
+      if constexpr (Sum::kGuard) {
+        const cpd_cpu::AccF acc{cpd::make_format_f(*af)};
+        const cpd_cpu::Tile t{d.K, 0, nc, true};
+        for (int64_t i = i0; i < i0 + n; ++i)
+          cpd_cpu::f32_tile<cpd_cpu::AccF, false, false, false>(a + (bi * d.M + i) * d.K, b + bi * d.K * d.N + j0,
+                                                                 d.N, yb + i * d.N + j0, t, mg, acc, *af);
+      }
+    };
     if (lanes)
       cpd_cpu::h16_chain_rows<BOUNDED>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack,
-                                       m, sum);
+                                       m, sum, redo);
     for (int64_t i = m0; i < m1; ++i)
       redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, !lanes);
   });
@@ -632,7 +644,8 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
   // fchain_applies, finite operands)
   const bool b32_chain = plan.acc == ACC_B32 && has_mul && mf.subnormals;
   const bool narrow = plan.acc == ACC_I_NORMAL && cpd_cpu::fchain_applies(af) && (!has_mul || mf.subnormals);
-  if (path == 0 && lanes == LANES_F32 && !kahan && !block && (b32_chain || narrow)) {
+  const bool fsum = plan.acc == ACC_F && has_mul && mf.subnormals && af.subnormals;  // SumF, bounded only
+  if (path == 0 && lanes == LANES_F32 && !kahan && !block && (b32_chain || narrow || fsum)) {
     top_a = cpd_cpu::max_magnitude_bits(ap, a.numel());
     top_b = cpd_cpu::max_magnitude_bits(bp, b.numel());
     const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, 0, 0, cpd::NEAREST, 32);
@@ -640,7 +653,8 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
     const bool bounded = has_mul && h16_bounded(top_a, top_b, mg);
     if (b32_chain && bounded) return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
     if (b32_chain) return h16_chain_matmul<false>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
-    if (bounded) return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumI(af));
+    if (fsum && bounded) return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumF(af), &af);
+    if (narrow && bounded) return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumI(af));
     if (!has_mul && top_a < cpd::INF_BITS && top_b < cpd::INF_BITS) return fchain_matmul(ap, bp, yp, d, af, sp);
   }
 #endif

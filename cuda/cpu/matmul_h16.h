@@ -31,7 +31,8 @@
 // The sum's rounding is AccH's: H16Vec::rnd(s + p).
 //
 // The same tile serves other accumulators through its sum's rounding (SumB32: acc = IEEE binary32,
-// the float32 add itself; SumI: BF16-like accumulators, bounded products only; matmul.cpp picks).
+// the float32 add itself; SumI: BF16-like accumulators, bounded products only; SumF: narrower
+// exponent ranges such as (6, 7), bounded products only, guarded; matmul.cpp picks).
 // The zero-sign argument above holds for them too: s + p is a sum of multiples of mul's finest
 // quantum (a power of two >= 2^-149), and a nonzero one never rounds to zero in either, so s is
 // never -0.
@@ -86,6 +87,8 @@ struct H16Chain {
   // (signed) x > y ? t : u
   static I gti_select(I x, I y, I t, I u) { return _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(x, y), u, t); }
   static V rnd16(V v) { return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+  // whether some lane of x is at least t (unsigned)
+  static bool any_ge_u(I x, I t) { return _mm512_cmpge_epu32_mask(x, t) != 0; }
 #else
   using V = __m256;
   using I = __m256i;
@@ -114,6 +117,9 @@ struct H16Chain {
                                                 _mm256_castsi256_ps(_mm256_cmpgt_epi32(x, y))));
   }
   static V rnd16(V v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+  static bool any_ge_u(I x, I t) {
+    return _mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_max_epu32(x, t), x)) != 0;
+  }
 #endif
   static constexpr int NR = W * NV;
 };
@@ -164,12 +170,15 @@ inline H16Chain::V h16_product_bounded(H16Chain::V a, H16Chain::V b, const H16Mu
 // on the signed bits, for bounded products only: p is finite, so s is never NaN; a carry past max
 // lands on INF_BITS (acc's overflow), which the rounding then keeps, as it keeps the sign bit.
 struct SumH16 {
+  static constexpr bool kGuard = false;
   H16Chain::V step(H16Chain::V s, H16Chain::V p) const { return H16Chain::rnd16(H16Chain::add(s, p)); }
 };
 struct SumB32 {
+  static constexpr bool kGuard = false;
   H16Chain::V step(H16Chain::V s, H16Chain::V p) const { return H16Chain::add(s, p); }
 };
 struct SumI {
+  static constexpr bool kGuard = false;
   H16Chain::I half_m1, keep, one, d0;
   explicit SumI(const cpd::Format& f) {
     half_m1 = H16Chain::ci(f.half_m1);
@@ -184,15 +193,53 @@ struct SumI {
   }
 };
 
+// SumF: an acc of round_f (cpd::nearest_f_applies and add_fast_applies: at most 10 mantissa bits,
+// an exponent range narrower than float32's, such as (6, 7)) with subnormals, bounded products
+// only, guarded. u = fl32(s + p) is add_f's sum; its rounding is round_f's
+//   r = fl32(u + C') - C',   C' = 1.5 C,  C = 2^(E + 23 - man),  E = max(exponent of u, emin)
+// with u's sign riding along, as in h16_product_bounded: |u| < 2^(E+1) <= C / 2 (man <= 21), so
+// u + C' lies in C's binade, whose quantum is acc's at E, C' an even multiple of it (ties to even
+// as round_f's fl32(|u| + C) - C), and the difference is exact. The selects of round_f_finish drop
+// out: no zero sum changes sign (round_f's r = 0 keeps u's sign, this r is +0; but u is never
+// -0 and never rounds to 0: s starts at +0, bounded products are never -0, and s + p is a multiple
+// of acc's finest quantum, as argued above), there is no flush (subnormals on), and overflow is
+// left to the guard: every rounded s of the tile is kept below G = 2^emax in magnitude (guard:
+// the running unsigned maximum of its magnitude bits), which also keeps C finite (emax + 24 - man
+// <= 127); a tile whose maximum reaches G (an overflow, or a sum merely near the top binade) is run
+// again by the caller on the float32 lanes (h16_chain_rows' redo).
+struct SumF {
+  static constexpr bool kGuard = true;
+  H16Chain::I inf, emin, shift15, mag, top;
+  explicit SumF(const cpd::Format& f) {
+    const cpd::FormatF g = cpd::make_format_f(f);
+    inf = H16Chain::ci(cpd::INF_BITS);
+    emin = H16Chain::ci(g.emin_field);
+    shift15 = H16Chain::ci(g.c_shift + (1u << 22));  // C' = 1.5 C
+    mag = H16Chain::ci(~cpd::SIGN);
+    top = H16Chain::ci(f.max_bits & cpd::INF_BITS);  // G = 2^emax
+  }
+  H16Chain::V step(H16Chain::V s, H16Chain::V p) const {
+    using C = H16Chain;
+    const C::V u = C::add(s, p);
+    const C::V c = C::flt(C::addi(C::maxu(C::andi(C::bits(u), inf), emin), shift15));
+    return C::sub(C::add(u, c), c);
+  }
+  H16Chain::I guard(H16Chain::I g, H16Chain::V s) const { return H16Chain::maxu(g, H16Chain::andi(H16Chain::bits(s), mag)); }
+  bool tripped(H16Chain::I g) const { return H16Chain::any_ge_u(g, top); }
+};
+
 // Rows r < R of a register tile: y[r][0 .. nc) = the chains of a's rows (a + r * lda, K values)
-// against the packed panel bp (K x NR, row k at bp + k * NR).
+// against the packed panel bp (K x NR, row k at bp + k * NR). Returns false when a guarded Sum's
+// guard tripped (y then holds garbage for the caller to replace), else true.
 template <int R, bool BOUNDED, class Sum>
-inline void h16_chain_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K,
+inline bool h16_chain_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K,
                            float* __restrict y, int64_t ldy, int64_t nc, const H16Mul& m, const Sum& sum) {
   using C = H16Chain;
   C::V s[R][C::NV];
+  C::I g[C::NV];  // Sum::kGuard: the guard, per vector column
   CPD_UNROLL for (int r = 0; r < R; ++r)
     CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::zero();  // s = +0
+  CPD_UNROLL for (int v = 0; v < C::NV; ++v) g[v] = C::ci(0u);
   for (int64_t k = 0; k < K; ++k) {
     C::V bv[C::NV], bm[C::NV];
     CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
@@ -209,30 +256,45 @@ inline void h16_chain_tile(const float* __restrict a, int64_t lda, const float* 
         CPD_UNROLL for (int v = 0; v < C::NV; ++v)
           s[r][v] = sum.step(s[r][v], h16_product(av, bv[v], am, bm[v], m));
       }
+      if constexpr (Sum::kGuard)
+        CPD_UNROLL for (int v = 0; v < C::NV; ++v) g[v] = sum.guard(g[v], s[r][v]);
     }
   }
   store_tile<C, R>(s, y, ldy, nc);
+  if constexpr (Sum::kGuard) {
+    CPD_UNROLL for (int v = 1; v < C::NV; ++v) g[0] = C::maxu(g[0], g[v]);
+    return !sum.tripped(g[0]);
+  }
+  return true;
 }
 
 // The last rows (n < MR of them): the tile of n rows.
 template <int R, bool BOUNDED, class Sum>
-inline void h16_chain_last(int64_t n, const float* a, int64_t K, const float* bp, float* y, int64_t N, int64_t nc,
+inline bool h16_chain_last(int64_t n, const float* a, int64_t K, const float* bp, float* y, int64_t N, int64_t nc,
                            const H16Mul& m, const Sum& sum) {
-  if (n == R) h16_chain_tile<R, BOUNDED, Sum>(a, K, bp, K, y, N, nc, m, sum);
-  else if constexpr (R > 1) h16_chain_last<R - 1, BOUNDED, Sum>(n, a, K, bp, y, N, nc, m, sum);
+  if (n == R) return h16_chain_tile<R, BOUNDED, Sum>(a, K, bp, K, y, N, nc, m, sum);
+  if constexpr (R > 1) return h16_chain_last<R - 1, BOUNDED, Sum>(n, a, K, bp, y, N, nc, m, sum);
+  return true;
 }
 
 // Rows m0 .. m1 of one batch element's output, columns j0 .. j0 + nc (nc <= NR): a: (M, K) of that
-// element, b: (K, N), y: (M, N). The panel of b is packed into pack (resized as needed).
-template <bool BOUNDED, class Sum>
+// element, b: (K, N), y: (M, N). The panel of b is packed into pack (resized as needed). A guarded
+// Sum's tripped tile, and every tile after it in the call (they would likely trip too), is left to
+// redo(i, n), rows i .. i + n of these columns.
+template <bool BOUNDED, class Sum, class Redo>
 inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
-                           int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m, const Sum& sum) {
+                           int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m, const Sum& sum,
+                           const Redo& redo) {
   using C = H16Chain;
   const float* bp = pack_panel(b, K, N, j0, nc, C::NR, pack);
   int64_t i = m0;
   for (; i + C::MR <= m1; i += C::MR)
-    h16_chain_tile<C::MR, BOUNDED, Sum>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m, sum);
-  if (i < m1) h16_chain_last<C::MR - 1, BOUNDED, Sum>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m, sum);
+    if (!h16_chain_tile<C::MR, BOUNDED, Sum>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m, sum)) {
+      redo(i, m1 - i);
+      return;
+    }
+  if (i < m1 && !h16_chain_last<C::MR - 1, BOUNDED, Sum>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m, sum))
+    redo(i, m1 - i);
 }
 #endif
 
