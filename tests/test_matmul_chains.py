@@ -25,7 +25,8 @@ Invariants defended:
   generic steps' bits;
 * the same chain into an acc rounded by round_f's constant (SumF: (6, 7), (5, 7), E5M2-like, with
   subnormals; bounded products), guarded: tiles whose sums reach 2^emax (and overflow to infinity)
-  are run again on the float32 lanes, with the same bits as tiles that never trip.
+  are run again on the float32 lanes, with the same bits as tiles that never trip (``path=7``
+  takes SumF whatever K max|a| max|b|; the automatic loop only where that is below 2^(emax - 1)).
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ def mismatch(x, y):
     return "; ".join(f"{i}: {x[tuple(i)].item()!r} != {y[tuple(i)].item()!r}" for i in bad)
 
 
-def check(a, b, mul, acc, oracle=False):
-    fast, gen = ext(a, b, mul, acc, 0), ext(a, b, mul, acc, 1)
+def check(a, b, mul, acc, oracle=False, path=0):
+    fast, gen = ext(a, b, mul, acc, path), ext(a, b, mul, acc, 1)
     assert same_bits(fast, gen), mismatch(fast, gen)
     if oracle:
         a3, b3 = a.tolist(), b.tolist()
@@ -318,7 +319,8 @@ def test_narrow_chain_with_mul_equals_generic(mul, acc):
 
 
 @pytest.mark.parametrize("mul,acc", FSUM, ids=lambda x: x.name)
-def test_fsum_chain_exact_reference(mul, acc):
+@pytest.mark.parametrize("path", [0, 7])
+def test_fsum_chain_exact_reference(mul, acc, path):
     """Products rounded to mul summed into a narrow-range acc (SumF): at and above the bound (above:
     the float32 lanes), ties of the sums, cancellation to +0, every binade of the operands (region S
     sums), sums that pass 2^emax and overflow to infinity (the guard's redo)."""
@@ -330,43 +332,44 @@ def test_fsum_chain_exact_reference(mul, acc):
         b = (torch.rand(1, 11, 7, generator=g) * 2 - 1) * hi
         b[:, 0, :] = hi
         b[:, 1, :] = -hi
-        check(a, b, mul, acc, oracle=True)
+        check(a, b, mul, acc, oracle=True, path=path)
     vals = cpd.cast(torch.linspace(-3, 3, 41), mul)
     vals = vals[torch.isfinite(vals)]
     a = torch.stack([vals, -vals, vals.flip(0), torch.full_like(vals, -0.0)])[None]
     b = torch.ones(1, vals.numel(), 6)
     b[0, :, 1], b[0, :, 2], b[0, :, 3] = -1.0, 0.5, -0.0
     b[0, :, 4:] = torch.randn(vals.numel(), 2, generator=g)
-    check(a, b, mul, acc, oracle=True)
+    check(a, b, mul, acc, oracle=True, path=path)
     lo = acc.emin - acc.man
-    check(binades(g, (1, 3, 21), lo // 2, 1), binades(g, (1, 21, 5), lo // 2, 1), mul, acc, oracle=True)
+    check(binades(g, (1, 3, 21), lo // 2, 1), binades(g, (1, 21, 5), lo // 2, 1), mul, acc, oracle=True, path=path)
     K = min(int(2 * float(acc.max) / top) + 3, 300)  # products +-mul's max (bounded): sums that pass
     a, b = torch.ones(1, 7, K), torch.full((1, K, 3), top)  # 2^emax and overflow where K allows
     a[0, 1:4] = -1.0
     a[0, 4, ::2] = -1.0
     a[0, 5, K // 2:] = -1.0
     b[0, :, 1] = 0.25
-    check(a, b, mul, acc, oracle=True)
+    check(a, b, mul, acc, oracle=True, path=path)
 
 
 @pytest.mark.parametrize("mul,acc", FSUM, ids=lambda x: x.name)
-def test_fsum_chain_equals_generic(mul, acc):
+@pytest.mark.parametrize("path", [0, 7])
+def test_fsum_chain_equals_generic(mul, acc, path):
     """Ragged shapes around the tile and row blocks; operands of every scale, some rows tripping
     the guard and others not (the tiles after a tripped one in a task take the float32 lanes too);
     NaN and infinite operands (the float32 lanes)."""
     g = torch.Generator().manual_seed(37)
     for M in (1, 4, 5, 7, 65):
         for N, K in ((1, 9), (16, 33), (17, 8), (70, 20)):
-            check(torch.randn(2, M, K, generator=g), torch.randn(2, K, N, generator=g) * 0.1, mul, acc)
+            check(torch.randn(2, M, K, generator=g), torch.randn(2, K, N, generator=g) * 0.1, mul, acc, path=path)
     top = float(mul.max) ** 0.5
     a, b = torch.rand(1, 97, 64, generator=g) * top, torch.rand(1, 64, 40, generator=g) * top
     a[0, 30:40] *= -1
     a[0, 60:] *= 1e-3  # rows that stay below 2^emax, after tripped tiles
-    check(a, b, mul, acc)
-    check(a.flip(1), b, mul, acc)
+    check(a, b, mul, acc, path=path)
+    check(a.flip(1), b, mul, acc, path=path)
     a, b = torch.randn(1, 5, 8, generator=g), torch.randn(1, 8, 17, generator=g)
     a[0, 0, 2], b[0, 3, 5], b[0, 2, 4] = math.inf, math.nan, -math.inf
-    check(a, b, mul, acc)
+    check(a, b, mul, acc, path=path)
 
 
 @pytest.mark.parametrize("mul,acc", [(None, cpd.TF32), (None, cpd.BF16), (cpd.E4M3, cpd.FP32), (cpd.E4M3, cpd.BF16),

@@ -550,7 +550,8 @@ struct Plan {
 // Which loop runs. path: 0 automatic; 1 generic; 2 float64 lanes (no float32 or binary16 lanes);
 // 3 float32 lanes without binary16 rounding (round_f where it applies, else integer lanes);
 // 4 float32 lanes on integer-lane rounding only; 5 as 3, Kahan's steps on guarded lanes where
-// they apply; 6 the directed lanes' tiles (no binary32 chain). Then binary16 lanes, float32
+// they apply; 6 the directed lanes' tiles (no binary32 chain); 7 as 3, with the register chains
+// of float32 lanes, SumF whatever its sums' reach (for the tests of its guard). Then binary16 lanes, float32
 // lanes, stochastic float32 lanes (automatic only), directed float32 lanes, float64 lanes
 // (nearest; stochastic with formats of man <= 19), or the generic one, whichever
 // applies first (paths 2-6 are for the tests, which
@@ -558,7 +559,7 @@ struct Plan {
 // where they apply, except into binary16 (F16C's conversion is the faster rounding there).
 Plan plan_for(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode, int64_t path) {
   if (path == 0 && h16_applies(has_mul, mf, af, mode)) return {LANES_H16, ACC_H, false};
-  if (path == 0 || path == 3 || path == 4 || path == 5) {
+  if (path == 0 || path == 3 || path == 4 || path == 5 || path == 7) {
     const AccKind kind = f32_kind(has_mul, mf, af, mode, path == 0, path == 4);
     const bool guard = (path == 5 || (path == 0 && kind != ACC_H)) && cpd::add_lane_guard_applies(af, mode);
     if (kind != ACC_NONE) return {kind == ACC_H ? LANES_H16 : LANES_F32, kind, guard};
@@ -589,7 +590,7 @@ int64_t matmul_lanes(bool has_mul, int64_t mexp, int64_t mman, int64_t mbias, in
 // out[b, i, j] = the accumulation of a[b, i, :] . b[b, :, j] (numerics.h, "Accumulation").
 // a: (B, M, K), b: (B, K, N), out: (B, M, N), contiguous float32. path: 0 automatic, 1 generic,
 // 2 float64 lanes, 3 float32 lanes without binary16, 4 float32 integer lanes, 5 as 3 with guarded
-// Kahan lanes, 6 the directed lanes' tiles (see plan_for).
+// Kahan lanes, 6 the directed lanes' tiles, 7 as 3 with the register chains (see plan_for).
 void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool has_mul, int64_t mexp,
                 int64_t mman, int64_t mbias, int64_t mspecials, bool msubnormals, int64_t aexp, int64_t aman,
                 int64_t abias, int64_t aspecials, bool asubnormals, bool kahan, int64_t block, int64_t mode,
@@ -645,7 +646,7 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
   const bool b32_chain = plan.acc == ACC_B32 && has_mul && mf.subnormals;
   const bool narrow = plan.acc == ACC_I_NORMAL && cpd_cpu::fchain_applies(af) && (!has_mul || mf.subnormals);
   const bool fsum = plan.acc == ACC_F && has_mul && mf.subnormals && af.subnormals;  // SumF, bounded only
-  if (path == 0 && lanes == LANES_F32 && !kahan && !block && (b32_chain || narrow || fsum)) {
+  if ((path == 0 || path == 7) && lanes == LANES_F32 && !kahan && !block && (b32_chain || narrow || fsum)) {
     top_a = cpd_cpu::max_magnitude_bits(ap, a.numel());
     top_b = cpd_cpu::max_magnitude_bits(bp, b.numel());
     const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, 0, 0, cpd::NEAREST, 32);
@@ -653,7 +654,12 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
     const bool bounded = has_mul && h16_bounded(top_a, top_b, mg);
     if (b32_chain && bounded) return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
     if (b32_chain) return h16_chain_matmul<false>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
-    if (fsum && bounded) return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumF(af), &af);
+    // SumF where no sum is likely to reach its guard (|s| <= K max|a| max|b| <= 2^(emax - 1) but for
+    // the roundings' growth): a tripped tile's rows rerun on float32 lanes of one panel's width,
+    // at about twice the cost of the lanes alone (all tiles tripping: 101 against 44 ms, 512^3)
+    const double reach = (double)cpd::float_of(top_a) * (double)cpd::float_of(top_b) * (double)d.K;
+    if (fsum && bounded && (path == 7 || reach <= 0.5 * (double)cpd::float_of(af.max_bits & cpd::INF_BITS)))
+      return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumF(af), &af);
     if (narrow && bounded) return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumI(af));
     if (!has_mul && top_a < cpd::INF_BITS && top_b < cpd::INF_BITS) return fchain_matmul(ap, bp, yp, d, af, sp);
   }
