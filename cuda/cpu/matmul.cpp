@@ -233,8 +233,8 @@ void chain_matmul(const float* a, const float* b, float* y, const Dims& d, const
 
 #if CPD_CPU_H16_CHAIN
 // The binary16 register chain (matmul_h16.h), sum = SumH16, and the same chain into binary32
-// (SumB32), an acc of fchain_applies (SumI) or of round_f (SumF; both bounded only), products rounded to mul: tasks as
-// chain_matmul's. BOUNDED: the caller checked that every operand is finite and
+// (SumB32), an acc of fchain_applies (SumI) or of round_f (SumF; both bounded only), products
+// rounded to mul: tasks as chain_matmul's. BOUNDED: the caller checked that every operand is finite and
 // max|a| * max|b| <= mul's largest value (h16_bounded). Every NaN output is redone by the generic
 // steps, so that it keeps their sign and payload whatever order the vector adds took their two NaN
 // operands in; and, except into binary16, a task on a thread that flushes float32 subnormals runs
@@ -551,11 +551,10 @@ struct Plan {
 // 3 float32 lanes without binary16 rounding (round_f where it applies, else integer lanes);
 // 4 float32 lanes on integer-lane rounding only; 5 as 3, Kahan's steps on guarded lanes where
 // they apply; 6 the directed lanes' tiles (no binary32 chain); 7 as 3, with the register chains
-// of float32 lanes, SumF whatever its sums' reach (for the tests of its guard). Then binary16 lanes, float32
-// lanes, stochastic float32 lanes (automatic only), directed float32 lanes, float64 lanes
-// (nearest; stochastic with formats of man <= 19), or the generic one, whichever
-// applies first (paths 2-6 are for the tests, which
-// compare every loop with the generic one). Automatic takes the guarded lanes for Kahan's steps
+// of float32 lanes, SumF whatever its sums' reach (for the tests of its guard). Then binary16
+// lanes, float32 lanes, stochastic float32 lanes (automatic only), directed float32 lanes,
+// float64 lanes (nearest; stochastic with formats of man <= 19), or the generic one, whichever
+// applies first (paths 2-7 are for the tests, which compare every loop with the generic one). Automatic takes the guarded lanes for Kahan's steps
 // where they apply, except into binary16 (F16C's conversion is the faster rounding there).
 Plan plan_for(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode, int64_t path) {
   if (path == 0 && h16_applies(has_mul, mf, af, mode)) return {LANES_H16, ACC_H, false};

@@ -224,7 +224,9 @@ struct SumF {
     const C::V c = C::flt(C::addi(C::maxu(C::andi(C::bits(u), inf), emin), shift15));
     return C::sub(C::add(u, c), c);
   }
-  H16Chain::I guard(H16Chain::I g, H16Chain::V s) const { return H16Chain::maxu(g, H16Chain::andi(H16Chain::bits(s), mag)); }
+  H16Chain::I guard(H16Chain::I g, H16Chain::V s) const {
+    return H16Chain::maxu(g, H16Chain::andi(H16Chain::bits(s), mag));
+  }
   bool tripped(H16Chain::I g) const { return H16Chain::any_ge_u(g, top); }
 };
 
@@ -279,8 +281,8 @@ inline bool h16_chain_last(int64_t n, const float* a, int64_t K, const float* bp
 
 // Rows m0 .. m1 of one batch element's output, columns j0 .. j0 + nc (nc <= NR): a: (M, K) of that
 // element, b: (K, N), y: (M, N). The panel of b is packed into pack (resized as needed). A guarded
-// Sum's tripped tile, and every tile after it in the call (they would likely trip too), is left to
-// redo(i, n), rows i .. i + n of these columns.
+// Sum's tripped tile, and every tile after it in these rows (they would likely trip too), is left
+// to redo(i, n), rows i .. i + n of these columns.
 template <bool BOUNDED, class Sum, class Redo>
 inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
                            int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m, const Sum& sum,
@@ -295,6 +297,14 @@ inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, 
     }
   if (i < m1 && !h16_chain_last<C::MR - 1, BOUNDED, Sum>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m, sum))
     redo(i, m1 - i);
+}
+
+// The same for a Sum without a guard (nothing to redo).
+template <bool BOUNDED, class Sum>
+inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
+                           int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m, const Sum& sum) {
+  static_assert(!Sum::kGuard, "a guarded Sum needs a redo");
+  h16_chain_rows<BOUNDED>(a, b, y, K, N, m0, m1, j0, nc, pack, m, sum, [](int64_t, int64_t) {});
 }
 #endif
 
