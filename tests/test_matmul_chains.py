@@ -4,7 +4,7 @@
   another format of float32's exponent range with at most 10 mantissa bits, to nearest, no Kahan,
   no blocks, finite operands: ``s = round(fl32(s + a*b))`` per step, the lanes where fl32 lands
   on a midpoint of acc redone exactly;
-* its binary16 form (fchain16): acc FP16, the same steps rounded by the processor's float32 ->
+* its binary16 form (FChain16): acc FP16, the same steps rounded by the processor's float32 ->
   binary16 conversion, the midpoints (and the steps that overflow) found by |r - h| >= binary16's
   half-quantum at r and redone exactly;
 * the binary16 chain into binary32 (cuda/cpu/matmul_h16.h with SumB32): acc FP32, products
@@ -114,6 +114,19 @@ def binades(g, shape, lo, hi):
     return v
 
 
+def bound_cases(mul, g):
+    """Operands at the bounded chains' bound, max|a| * max|b| = mul's max, and one float32 ulp above
+    it (the float32 lanes), with products of +-max in every row."""
+    top = float(mul.max)
+    for hi in (top, math.nextafter(top, math.inf)):
+        a = torch.rand(1, 5, 11, generator=g) * 2 - 1
+        a[:, :, 0] = 1.0
+        b = (torch.rand(1, 11, 7, generator=g) * 2 - 1) * hi
+        b[:, 0, :] = hi
+        b[:, 1, :] = -hi
+        yield a, b
+
+
 def midpoint_steps(acc, g, rows, K):
     """Rows whose every step has fl32(s + a*b) on a midpoint of acc (the lanes the chain redoes):
     the first product sets s to a value of acc with a random exponent and odd or even last bit,
@@ -204,7 +217,7 @@ def test_fused_equals_generic_ragged_and_nonfinite(acc):
 
 
 def test_fused_fp16_exact_reference():
-    """Into binary16 (fchain16): every binade of the sums from below the smallest subnormal to past
+    """Into binary16 (FChain16): every binade of the sums from below the smallest subnormal to past
     the largest value, region S sums, overflow to infinity and the sums that stay there, the sums
     whose float32 value is 65520 (binary16's overflow midpoint) with the exact sum below, on and
     above it, signed zeros, midpoint steps in every binade and in region S."""
@@ -225,7 +238,7 @@ def test_fused_fp16_exact_reference():
 
 
 def test_fused_fp16_equals_generic_ragged_and_nonfinite():
-    """fchain16 against the generic loop: shapes around the tile, operands of every scale (region S
+    """FChain16 against the generic loop: shapes around the tile, operands of every scale (region S
     sums, overflow), grids with many exact midpoints, long midpoint runs; NaN and infinite operands
     (the float32 lanes then serve the call), float32 overflow in the FMA."""
     g = torch.Generator().manual_seed(29)
@@ -282,13 +295,7 @@ def test_narrow_chain_with_mul_exact_reference(mul, acc):
     cancel to +0, products that round to +-0, at and above the bound (above: the float32 lanes),
     every binade of the operands (tiny products: subnormal-range sums of acc's grid)."""
     g = torch.Generator().manual_seed(17)
-    top = float(mul.max)
-    for hi in (top, math.nextafter(top, math.inf)):
-        a = torch.rand(1, 5, 11, generator=g) * 2 - 1
-        a[:, :, 0] = 1.0
-        b = (torch.rand(1, 11, 7, generator=g) * 2 - 1) * hi
-        b[:, 0, :] = hi
-        b[:, 1, :] = -hi
+    for a, b in bound_cases(mul, g):
         check(a, b, mul, acc, oracle=True)
     vals = cpd.cast(torch.linspace(-3, 3, 41), mul)
     vals = vals[torch.isfinite(vals)]
@@ -326,12 +333,7 @@ def test_fsum_chain_exact_reference(mul, acc, path):
     sums), sums that pass 2^emax and overflow to infinity (the guard's redo)."""
     g = torch.Generator().manual_seed(31)
     top = float(mul.max)
-    for hi in (top, math.nextafter(top, math.inf)):
-        a = torch.rand(1, 5, 11, generator=g) * 2 - 1
-        a[:, :, 0] = 1.0
-        b = (torch.rand(1, 11, 7, generator=g) * 2 - 1) * hi
-        b[:, 0, :] = hi
-        b[:, 1, :] = -hi
+    for a, b in bound_cases(mul, g):
         check(a, b, mul, acc, oracle=True, path=path)
     vals = cpd.cast(torch.linspace(-3, 3, 41), mul)
     vals = vals[torch.isfinite(vals)]

@@ -267,33 +267,18 @@ void h16_chain_matmul(const float* a, const float* b, float* y, const Dims& d, c
   });
 }
 
-// The fused narrow register chain (matmul_fchain.h): finite operands (checked by the caller), tasks
-// as chain_matmul's; a task on a thread that flushes float32 subnormals runs the generic steps.
+// The fused narrow register chain (matmul_fchain.h), rounded by Acc (FChainAcc: TF32, BF16, ...;
+// FChain16: binary16): finite operands (checked by the caller), tasks as chain_matmul's; a task on
+// a thread that flushes float32 subnormals runs the generic steps.
+template <class Acc>
 void fchain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::Format& af,
-                   const cpd::DotSpec& spec) {
+                   const cpd::DotSpec& spec, const Acc& m) {
   using C = cpd_cpu::H16Chain;
-  const cpd_cpu::FChainAcc m(af);
   cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
                                                              int64_t nc, std::vector<float>& pack) {
     float* yb = y + bi * d.M * d.N;
     if (cpd_cpu::float32_subnormals_kept())
       cpd_cpu::fchain_rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack, m, af);
-    else
-      for (int64_t i = m0; i < m1; ++i)
-        redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, true);
-  });
-}
-
-// The fused chain's binary16 form (matmul_fchain.h fchain16_rows): as fchain_matmul.
-void fchain16_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::Format& af,
-                     const cpd::DotSpec& spec) {
-  using C = cpd_cpu::H16Chain;
-  const cpd_cpu::FChain16 m;
-  cpd_cpu::chain_tasks(d.B, d.M, d.N, C::NR, 16 * C::MR, [&](int64_t bi, int64_t m0, int64_t m1, int64_t j0,
-                                                             int64_t nc, std::vector<float>& pack) {
-    float* yb = y + bi * d.M * d.N;
-    if (cpd_cpu::float32_subnormals_kept())
-      cpd_cpu::fchain16_rows(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack, m, af);
     else
       for (int64_t i = m0; i < m1; ++i)
         redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, true);
@@ -554,8 +539,9 @@ struct Plan {
 // of float32 lanes, SumF whatever its sums' reach (for the tests of its guard). Then binary16
 // lanes, float32 lanes, stochastic float32 lanes (automatic only), directed float32 lanes,
 // float64 lanes (nearest; stochastic with formats of man <= 19), or the generic one, whichever
-// applies first (paths 2-7 are for the tests, which compare every loop with the generic one). Automatic takes the guarded lanes for Kahan's steps
-// where they apply, except into binary16 (F16C's conversion is the faster rounding there).
+// applies first (paths 2-7 are for the tests, which compare every loop with the generic one).
+// Automatic takes the guarded lanes for Kahan's steps where they apply, except into binary16
+// (F16C's conversion is the faster rounding there).
 Plan plan_for(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mode, int64_t path) {
   if (path == 0 && h16_applies(has_mul, mf, af, mode)) return {LANES_H16, ACC_H, false};
   if (path == 0 || path == 3 || path == 4 || path == 5 || path == 7) {
@@ -635,10 +621,11 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
     else h16_chain_matmul<false>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
     return;
   }
-  // its fused form: exact products, plain sums, finite operands (matmul_fchain.h fchain16_rows)
+  // its fused form: exact products, plain sums, finite operands (matmul_fchain.h, FChain16)
   if (path == 0 && lanes == LANES_H16 && plan.acc == ACC_H && !has_mul && !kahan && !block &&
       top_a < cpd::INF_BITS && top_b < cpd::INF_BITS)
-    return fchain16_matmul(ap, bp, yp, d, af, cpd::make_dot_spec(mf, 0, af, 0, 0, cpd::NEAREST, 32));
+    return fchain_matmul(ap, bp, yp, d, af, cpd::make_dot_spec(mf, 0, af, 0, 0, cpd::NEAREST, 32),
+                         cpd_cpu::FChain16{});
   // the same register chain into binary32 or (bounded products) an acc of fchain_applies
   // (products rounded to a format with subnormals), and the fused narrow chain (no mul, acc of
   // fchain_applies, finite operands)
@@ -660,7 +647,8 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
     if (fsum && bounded && (path == 7 || reach <= 0.5 * (double)cpd::float_of(af.max_bits & cpd::INF_BITS)))
       return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumF(af), &af);
     if (narrow && bounded) return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumI(af));
-    if (!has_mul && top_a < cpd::INF_BITS && top_b < cpd::INF_BITS) return fchain_matmul(ap, bp, yp, d, af, sp);
+    if (!has_mul && top_a < cpd::INF_BITS && top_b < cpd::INF_BITS)
+      return fchain_matmul(ap, bp, yp, d, af, sp, cpd_cpu::FChainAcc(af));
   }
 #endif
   if (lanes == LANES_H16 || lanes == LANES_F32) {

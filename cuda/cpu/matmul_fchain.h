@@ -21,15 +21,15 @@
 // fl32's result, as round_lane_i keeps it). With finite operands no step is NaN: a*b is finite,
 // and an infinite s stays infinite (inf + finite).
 //
-// The binary16 form (fchain16_*: acc = IEEE binary16 itself, is_binary16 in matmul.cpp, the rest as
-// above) rounds r by the processor's conversion instead (H16Chain::rnd16: float32 -> binary16 ->
-// float32, round to nearest even once, subnormals, overflow to infinity), h = rnd16(r), and finds
+// The binary16 form (the FChain16 policy: acc = IEEE binary16 itself, is_binary16 in matmul.cpp,
+// the rest as above) rounds r by the processor's conversion instead (H16Chain::rnd16: float32 ->
+// binary16 -> float32, to nearest even once, subnormals, overflow to infinity), h = rnd16(r), finds
 // the midpoints without a per-region test: with E r's exponent (|r| in [2^E, 2^(E+1))), binary16's
 // half-quantum at r is hq = 2^(max(E, -14) - 11) (2^-25 in region S), and h, the nearest value of
 // acc's grid, lies within hq of r, at exactly hq when r is a midpoint. r - h is exact (h within a
 // factor of 2 of r, or 0: Sterbenz), so the lanes with |r - h| >= hq (float32 compare, false for
 // NaN) are the midpoints, plus those whose r rounds to infinity (|r - h| = inf: at most one step a
-// lane, r >= 65520); fchain16_fix redoes the midpoints (cpd::is_midpoint_bits) with fma_bits and
+// lane, r >= 65520); fchain_fix redoes the midpoints (cpd::is_midpoint_bits) with fma_bits and
 // leaves the others' r to the rounding. Infinite s (after an overflow) stays infinite: r = inf, h =
 // inf, r - h NaN, no flag. 9 vector instructions per 8 or 16 products (FMA, two conversions, 6 for
 // the test) against 5 on the bits, and 30-40 in the float32 lanes (matmul_f32.h AccH, fused).
@@ -61,51 +61,93 @@ inline bool fchain_applies(const cpd::Format& f) {
 }
 
 #if CPD_CPU_H16_CHAIN
+// The midpoint lanes' flags, as a vector of flags (AVX2) or a bit mask (AVX-512).
+#if defined(__AVX512F__)
+using FChainTies = __mmask16;
+inline FChainTies fchain_no_ties() { return 0; }
+inline FChainTies fchain_eq(H16Chain::I x, H16Chain::I y) { return _mm512_cmpeq_epi32_mask(x, y); }
+inline FChainTies fchain_ge(H16Chain::V x, H16Chain::V y) { return _mm512_cmp_ps_mask(x, y, _CMP_GE_OQ); }
+inline FChainTies fchain_or(FChainTies x, FChainTies y) { return (FChainTies)(x | y); }
+inline bool fchain_none(FChainTies t) { return t == 0; }
+#else
+using FChainTies = __m256i;
+inline FChainTies fchain_no_ties() { return _mm256_setzero_si256(); }
+inline FChainTies fchain_eq(H16Chain::I x, H16Chain::I y) { return _mm256_cmpeq_epi32(x, y); }
+inline FChainTies fchain_ge(H16Chain::V x, H16Chain::V y) {
+  return _mm256_castps_si256(_mm256_cmp_ps(x, y, _CMP_GE_OQ));
+}
+inline FChainTies fchain_or(FChainTies x, FChainTies y) { return _mm256_or_si256(x, y); }
+inline bool fchain_none(FChainTies t) { return _mm256_testz_si256(t, t) != 0; }
+#endif
+
+// The chain's rounding policies (see the top), each with:
+//   round(r, tie)    r's rounding to acc, the lanes where r may be a midpoint or into tie;
+//   round_fixed(x)   the same rounding of x, a lane left by fchain_fix (no flags);
+//   midpoint(r, af)  whether a flagged lane's r is a midpoint of acc (fchain_fix's scalar test).
+// FChainAcc (TF32, BF16, ...: fchain_applies): on r's bits, t = bits(r) + half, t & keep; r is a
+// midpoint exactly when t's dropped bits are 0 (dropped bits of r equal to half, and only those,
+// carry into the kept bits leaving zeros), i.e. when t & keep == t: one compare.
 struct FChainAcc {
   H16Chain::I half, keep;
   explicit FChainAcc(const cpd::Format& f) {
     half = H16Chain::ci(f.half_m1 + 1u);
     keep = H16Chain::ci(~f.qmask);
   }
+  H16Chain::V round(H16Chain::V r, FChainTies& tie) const {
+    using C = H16Chain;
+    const C::I t = C::addi(C::bits(r), half), rounded = C::andi(t, keep);
+    tie = fchain_or(tie, fchain_eq(rounded, t));
+    return C::flt(rounded);
+  }
+  H16Chain::V round_fixed(H16Chain::V x) const {
+    return H16Chain::flt(H16Chain::andi(H16Chain::addi(H16Chain::bits(x), half), keep));
+  }
+  static bool midpoint(float r, const cpd::Format& af) { return (cpd::bits_of(r) & af.qmask) == af.half_m1 + 1u; }
 };
 
-// The midpoint lanes' flags: with t = bits(r) + half and its rounding t & keep, r is a midpoint
-// exactly when t's dropped bits are 0 (dropped bits of r equal to half, and only those, carry into
-// the kept bits leaving zeros), i.e. when t & keep == t: one compare of the rounding with t.
-// FChainTies: a vector of flags (AVX2) or a bit mask (AVX-512).
-#if defined(__AVX512F__)
-using FChainTies = __mmask16;
-inline FChainTies fchain_no_ties() { return 0; }
-inline FChainTies fchain_ties(H16Chain::I rounded, H16Chain::I t) { return _mm512_cmpeq_epi32_mask(rounded, t); }
-inline FChainTies fchain_or(FChainTies x, FChainTies y) { return (FChainTies)(x | y); }
-inline bool fchain_none(FChainTies t) { return t == 0; }
-#else
-using FChainTies = __m256i;
-inline FChainTies fchain_no_ties() { return _mm256_setzero_si256(); }
-inline FChainTies fchain_ties(H16Chain::I rounded, H16Chain::I t) { return _mm256_cmpeq_epi32(rounded, t); }
-inline FChainTies fchain_or(FChainTies x, FChainTies y) { return _mm256_or_si256(x, y); }
-inline bool fchain_none(FChainTies t) { return _mm256_testz_si256(t, t) != 0; }
-#endif
+// FChain16 (acc = IEEE binary16): h = rnd16(r), the lanes with |r - h| >= hq flagged (the
+// midpoints and the overflows), the midpoints among them found by cpd::is_midpoint_bits.
+struct FChain16 {
+  H16Chain::I mag, expo, min_e, neg11;
+  FChain16() {
+    mag = H16Chain::ci(~cpd::SIGN);
+    expo = H16Chain::ci(cpd::INF_BITS);      // r's exponent field: 2^E
+    min_e = H16Chain::ci(0x38800000u);       // 2^-14, binary16's smallest normal
+    neg11 = H16Chain::ci(0u - (11u << 23));  // 2^e -> 2^(e - 11)
+  }
+  H16Chain::V round(H16Chain::V r, FChainTies& tie) const {
+    using C = H16Chain;
+    const C::V h = C::rnd16(r);
+    const C::V d = C::flt(C::andi(C::bits(C::sub(r, h)), mag));
+    const C::V hq = C::flt(C::addi(C::maxu(C::andi(C::bits(r), expo), min_e), neg11));
+    tie = fchain_or(tie, fchain_ge(d, hq));
+    return h;
+  }
+  H16Chain::V round_fixed(H16Chain::V x) const { return H16Chain::rnd16(x); }
+  static bool midpoint(float r, const cpd::Format& af) {
+    return cpd::is_midpoint_bits(cpd::bits_of(r) & ~cpd::SIGN, af) != 0u;
+  }
+};
 
-// One row's step with midpoint lanes, redone: x holds the row's s (NR lanes); on return it holds
-// r = fl32(s + a*b) (the FMA of the vector step, scalar), the midpoint lanes' replaced by
-// fma_bits(s, a, b), a value of acc. (Arrays made only on this path, so that the hot loop's
-// registers never go to memory for it.)
-__attribute__((noinline, cold)) inline void fchain_fix(float* x, float a, const float* b, const cpd::Format& af) {
+// One row's step with flagged lanes, redone: x holds the row's s (NR lanes); on return it holds
+// r = fl32(s + a*b) (the FMA of the vector step, scalar), the midpoint lanes' (Acc::midpoint)
+// replaced by fma_bits(s, a, b), a value of acc that Acc's rounding leaves alone. (Arrays made only
+// on this path, so that the hot loop's registers never go to memory for it.)
+template <class Acc>
+__attribute__((noinline, cold)) void fchain_fix(float* x, float a, const float* b, const cpd::Format& af) {
   for (int i = 0; i < H16Chain::NR; ++i) {
     const float r = cpd::ffma(a, b[i], x[i]);
-    x[i] = (cpd::bits_of(r) & af.qmask) == af.half_m1 + 1u
-               ? cpd::float_of(cpd::fma_bits(cpd::bits_of(x[i]), cpd::bits_of(a), cpd::bits_of(b[i]), af, cpd::NEAREST,
-                                             0u, 32))
-               : r;
+    x[i] = Acc::midpoint(r, af) ? cpd::float_of(cpd::fma_bits(cpd::bits_of(x[i]), cpd::bits_of(a), cpd::bits_of(b[i]),
+                                                             af, cpd::NEAREST, 0u, 32))
+                                : r;
   }
 }
 
 // Rows r < R of a register tile: y[r][0 .. nc) = the chains of a's rows (a + r * lda, K values)
-// against the packed panel bp (K x NR, row k at bp + k * NR).
-template <int R>
+// against the packed panel bp (K x NR, row k at bp + k * NR), rounded by Acc.
+template <int R, class Acc>
 inline void fchain_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K,
-                        float* __restrict y, int64_t ldy, int64_t nc, const FChainAcc& m, const cpd::Format& af) {
+                        float* __restrict y, int64_t ldy, int64_t nc, const Acc& m, const cpd::Format& af) {
   using C = H16Chain;
   C::V s[R][C::NV];
   CPD_UNROLL for (int r = 0; r < R; ++r)
@@ -115,128 +157,39 @@ inline void fchain_tile(const float* __restrict a, int64_t lda, const float* __r
     CPD_UNROLL for (int v = 0; v < C::NV; ++v) bv[v] = C::load(bp + k * C::NR + v * C::W);
     CPD_UNROLL for (int r = 0; r < R; ++r) {
       const C::V av = C::bcast(a + r * lda + k);
-      C::I rounded[C::NV];
+      C::V rounded[C::NV];
       FChainTies tie = fchain_no_ties();
-      CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
-        const C::I t = C::addi(C::bits(C::fma(av, bv[v], s[r][v])), m.half);
-        rounded[v] = C::andi(t, m.keep);
-        tie = fchain_or(tie, fchain_ties(rounded[v], t));
-      }
+      CPD_UNROLL for (int v = 0; v < C::NV; ++v) rounded[v] = m.round(C::fma(av, bv[v], s[r][v]), tie);
       if (__builtin_expect(!fchain_none(tie), 0)) {
         alignas(64) float x[C::NR];
         CPD_UNROLL for (int v = 0; v < C::NV; ++v) C::store(x + v * C::W, s[r][v]);
-        fchain_fix(x, a[r * lda + k], bp + k * C::NR, af);
-        CPD_UNROLL for (int v = 0; v < C::NV; ++v)
-          rounded[v] = C::andi(C::addi(C::bits(C::load(x + v * C::W)), m.half), m.keep);
+        fchain_fix<Acc>(x, a[r * lda + k], bp + k * C::NR, af);
+        CPD_UNROLL for (int v = 0; v < C::NV; ++v) rounded[v] = m.round_fixed(C::load(x + v * C::W));
       }
-      CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::flt(rounded[v]);
+      CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = rounded[v];
     }
   }
   store_tile<C, R>(s, y, ldy, nc);
 }
 
 // The last rows (n < MR of them): the tile of n rows.
-template <int R>
+template <int R, class Acc>
 inline void fchain_last(int64_t n, const float* a, int64_t K, const float* bp, float* y, int64_t N, int64_t nc,
-                        const FChainAcc& m, const cpd::Format& af) {
+                        const Acc& m, const cpd::Format& af) {
   if (n == R) fchain_tile<R>(a, K, bp, K, y, N, nc, m, af);
   else if constexpr (R > 1) fchain_last<R - 1>(n, a, K, bp, y, N, nc, m, af);
 }
 
 // Rows m0 .. m1 of one batch element's output, columns j0 .. j0 + nc (nc <= NR): a: (M, K) of that
 // element, b: (K, N), y: (M, N). The panel of b is packed into pack (resized as needed).
+template <class Acc>
 inline void fchain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
-                        int64_t j0, int64_t nc, std::vector<float>& pack, const FChainAcc& m, const cpd::Format& af) {
+                        int64_t j0, int64_t nc, std::vector<float>& pack, const Acc& m, const cpd::Format& af) {
   using C = H16Chain;
   const float* bp = pack_panel(b, K, N, j0, nc, C::NR, pack);
   int64_t i = m0;
   for (; i + C::MR <= m1; i += C::MR) fchain_tile<C::MR>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m, af);
   if (i < m1) fchain_last<C::MR - 1>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m, af);
-}
-
-// ------------------------------------------------------------------------------------------
-// The binary16 form (see the top): acc = IEEE binary16, the rounding h = rnd16(r).
-struct FChain16 {
-  H16Chain::I mag, expo, min_e, neg11;
-  FChain16() {
-    mag = H16Chain::ci(~cpd::SIGN);
-    expo = H16Chain::ci(cpd::INF_BITS);           // r's exponent field: 2^E
-    min_e = H16Chain::ci(0x38800000u);            // 2^-14, binary16's smallest normal
-    neg11 = H16Chain::ci(0u - (11u << 23));       // 2^e -> 2^(e - 11)
-  }
-  // The lanes with |r - h| >= hq (flags as fchain_ties'): the midpoints and the overflows.
-  FChainTies ties(H16Chain::V r, H16Chain::V h) const {
-    using C = H16Chain;
-    const C::V d = C::flt(C::andi(C::bits(C::sub(r, h)), mag));
-    const C::V hq = C::flt(C::addi(C::maxu(C::andi(C::bits(r), expo), min_e), neg11));
-#if defined(__AVX512F__)
-    return _mm512_cmp_ps_mask(d, hq, _CMP_GE_OQ);
-#else
-    return _mm256_castps_si256(_mm256_cmp_ps(d, hq, _CMP_GE_OQ));
-#endif
-  }
-};
-
-// One row's step with flagged lanes: x holds the row's s; on return r = fl32(s + a*b), or for the
-// midpoints (cpd::is_midpoint_bits, which the vector test's other flags fail) fma_bits(s, a, b), a
-// value of acc that rnd16 leaves alone. Cold, as fchain_fix.
-__attribute__((noinline, cold)) inline void fchain16_fix(float* x, float a, const float* b, const cpd::Format& af) {
-  for (int i = 0; i < H16Chain::NR; ++i) {
-    const float r = cpd::ffma(a, b[i], x[i]);
-    x[i] = cpd::is_midpoint_bits(cpd::bits_of(r) & ~cpd::SIGN, af)
-               ? cpd::float_of(cpd::fma_bits(cpd::bits_of(x[i]), cpd::bits_of(a), cpd::bits_of(b[i]), af, cpd::NEAREST,
-                                             0u, 32))
-               : r;
-  }
-}
-
-// fchain_tile's binary16 form.
-template <int R>
-inline void fchain16_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K,
-                          float* __restrict y, int64_t ldy, int64_t nc, const FChain16& m, const cpd::Format& af) {
-  using C = H16Chain;
-  C::V s[R][C::NV];
-  CPD_UNROLL for (int r = 0; r < R; ++r)
-    CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::zero();  // s = +0
-  for (int64_t k = 0; k < K; ++k) {
-    C::V bv[C::NV];
-    CPD_UNROLL for (int v = 0; v < C::NV; ++v) bv[v] = C::load(bp + k * C::NR + v * C::W);
-    CPD_UNROLL for (int r = 0; r < R; ++r) {
-      const C::V av = C::bcast(a + r * lda + k);
-      C::V h[C::NV];
-      FChainTies tie = fchain_no_ties();
-      CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
-        const C::V rr = C::fma(av, bv[v], s[r][v]);
-        h[v] = C::rnd16(rr);
-        tie = fchain_or(tie, m.ties(rr, h[v]));
-      }
-      if (__builtin_expect(!fchain_none(tie), 0)) {
-        alignas(64) float x[C::NR];
-        CPD_UNROLL for (int v = 0; v < C::NV; ++v) C::store(x + v * C::W, s[r][v]);
-        fchain16_fix(x, a[r * lda + k], bp + k * C::NR, af);
-        CPD_UNROLL for (int v = 0; v < C::NV; ++v) h[v] = C::rnd16(C::load(x + v * C::W));
-      }
-      CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = h[v];
-    }
-  }
-  store_tile<C, R>(s, y, ldy, nc);
-}
-
-template <int R>
-inline void fchain16_last(int64_t n, const float* a, int64_t K, const float* bp, float* y, int64_t N, int64_t nc,
-                          const FChain16& m, const cpd::Format& af) {
-  if (n == R) fchain16_tile<R>(a, K, bp, K, y, N, nc, m, af);
-  else if constexpr (R > 1) fchain16_last<R - 1>(n, a, K, bp, y, N, nc, m, af);
-}
-
-// fchain_rows' binary16 form.
-inline void fchain16_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
-                          int64_t j0, int64_t nc, std::vector<float>& pack, const FChain16& m, const cpd::Format& af) {
-  using C = H16Chain;
-  const float* bp = pack_panel(b, K, N, j0, nc, C::NR, pack);
-  int64_t i = m0;
-  for (; i + C::MR <= m1; i += C::MR) fchain16_tile<C::MR>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m, af);
-  if (i < m1) fchain16_last<C::MR - 1>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m, af);
 }
 #endif
 
