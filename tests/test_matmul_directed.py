@@ -5,12 +5,17 @@ Invariants defended:
 * formats whose values are all float32 values, with a signed zero of each sign
   (``cpd::directed_lane_applies``), take the directed lanes in the three directed modes
   (``matmul_lanes`` reports 34); the rest (FNUZ, P3109, wider than float32) keep the generic loop;
-* the lanes (``path=0``, which takes the binary32 register chain into FP32 with exact products,
-  and ``path=6``, the tiles alone) give the generic loop's bits (``path=1``: dot_step on float32
+* the lanes (``path=0``, which takes the register chains where they apply: the binary32 chain into
+  FP32 with exact products, the fused narrow chain into BF16/TF32/FP16 with exact products, the
+  product chain with products rounded to a mul of <= 21 bits with subnormals and bounded operands,
+  max|a| max|b| <= mul's max; and ``path=6``, the tiles alone) give the generic loop's bits
+  (``path=1``: dot_step on float32
   bits, itself checked against exact rationals in tests/test_matmul.py) bit for bit: every binade
   of inputs, subnormal sums, overflow with and without saturation, signed zeros (a row of -0: every
   sum an exact zero, -0 only rounding down), NaN and infinite operands, NaN payloads, ragged shapes
-  (K = 1, N not a multiple of the tile), plain, Kahan and blocked;
+  (K = 1, N not a multiple of the tile), plain, Kahan and blocked; on the product chain also
+  products in every binade of mul and below its subnormals (zeros of both signs, sums of tiny
+  values that round to zero in acc), operands at its bound and one ulp above, sums that overflow;
 * the same for any float32 operands (hypothesis), and against the exact rational oracle
   (``ref_matmul``) on small shapes;
 * the calling thread's floating-point unit is left as it was: rounding to nearest afterwards, and a
@@ -23,12 +28,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import cpd
 from cpd import _cpu
 from test_matmul import bits_equal, ref_matmul
+from test_matmul_chains import bound_cases
 from test_matmul_sr_lanes import _binades, _mismatch
 
 pytestmark = pytest.mark.skipif(_cpu.extension() is None, reason="no compiled extension")
@@ -221,3 +227,82 @@ def test_fused_chain(acc):
         _agree(tiny, tiny.transpose(1, 2).contiguous(), None, acc, mode)
         out = _agree(huge, huge.transpose(1, 2).contiguous() * 4, None, acc, mode)
         assert (out.abs() == math.inf).any() == (mode != "toward_zero"), mode
+
+
+# (mul, acc) pairs the register chains take with finite operands (matmul.cpp dir_register_chains;
+# products rounded to mul with bounded operands, or exact into FP16 and BF16 by the fused chain)
+CHAINED = [(cpd.E4M3, cpd.FP32), (cpd.E5M2, cpd.FP32), (cpd.E4M3FN, cpd.FP32), (cpd.FP16, cpd.FP32),
+           (cpd.E4M3, cpd.BF16), (cpd.E5M2, cpd.TF32), (cpd.E5M2, cpd.FP16), (cpd.E4M3, cpd.FP16),
+           (cpd.FloatFormat(6, 5), cpd.FP16), (None, cpd.FP16), (None, cpd.BF16)]
+
+
+def _bounded(a, b, mul):
+    """b scaled by a power of two so that max|a| * max|b| <= mul's max (the product chain's bound)."""
+    if mul is None:
+        return b
+    top = float(a.abs().max()) * float(b.abs().max())
+    return b if top == 0 else b * 2.0 ** math.floor(math.log2(float(mul.max) / top))
+
+
+@pytest.mark.parametrize("mul,acc", CHAINED, ids=[f"{m.name if m else 'exact'}x{a.name}" for m, a in CHAINED])
+def test_register_chains(mul, acc):
+    """Finite, bounded operands (the register chains, path 0) against the generic loop: products
+    over every binade of mul and below its smallest subnormal (zero products of both signs, sums
+    that round to zero in acc), rows of +0 and -0, a column of -0, rows and columns that fill no
+    whole tile, K = 1, operands at the bound and one ulp above it, sums past acc's range."""
+    g = torch.Generator().manual_seed(35)
+    f = mul or acc
+    lo, hi = f.emin - f.man - 6, f.emax + 1
+    for M, K, N in ((13, 37, 45), (7, 1, 67), (2, 64, 5)):
+        a = _binades(g, (2, M, K), lo // 2, hi // 2)
+        b = _bounded(a, _binades(g, (2, K, N), lo // 2, hi // 2), mul)
+        a[0, 1, :] = 0.0
+        a[1, M - 1, :] = -0.0
+        b[1, :, N // 2] = -0.0
+        for mode in MODES:
+            _agree(a, b, mul, acc, mode)
+    tiny = 2.0 ** ((f.emin - f.man) // 2)  # products near and below mul's smallest subnormal
+    a = torch.randn(1, 9, 40, generator=g) * tiny
+    b = torch.randn(1, 40, 33, generator=g) * tiny
+    for mode in MODES:
+        out = _agree(a, b, mul, acc, mode)
+        assert mode != "toward_zero" or (out == 0).any()
+    big = 2.0 ** (min(f.emax, 127) // 2)  # products near mul's max, one sign: acc's sums overflow
+    a = torch.rand(1, 6, 50, generator=g) * big + big
+    b = _bounded(a, torch.rand(1, 50, 20, generator=g) * big + big, mul)
+    for mode in MODES:
+        _agree(a, b, mul, acc, mode)
+        _agree(-a, b, mul, acc, mode)
+    if mul is not None:
+        for a, b in bound_cases(mul, g):
+            for mode in MODES:
+                _agree(a, b, mul, acc, mode)
+
+
+_FINITE = st.floats(width=32, allow_nan=False, allow_infinity=False, allow_subnormal=True)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(CHAINED), st.lists(_FINITE, min_size=6, max_size=6), st.lists(_FINITE, min_size=6, max_size=6),
+       st.sampled_from(MODES))
+def test_hypothesis_register_chains(pair, av, bv, mode):
+    """Any finite float32 operands, b scaled to the product chain's bound, a 2 x 3 by 3 x 2 product."""
+    mul, acc = pair
+    a = torch.tensor(av, dtype=torch.float32).reshape(1, 2, 3)
+    b = _bounded(a, torch.tensor(bv, dtype=torch.float32).reshape(1, 3, 2), mul)
+    assume(torch.isfinite(b).all())
+    _agree(a, b, mul, acc, mode)
+
+
+@pytest.mark.parametrize("mul,acc", [(cpd.E4M3, cpd.FP32), (cpd.E5M2, cpd.FP16), (cpd.E4M3, cpd.BF16),
+                                     (None, cpd.FP16)])
+@pytest.mark.parametrize("mode", MODES)
+def test_register_chains_against_the_exact_oracle(mul, acc, mode):
+    """The public cpd.matmul with bounded operands (the register chains) against exact rationals."""
+    g = torch.Generator().manual_seed(9)
+    f = mul or acc
+    a = _binades(g, (3, 9), (f.emin - f.man - 4) // 2, f.emax // 2)
+    b = _bounded(a, _binades(g, (9, 4), (f.emin - f.man - 4) // 2, f.emax // 2), mul)
+    a[1] = -0.0
+    got = cpd.matmul(a, b, mul=mul, acc=acc, rounding=mode)
+    assert bits_equal(got, ref_matmul(a, b, mul, acc, mode=mode)), (got, ref_matmul(a, b, mul, acc, mode=mode))

@@ -26,9 +26,10 @@
 //     near a decision's edge redone exactly), else float64 lanes for man <= 19 (round_d_sr);
 //   * directed rounding (toward zero, up, down; matmul_directed.h): float32 lanes computed with the
 //     processor's rounding direction set to the mode, each result then cast in that mode, for
-//     formats whose values are all float32 values (cpd::directed_lane_applies); with exact
-//     products and plain sums, register chains under that direction: into binary32 the binary32
-//     chain, into TF32/BF16 (finite operands) the fused narrow chain's, rounded on the bits;
+//     formats whose values are all float32 values (cpd::directed_lane_applies); with plain sums,
+//     register chains under that direction: exact products into binary32 the binary32 chain, into
+//     TF32/BF16/binary16 (finite operands) the fused narrow chain's; products rounded to mul
+//     (bounded operands) the product chain's (matmul_h16.h) into binary32, TF32/BF16, binary16;
 //   * any mode (wide formats, other conventions, and the reference for the tests): one output
 //     at a time, dot_step on float32 bits, the step's random words from dot_words.
 // Work is split over (batch, row, tile) or over outputs with cpd_cpu::parallel_for; an output's
@@ -234,14 +235,14 @@ void chain_matmul(const float* a, const float* b, float* y, const Dims& d, const
 #if CPD_CPU_H16_CHAIN
 // The binary16 register chain (matmul_h16.h), sum = SumH16, and the same chain into binary32
 // (SumB32), an acc of fchain_applies (SumI) or of round_f (SumF; both bounded only), products
-// rounded to mul: tasks as chain_matmul's. BOUNDED: the caller checked that every operand is finite and
-// max|a| * max|b| <= mul's largest value (h16_bounded). Every NaN output is redone by the generic
-// steps, so that it keeps their sign and payload whatever order the vector adds took their two NaN
-// operands in; and, except into binary16, a task on a thread that flushes float32 subnormals runs
-// the generic steps (as chain_matmul's). A guarded Sum (SumF) takes af, acc's format: the rows of a
-// tile whose guard tripped are run again on the float32 lanes (AccF), the loop such calls took
-// before the chain.
-template <bool BOUNDED, class Sum>
+// rounded to mul: tasks as chain_matmul's. PROD_BOUNDED: the caller checked that every operand is
+// finite and max|a| * max|b| <= mul's largest value (h16_bounded). Every NaN output is redone by
+// the generic steps, so that it keeps their sign and payload whatever order the vector adds took
+// their two NaN operands in; and, except into binary16, a task on a thread that flushes float32
+// subnormals runs the generic steps (as chain_matmul's). A guarded Sum (SumF) takes af, acc's
+// format: the rows of a tile whose guard tripped are run again on the float32 lanes (AccF), the
+// loop such calls took before the chain.
+template <int PROD, class Sum>
 void h16_chain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mg,
                       const cpd::DotSpec& spec, const Sum& sum, const cpd::Format* af = nullptr) {
   using C = cpd_cpu::H16Chain;
@@ -260,7 +261,7 @@ void h16_chain_matmul(const float* a, const float* b, float* y, const Dims& d, c
       }
     };
     if (lanes)
-      cpd_cpu::h16_chain_rows<BOUNDED>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack,
+      cpd_cpu::h16_chain_rows<PROD>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack,
                                        m, sum, redo);
     for (int64_t i = m0; i < m1; ++i)
       redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, !lanes);
@@ -474,20 +475,59 @@ __attribute__((noinline)) void dir_chain_rows(const float* a, const float* b, fl
 #endif
 
 #if CPD_CPU_H16_CHAIN
-// The fused narrow chain's rows in MODE (matmul_directed.h dir_fchain_rows, out of line).
+// The binary16 chain's bounded products (matmul_h16.h) apply: every operand finite (top bits below
+// INF_BITS) and max|a| * max|b| (exact in double: 24 x 24 bits) at most mul's largest value.
+bool h16_bounded(uint32_t top_a, uint32_t top_b, const cpd::FormatF& mg) {
+  return top_a < cpd::INF_BITS && top_b < cpd::INF_BITS &&
+         (double)cpd::float_of(top_a) * (double)cpd::float_of(top_b) <= (double)mg.max;
+}
+
+// The register chains in MODE where they apply (matmul_directed.h), every operand finite: exact
+// products into an acc of fchain_applies (FChainDir) or binary16 (FChain16Dir) by the fused narrow
+// chain; products rounded to a mul of nearest_f_applies with subnormals, bounded (h16_bounded: no
+// product overflows), into binary32, fchain_applies or binary16 by the product chain. Returns
+// whether they took the call (else the tiles do).
 template <int MODE>
-void dir_fchain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::Format& af,
-                       const cpd::DotSpec& spec) {
-  dir_chain_tasks<cpd_cpu::H16Chain>(a, b, y, d, spec,
-                                     [&af](const float* ab, const float* bb, float* yb, int64_t K, int64_t N,
-                                           int64_t m0, int64_t m1, int64_t j0, int64_t nc, std::vector<float>& pack) {
-                                       cpd_cpu::dir_fchain_rows<MODE>(ab, bb, yb, K, N, m0, m1, j0, nc, pack, af);
-                                     });
+bool dir_register_chains(const float* a, const float* b, float* y, const Dims& d, bool has_mul,
+                         const cpd::Format& mf, const cpd::Format& af, const cpd::DotSpec& sp) {
+  using C = cpd_cpu::H16Chain;
+  const bool b32 = is_binary32(af), h16 = is_binary16(af), narrow = cpd_cpu::fchain_applies(af);
+  if (!(has_mul ? b32 || h16 || narrow : h16 || narrow)) return false;
+  if (has_mul && !(mf.subnormals && cpd::nearest_f_applies(mf, cpd::NEAREST))) return false;
+  const uint32_t top_a = cpd_cpu::max_magnitude_bits(a, d.B * d.M * d.K);
+  const uint32_t top_b = cpd_cpu::max_magnitude_bits(b, d.B * d.K * d.N);
+  if (top_a >= cpd::INF_BITS || top_b >= cpd::INF_BITS) return false;
+  const auto run = [&](const auto& rows) { dir_chain_tasks<C>(a, b, y, d, sp, rows); };
+  if (!has_mul) {
+    const auto fused = [&](const auto& acc) {
+      run([&](const float* ab, const float* bb, float* yb, int64_t K, int64_t N, int64_t m0, int64_t m1, int64_t j0,
+              int64_t nc, std::vector<float>& pack) {
+        cpd_cpu::dir_fchain_rows(ab, bb, yb, K, N, m0, m1, j0, nc, pack, acc, af);
+      });
+    };
+    if (narrow) fused(cpd_cpu::FChainDir<MODE>(af));
+    else fused(cpd_cpu::FChain16Dir{});
+    return true;
+  }
+  const cpd::FormatF mg = cpd::make_format_f(mf);
+  if (!h16_bounded(top_a, top_b, mg)) return false;
+  const cpd_cpu::H16Mul m(mg);
+  constexpr int P = MODE == cpd::TOWARD_ZERO ? cpd_cpu::PROD_MAGNITUDE : cpd_cpu::PROD_SIGNED;
+  const auto products = [&](const auto& sum) {
+    run([&](const float* ab, const float* bb, float* yb, int64_t K, int64_t N, int64_t m0, int64_t m1, int64_t j0,
+            int64_t nc, std::vector<float>& pack) {
+      cpd_cpu::dir_h16_rows<P>(ab, bb, yb, K, N, m0, m1, j0, nc, pack, m, sum);
+    });
+  };
+  if (b32) products(cpd_cpu::SumB32{});
+  else if (narrow) products(cpd_cpu::SumDir<cpd_cpu::FChainDir<MODE>>{cpd_cpu::FChainDir<MODE>(af)});
+  else products(cpd_cpu::SumDir<cpd_cpu::FChain16Dir>{});
+  return true;
 }
 #endif
 
-// The directed lanes: the binary32 chain or the fused narrow chain where they apply (not for path
-// 6, the tests' tiles only), else the tiles.
+// The directed lanes: the binary32 chain or the other register chains (dir_register_chains) where
+// they apply (not for path 6, the tests' tiles only), else the tiles.
 void directed_matmul(const float* a, const float* b, float* y, const Dims& d, bool has_mul, bool kahan,
                      const cpd::Format& mf, const cpd::Format& af, int mode, bool chain) {
   const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, kahan ? 1 : 0, (int)d.L, mode, 32);
@@ -498,13 +538,10 @@ void directed_matmul(const float* a, const float* b, float* y, const Dims& d, bo
   (void)chain;
 #endif
 #if CPD_CPU_H16_CHAIN
-  // the fused narrow chain (matmul_directed.h dir_fchain_rows): finite operands, so no NaN output
-  if (chain && !has_mul && !kahan && !d.L && cpd_cpu::fchain_applies(af) &&
-      cpd_cpu::max_magnitude_bits(a, d.B * d.M * d.K) < cpd::INF_BITS &&
-      cpd_cpu::max_magnitude_bits(b, d.B * d.K * d.N) < cpd::INF_BITS) {
-    if (mode == cpd::UP) return dir_fchain_matmul<cpd::UP>(a, b, y, d, af, sp);
-    if (mode == cpd::DOWN) return dir_fchain_matmul<cpd::DOWN>(a, b, y, d, af, sp);
-    return dir_fchain_matmul<cpd::TOWARD_ZERO>(a, b, y, d, af, sp);
+  if (chain && !kahan && !d.L) {
+    if (mode == cpd::UP && dir_register_chains<cpd::UP>(a, b, y, d, has_mul, mf, af, sp)) return;
+    if (mode == cpd::DOWN && dir_register_chains<cpd::DOWN>(a, b, y, d, has_mul, mf, af, sp)) return;
+    if (mode == cpd::TOWARD_ZERO && dir_register_chains<cpd::TOWARD_ZERO>(a, b, y, d, has_mul, mf, af, sp)) return;
   }
 #endif
   const cpd_cpu::DirFormats g{mf, af, cpd_cpu::dir_kind(mf, is_binary32(mf), is_binary16(mf)),
@@ -513,15 +550,6 @@ void directed_matmul(const float* a, const float* b, float* y, const Dims& d, bo
   else if (mode == cpd::DOWN) dir_dispatch<cpd::DOWN>(a, b, y, d, has_mul, kahan, g, sp);
   else dir_dispatch<cpd::TOWARD_ZERO>(a, b, y, d, has_mul, kahan, g, sp);
 }
-
-#if CPD_CPU_H16_CHAIN
-// The binary16 chain's bounded products (matmul_h16.h) apply: every operand finite (top bits below
-// INF_BITS) and max|a| * max|b| (exact in double: 24 x 24 bits) at most mul's largest value.
-bool h16_bounded(uint32_t top_a, uint32_t top_b, const cpd::FormatF& mg) {
-  return top_a < cpd::INF_BITS && top_b < cpd::INF_BITS &&
-         (double)cpd::float_of(top_a) * (double)cpd::float_of(top_b) <= (double)mg.max;
-}
-#endif
 
 enum { LANES_GENERIC = 0, LANES_H16 = 16, LANES_F32 = 32, LANES_SR32 = 33, LANES_DIR32 = 34, LANES_F64 = 64 };
 
@@ -617,8 +645,10 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
   if (lanes == LANES_H16 && plan.acc == ACC_H && has_mul && !kahan && !block && mf.subnormals) {
     const cpd::FormatF mg = cpd::make_format_f(mf);
     const cpd::DotSpec sp = cpd::make_dot_spec(mf, 1, af, 0, 0, cpd::NEAREST, 32);
-    if (h16_bounded(top_a, top_b, mg)) h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
-    else h16_chain_matmul<false>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
+    if (h16_bounded(top_a, top_b, mg))
+      h16_chain_matmul<cpd_cpu::PROD_BOUNDED>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
+    else
+      h16_chain_matmul<cpd_cpu::PROD_GENERAL>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
     return;
   }
   // its fused form: exact products, plain sums, finite operands (matmul_fchain.h, FChain16)
@@ -638,15 +668,15 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
     const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, 0, 0, cpd::NEAREST, 32);
     const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);
     const bool bounded = has_mul && h16_bounded(top_a, top_b, mg);
-    if (b32_chain && bounded) return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
-    if (b32_chain) return h16_chain_matmul<false>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
+    if (b32_chain && bounded) return h16_chain_matmul<cpd_cpu::PROD_BOUNDED>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
+    if (b32_chain) return h16_chain_matmul<cpd_cpu::PROD_GENERAL>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
     // SumF where no sum is likely to reach its guard (|s| <= K max|a| max|b| <= 2^(emax - 1) but for
     // the roundings' growth): a tripped tile's rows rerun on float32 lanes of one panel's width,
     // at about twice the cost of the lanes alone (all tiles tripping: 101 against 44 ms, 512^3)
     const double reach = (double)cpd::float_of(top_a) * (double)cpd::float_of(top_b) * (double)d.K;
     if (fsum && bounded && (path == 7 || reach <= 0.5 * (double)cpd::float_of(af.max_bits & cpd::INF_BITS)))
-      return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumF(af), &af);
-    if (narrow && bounded) return h16_chain_matmul<true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumI(af));
+      return h16_chain_matmul<cpd_cpu::PROD_BOUNDED>(ap, bp, yp, d, mg, sp, cpd_cpu::SumF(af), &af);
+    if (narrow && bounded) return h16_chain_matmul<cpd_cpu::PROD_BOUNDED>(ap, bp, yp, d, mg, sp, cpd_cpu::SumI(af));
     if (!has_mul && top_a < cpd::INF_BITS && top_b < cpd::INF_BITS)
       return fchain_matmul(ap, bp, yp, d, af, sp, cpd_cpu::FChainAcc(af));
   }

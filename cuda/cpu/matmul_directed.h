@@ -12,9 +12,12 @@
 // A tile of up to kLanes outputs of one row keeps s, c and bs in arrays, every rounding a pass
 // over the lanes that the compiler vectorizes, as matmul_f32.h's lanes do; its function is never
 // inlined (dir_tile): the rounding direction holds for exactly the float operations inside.
-// With exact products, plain sums, finite operands and an accumulator of matmul_fchain.h's
-// fchain_applies (TF32, BF16), the steps run in a register tile instead (dir_fchain_rows): one
-// FMA and cpd::directed_lane_bits per step, nothing to redo.
+// With plain sums and finite operands the steps run in register tiles instead, nothing to redo:
+// exact products into an accumulator of matmul_fchain.h's fchain_applies (TF32, BF16) or binary16,
+// the fused narrow chain with a directed policy (one FMA and cpd::directed_lane_bits, or the
+// conversion, per step); products rounded to mul (bounded operands: max|a| max|b| <= mul's max)
+// into binary32, those or binary16, matmul_h16.h's product chain in its directed forms
+// (PROD_SIGNED, PROD_MAGNITUDE) with SumB32 or SumDir.
 #ifndef CPD_CPU_MATMUL_DIRECTED_H
 #define CPD_CPU_MATMUL_DIRECTED_H
 
@@ -25,7 +28,8 @@
 #include "cpd/numerics.h"
 #include "fp_env.h"         // fma_current
 #include "matmul_f32.h"     // kLanes, Tile, CPD_IVDEP
-#include "matmul_fchain.h"  // fchain_applies, H16Chain, pack_panel, store_tile
+#include "matmul_fchain.h"  // fchain_rows, FChainTies, H16Chain
+#include "matmul_h16.h"     // h16_chain_rows, H16Mul
 #include "plain_format.h"   // plain_lane_format, plain_lanes
 
 namespace cpd_cpu {
@@ -126,15 +130,22 @@ __attribute__((noinline)) void dir_tile(const float* __restrict arow, const floa
 }
 
 #if CPD_CPU_H16_CHAIN
-// cpd::directed_lane_bits on vectors of float32 bits: (h + (away ? qmask : 0)) & ~qmask, away for
-// the lanes the mode rounds away from zero (up: sign clear; down: sign set; toward zero: none).
+// The register chains' directed rounding policies. For the fused narrow chain (matmul_fchain.h
+// fchain_tile; kTies false: a directed rounding has no midpoints, so nothing is redone), r the FMA
+// fl(s + a*b) in the direction: FChainDir, an acc of fchain_applies (TF32, BF16), is
+// cpd::directed_lane_bits on vectors of float32 bits, (r + (away ? qmask : 0)) & ~qmask, away for
+// the lanes the mode rounds away from zero (up: sign clear; down: sign set; toward zero: none);
+// FChain16Dir, acc = IEEE binary16, the processor's conversion in the current direction. A padded
+// lane (b's panel is zero past N) rounds s, a value of acc, to itself.
 template <int MODE>
-struct DirChainAcc {
+struct FChainDir {
+  static constexpr bool kTies = false;
   using C = H16Chain;
   C::I qmask, keep;
-  explicit DirChainAcc(const cpd::Format& f) : qmask(C::ci(f.qmask)), keep(C::ci(~f.qmask)) {}
-  C::I round(C::I h) const {
-    if (MODE == cpd::TOWARD_ZERO) return C::andi(h, keep);
+  explicit FChainDir(const cpd::Format& f) : qmask(C::ci(f.qmask)), keep(C::ci(~f.qmask)) {}
+  C::V round(C::V r, FChainTies&) const {
+    const C::I h = C::bits(r);
+    if (MODE == cpd::TOWARD_ZERO) return C::flt(C::andi(h, keep));
 #if defined(__AVX512F__)
     const C::I neg = _mm512_srai_epi32(h, 31);
     const C::I away = MODE == cpd::UP ? _mm512_andnot_si512(neg, qmask) : C::andi(neg, qmask);
@@ -142,50 +153,42 @@ struct DirChainAcc {
     const C::I neg = _mm256_srai_epi32(h, 31);
     const C::I away = MODE == cpd::UP ? _mm256_andnot_si256(neg, qmask) : C::andi(neg, qmask);
 #endif
-    return C::andi(C::addi(h, away), keep);
+    return C::flt(C::andi(C::addi(h, away), keep));
   }
 };
 
-// Rows r < R of a register tile (matmul_fchain.h's fchain_tile without its midpoints): y[r][0 .. nc)
-// = the chains of a's rows (a + r * lda, K values) against the packed panel bp (K x NR). A padded
-// lane (b's panel is zero past N) rounds s, a value of acc, to itself.
-template <int MODE, int R>
-inline void dir_fchain_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K,
-                            float* __restrict y, int64_t ldy, int64_t nc, const DirChainAcc<MODE>& m) {
-  using C = H16Chain;
-  C::V s[R][C::NV];
-  CPD_UNROLL for (int r = 0; r < R; ++r)
-    CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::zero();  // s = +0
-  for (int64_t k = 0; k < K; ++k) {
-    C::V bv[C::NV];
-    CPD_UNROLL for (int v = 0; v < C::NV; ++v) bv[v] = C::load(bp + k * C::NR + v * C::W);
-    CPD_UNROLL for (int r = 0; r < R; ++r) {
-      const C::V av = C::bcast(a + r * lda + k);
-      CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::flt(m.round(C::bits(C::fma(av, bv[v], s[r][v]))));
-    }
+struct FChain16Dir {
+  static constexpr bool kTies = false;
+  H16Chain::V round(H16Chain::V r, FChainTies&) const { return H16Chain::rnd16_cur(r); }
+};
+
+// The product chain's Sum (matmul_h16.h h16_chain_tile, products in PROD_SIGNED or PROD_MAGNITUDE
+// form) into such an acc: fl(s + p) in the direction, then Acc's rounding, the same direction twice
+// being the one rounding of s + p (accumulate.h, "Directed lanes"). Into binary32 SumB32 serves.
+template <class Acc>
+struct SumDir {
+  static constexpr bool kGuard = false;
+  Acc acc;
+  H16Chain::V step(H16Chain::V s, H16Chain::V p) const {
+    FChainTies none = fchain_no_ties();
+    return acc.round(H16Chain::add(s, p), none);
   }
-  store_tile<C, R>(s, y, ldy, nc);
-}
+};
 
-template <int MODE, int R>
-inline void dir_fchain_last(int64_t n, const float* a, int64_t K, const float* bp, float* y, int64_t N, int64_t nc,
-                            const DirChainAcc<MODE>& m) {
-  if (n == R) dir_fchain_tile<MODE, R>(a, K, bp, K, y, N, nc, m);
-  else if constexpr (R > 1) dir_fchain_last<MODE, R - 1>(n, a, K, bp, y, N, nc, m);
-}
-
-// Rows m0 .. m1 of one batch element's output, columns j0 .. j0 + nc (as fchain_rows). The caller
-// holds DirectedRounding(MODE); never inlined, so that the direction holds for exactly its FMAs.
-template <int MODE>
+// The chains' rows (fchain_rows, h16_chain_rows) out of line: the caller holds
+// DirectedRounding(MODE), so that the direction holds for exactly their float operations.
+template <class Acc>
 __attribute__((noinline)) void dir_fchain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N,
                                                int64_t m0, int64_t m1, int64_t j0, int64_t nc,
-                                               std::vector<float>& pack, const cpd::Format& af) {
-  using C = H16Chain;
-  const DirChainAcc<MODE> m(af);
-  const float* bp = pack_panel(b, K, N, j0, nc, C::NR, pack);
-  int64_t i = m0;
-  for (; i + C::MR <= m1; i += C::MR) dir_fchain_tile<MODE, C::MR>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m);
-  if (i < m1) dir_fchain_last<MODE, C::MR - 1>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m);
+                                               std::vector<float>& pack, const Acc& acc, const cpd::Format& af) {
+  fchain_rows(a, b, y, K, N, m0, m1, j0, nc, pack, acc, af);
+}
+
+template <int PROD, class Sum>
+__attribute__((noinline)) void dir_h16_rows(const float* a, const float* b, float* y, int64_t K, int64_t N,
+                                            int64_t m0, int64_t m1, int64_t j0, int64_t nc, std::vector<float>& pack,
+                                            const H16Mul& m, const Sum& sum) {
+  h16_chain_rows<PROD>(a, b, y, K, N, m0, m1, j0, nc, pack, m, sum);
 }
 #endif
 

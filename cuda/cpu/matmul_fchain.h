@@ -81,6 +81,8 @@ inline bool fchain_none(FChainTies t) { return _mm256_testz_si256(t, t) != 0; }
 #endif
 
 // The chain's rounding policies (see the top), each with:
+//   kTies            whether round flags lanes (to nearest; the directed policies of
+//                    matmul_directed.h flag none and have neither of the last two);
 //   round(r, tie)    r's rounding to acc, the lanes where r may be a midpoint or into tie;
 //   round_fixed(x)   the same rounding of x, a lane left by fchain_fix (no flags);
 //   midpoint(r, af)  whether a flagged lane's r is a midpoint of acc (fchain_fix's scalar test).
@@ -88,6 +90,7 @@ inline bool fchain_none(FChainTies t) { return _mm256_testz_si256(t, t) != 0; }
 // midpoint exactly when t's dropped bits are 0 (dropped bits of r equal to half, and only those,
 // carry into the kept bits leaving zeros), i.e. when t & keep == t: one compare.
 struct FChainAcc {
+  static constexpr bool kTies = true;
   H16Chain::I half, keep;
   explicit FChainAcc(const cpd::Format& f) {
     half = H16Chain::ci(f.half_m1 + 1u);
@@ -108,6 +111,7 @@ struct FChainAcc {
 // FChain16 (acc = IEEE binary16): h = rnd16(r), the lanes with |r - h| >= hq flagged (the
 // midpoints and the overflows), the midpoints among them found by cpd::is_midpoint_bits.
 struct FChain16 {
+  static constexpr bool kTies = true;
   H16Chain::I mag, expo, min_e, neg11;
   FChain16() {
     mag = H16Chain::ci(~cpd::SIGN);
@@ -160,11 +164,13 @@ inline void fchain_tile(const float* __restrict a, int64_t lda, const float* __r
       C::V rounded[C::NV];
       FChainTies tie = fchain_no_ties();
       CPD_UNROLL for (int v = 0; v < C::NV; ++v) rounded[v] = m.round(C::fma(av, bv[v], s[r][v]), tie);
-      if (__builtin_expect(!fchain_none(tie), 0)) {
-        alignas(64) float x[C::NR];
-        CPD_UNROLL for (int v = 0; v < C::NV; ++v) C::store(x + v * C::W, s[r][v]);
-        fchain_fix<Acc>(x, a[r * lda + k], bp + k * C::NR, af);
-        CPD_UNROLL for (int v = 0; v < C::NV; ++v) rounded[v] = m.round_fixed(C::load(x + v * C::W));
+      if constexpr (Acc::kTies) {
+        if (__builtin_expect(!fchain_none(tie), 0)) {
+          alignas(64) float x[C::NR];
+          CPD_UNROLL for (int v = 0; v < C::NV; ++v) C::store(x + v * C::W, s[r][v]);
+          fchain_fix<Acc>(x, a[r * lda + k], bp + k * C::NR, af);
+          CPD_UNROLL for (int v = 0; v < C::NV; ++v) rounded[v] = m.round_fixed(C::load(x + v * C::W));
+        }
       }
       CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = rounded[v];
     }

@@ -13,7 +13,8 @@
 // registers for the whole k loop; b's column panel (K x NR) is first copied into a contiguous
 // buffer, zero-padded past N (the padded lanes' sums are never stored).
 //
-// Products, two forms (cpd/arith.h mul_f, mul_f_round, round_f_finish):
+// Products, two forms to nearest (cpd/arith.h mul_f, mul_f_round, round_f_finish), and two
+// directed forms of the Bounded one (PROD_SIGNED, PROD_MAGNITUDE, below; matmul_directed.h):
 //   General: mul_f's steps on vectors: h = fl32(a*b); C = 2^(E + 23 - man) from h's exponent E
 //     clamped to [emin, emax + 1]; r = fl32(|a||b| + C) - C; r > max -> outward; sign of h; a NaN
 //     h kept as it is. (flush_below = 0: the format keeps subnormals.)
@@ -32,10 +33,12 @@
 //
 // The same tile serves other accumulators through its sum's rounding (SumB32: acc = IEEE binary32,
 // the float32 add itself; SumI: BF16-like accumulators, bounded products only; SumF: narrower
-// exponent ranges such as (6, 7), bounded products only, guarded; matmul.cpp picks).
+// exponent ranges such as (6, 7), bounded products only, guarded; matmul.cpp picks; in a directed
+// mode SumB32 and matmul_directed.h's SumDir).
 // The zero-sign argument above holds for them too: s + p is a sum of multiples of mul's finest
 // quantum (a power of two >= 2^-149), and a nonzero one never rounds to zero in either, so s is
-// never -0.
+// never -0. (The directed forms keep mul_bits' zero signs instead: with them every step is the
+// generic one's, zeros included.)
 //
 // Builds with F16C, FMA and AVX2 integer lanes (x86-64-v3) or AVX-512F; elsewhere CPD_CPU_H16_CHAIN
 // is 0 and the float32 lanes serve (AVX512-FP16 CPUs take h16_tile in matmul.cpp first).
@@ -87,6 +90,12 @@ struct H16Chain {
   // (signed) x > y ? t : u
   static I gti_select(I x, I y, I t, I u) { return _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(x, y), u, t); }
   static V rnd16(V v) { return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+  // the same in the current rounding direction (MXCSR RC: matmul_directed.h)
+  static V rnd16_cur(V v) { return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_CUR_DIRECTION | _MM_FROUND_NO_EXC)); }
+  // s's sign bits, x's other bits
+  static V with_sign(V x, I s) {
+    return flt(_mm512_ternarylogic_epi32(ci(cpd::SIGN), s, bits(x), 0xCA));  // SIGN ? s : x, bit by bit
+  }
   // whether some lane of x is at least t (unsigned)
   static bool any_ge_u(I x, I t) { return _mm512_cmpge_epu32_mask(x, t) != 0; }
 #else
@@ -117,6 +126,11 @@ struct H16Chain {
                                                 _mm256_castsi256_ps(_mm256_cmpgt_epi32(x, y))));
   }
   static V rnd16(V v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
+  static V rnd16_cur(V v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_CUR_DIRECTION | _MM_FROUND_NO_EXC)); }
+  static V with_sign(V x, I s) {
+    const I m = ci(cpd::SIGN);
+    return flt(ori(_mm256_andnot_si256(m, bits(x)), andi(m, s)));
+  }
   static bool any_ge_u(I x, I t) {
     return _mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_max_epu32(x, t), x)) != 0;
   }
@@ -159,6 +173,34 @@ inline H16Chain::V h16_product_bounded(H16Chain::V a, H16Chain::V b, const H16Mu
   const C::I h = C::bits(C::mul(a, b));
   const C::V c = C::flt(C::addi(C::maxu(C::andi(h, m.inf), m.emin), m.shift15));
   return C::sub(C::fma(a, b, c), c);
+}
+
+// The directed forms (matmul_directed.h: the caller holds a rounding direction, in which every
+// float operation here rounds; bounded operands). Up and down (PROD_SIGNED): the Bounded form
+// with its sign riding along, as fl(C' + a*b) rounded up or down is C' + a*b rounded up or down on
+// mul's grid at E (C' a multiple of its quantum); then the sign of h = fl(a*b), a*b's own even
+// when h is 0, put on the result, whose sign it already is unless the result is 0 (C' - C' is +0
+// rounding up, -0 rounding down): round(a*b)'s zero keeps a*b's sign, as mul_bits' does. Toward
+// zero (PROD_MAGNITUDE), which is not a shift of C' + a*b's rounding (toward zero, C' + a*b > 0
+// rounds down even where a*b < 0), on the magnitudes: fl(|a||b| + C) - C, the truncation of
+// |a*b| on mul's grid at E, >= +0, and h's sign bit or-ed in. E comes from h rounded in the
+// direction: when h rounds up to 2^(E'+1), |a*b| is within 2^(E'-23) of it and rounds to it on
+// either binade's grid.
+enum ProdForm { PROD_GENERAL = 0, PROD_BOUNDED = 1, PROD_SIGNED = 2, PROD_MAGNITUDE = 3 };
+
+inline H16Chain::V h16_product_signed(H16Chain::V a, H16Chain::V b, const H16Mul& m) {
+  using C = H16Chain;
+  const C::I h = C::bits(C::mul(a, b));
+  const C::V c = C::flt(C::addi(C::maxu(C::andi(h, m.inf), m.emin), m.shift15));
+  return C::with_sign(C::sub(C::fma(a, b, c), c), h);
+}
+
+inline H16Chain::V h16_product_magnitude(H16Chain::V a, H16Chain::V b, H16Chain::V am, H16Chain::V bm,
+                                         const H16Mul& m) {
+  using C = H16Chain;
+  const C::I h = C::bits(C::mul(a, b));
+  const C::V c = C::flt(C::addi(C::maxu(C::andi(h, m.inf), m.emin), m.shift));
+  return C::flt(C::ori(C::andi(h, m.sign), C::bits(C::sub(C::fma(am, bm, c), c))));
 }
 
 // How a chain's sum s + p is rounded: SumH16 to binary16 (AccH's rnd16), SumB32 the float32 add
@@ -233,7 +275,7 @@ struct SumF {
 // Rows r < R of a register tile: y[r][0 .. nc) = the chains of a's rows (a + r * lda, K values)
 // against the packed panel bp (K x NR, row k at bp + k * NR). Returns false when a guarded Sum's
 // guard tripped (y then holds garbage for the caller to replace), else true.
-template <int R, bool BOUNDED, class Sum>
+template <int R, int PROD, class Sum>
 inline bool h16_chain_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K,
                            float* __restrict y, int64_t ldy, int64_t nc, const H16Mul& m, const Sum& sum) {
   using C = H16Chain;
@@ -243,20 +285,22 @@ inline bool h16_chain_tile(const float* __restrict a, int64_t lda, const float* 
     CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::zero();  // s = +0
   CPD_UNROLL for (int v = 0; v < C::NV; ++v) g[v] = C::ci(0u);
   for (int64_t k = 0; k < K; ++k) {
+    constexpr bool kMag = PROD == PROD_GENERAL || PROD == PROD_MAGNITUDE;  // the forms on |a|, |b|
     C::V bv[C::NV], bm[C::NV];
     CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
       bv[v] = C::load(bp + k * C::NR + v * C::W);
-      if (!BOUNDED) bm[v] = C::flt(C::andi(C::bits(bv[v]), m.mag));
+      if (kMag) bm[v] = C::flt(C::andi(C::bits(bv[v]), m.mag));
     }
     CPD_UNROLL for (int r = 0; r < R; ++r) {
       const C::V av = C::bcast(a + r * lda + k);
-      if (BOUNDED) {
-        CPD_UNROLL for (int v = 0; v < C::NV; ++v)
-          s[r][v] = sum.step(s[r][v], h16_product_bounded(av, bv[v], m));
-      } else {
-        const C::V am = C::flt(C::andi(C::bits(av), m.mag));
-        CPD_UNROLL for (int v = 0; v < C::NV; ++v)
-          s[r][v] = sum.step(s[r][v], h16_product(av, bv[v], am, bm[v], m));
+      const C::V am = kMag ? C::flt(C::andi(C::bits(av), m.mag)) : av;
+      CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
+        C::V p;
+        if constexpr (PROD == PROD_BOUNDED) p = h16_product_bounded(av, bv[v], m);
+        else if constexpr (PROD == PROD_SIGNED) p = h16_product_signed(av, bv[v], m);
+        else if constexpr (PROD == PROD_MAGNITUDE) p = h16_product_magnitude(av, bv[v], am, bm[v], m);
+        else p = h16_product(av, bv[v], am, bm[v], m);
+        s[r][v] = sum.step(s[r][v], p);
       }
       if constexpr (Sum::kGuard)
         CPD_UNROLL for (int v = 0; v < C::NV; ++v) g[v] = sum.guard(g[v], s[r][v]);
@@ -271,11 +315,11 @@ inline bool h16_chain_tile(const float* __restrict a, int64_t lda, const float* 
 }
 
 // The last rows (n < MR of them): the tile of n rows.
-template <int R, bool BOUNDED, class Sum>
+template <int R, int PROD, class Sum>
 inline bool h16_chain_last(int64_t n, const float* a, int64_t K, const float* bp, float* y, int64_t N, int64_t nc,
                            const H16Mul& m, const Sum& sum) {
-  if (n == R) return h16_chain_tile<R, BOUNDED, Sum>(a, K, bp, K, y, N, nc, m, sum);
-  if constexpr (R > 1) return h16_chain_last<R - 1, BOUNDED, Sum>(n, a, K, bp, y, N, nc, m, sum);
+  if (n == R) return h16_chain_tile<R, PROD, Sum>(a, K, bp, K, y, N, nc, m, sum);
+  if constexpr (R > 1) return h16_chain_last<R - 1, PROD, Sum>(n, a, K, bp, y, N, nc, m, sum);
   return true;
 }
 
@@ -283,7 +327,7 @@ inline bool h16_chain_last(int64_t n, const float* a, int64_t K, const float* bp
 // element, b: (K, N), y: (M, N). The panel of b is packed into pack (resized as needed). A guarded
 // Sum's tripped tile, and every tile after it in these rows (they would likely trip too), is left
 // to redo(i, n), rows i .. i + n of these columns.
-template <bool BOUNDED, class Sum, class Redo>
+template <int PROD, class Sum, class Redo>
 inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
                            int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m, const Sum& sum,
                            const Redo& redo) {
@@ -291,20 +335,20 @@ inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, 
   const float* bp = pack_panel(b, K, N, j0, nc, C::NR, pack);
   int64_t i = m0;
   for (; i + C::MR <= m1; i += C::MR)
-    if (!h16_chain_tile<C::MR, BOUNDED, Sum>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m, sum)) {
+    if (!h16_chain_tile<C::MR, PROD, Sum>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m, sum)) {
       redo(i, m1 - i);
       return;
     }
-  if (i < m1 && !h16_chain_last<C::MR - 1, BOUNDED, Sum>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m, sum))
+  if (i < m1 && !h16_chain_last<C::MR - 1, PROD, Sum>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m, sum))
     redo(i, m1 - i);
 }
 
 // The same for a Sum without a guard (nothing to redo).
-template <bool BOUNDED, class Sum>
+template <int PROD, class Sum>
 inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
                            int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m, const Sum& sum) {
   static_assert(!Sum::kGuard, "a guarded Sum needs a redo");
-  h16_chain_rows<BOUNDED>(a, b, y, K, N, m0, m1, j0, nc, pack, m, sum, [](int64_t, int64_t) {});
+  h16_chain_rows<PROD>(a, b, y, K, N, m0, m1, j0, nc, pack, m, sum, [](int64_t, int64_t) {});
 }
 #endif
 
