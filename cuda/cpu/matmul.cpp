@@ -15,7 +15,8 @@
 //     exponent ranges such as BF16 (8 floats per AVX2 op, 16 per AVX-512 op, 4 per NEON op);
 //     without Kahan or blocks, in register tiles: binary32 with exact products (matmul_chain.h)
 //     or products rounded to mul (matmul_h16.h: SumB32; SumI, SumF into narrow accumulators),
-//     TF32/BF16/binary16 fused (matmul_fchain.h);
+//     TF32/BF16/binary16 fused (matmul_fchain.h); Kahan's steps in matmul_h16.h's tiles (KAHAN)
+//     into binary32, binary16 or (bounded products) TF32/BF16;
 //   * float64 lanes (LANES_F64), round to nearest otherwise: a tile of up to kTile outputs of one
 //     row (i, j0 .. j0 + kTile) keeps its accumulators as doubles in arrays; for each k the loop
 //     over j reads row k of b (contiguous) and applies round_d / add_d (branch-free, so GCC
@@ -242,7 +243,7 @@ void chain_matmul(const float* a, const float* b, float* y, const Dims& d, const
 // subnormals runs the generic steps (as chain_matmul's). A guarded Sum (SumF) takes af, acc's
 // format: the rows of a tile whose guard tripped are run again on the float32 lanes (AccF), the
 // loop such calls took before the chain.
-template <int PROD, class Sum>
+template <int PROD, bool KAHAN = false, class Sum>
 void h16_chain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mg,
                       const cpd::DotSpec& spec, const Sum& sum, const cpd::Format* af = nullptr) {
   using C = cpd_cpu::H16Chain;
@@ -261,8 +262,8 @@ void h16_chain_matmul(const float* a, const float* b, float* y, const Dims& d, c
       }
     };
     if (lanes)
-      cpd_cpu::h16_chain_rows<PROD>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc, pack,
-                                       m, sum, redo);
+      cpd_cpu::h16_chain_rows<PROD, KAHAN>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc,
+                                              pack, m, sum, redo);
     for (int64_t i = m0; i < m1; ++i)
       redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, !lanes);
   });
@@ -482,23 +483,24 @@ bool h16_bounded(uint32_t top_a, uint32_t top_b, const cpd::FormatF& mg) {
          (double)cpd::float_of(top_a) * (double)cpd::float_of(top_b) <= (double)mg.max;
 }
 
-// The register chains in MODE where they apply (matmul_directed.h), every operand finite: exact
-// products into an acc of fchain_applies (FChainDir) or binary16 (FChain16Dir) by the fused narrow
-// chain; products rounded to a mul of nearest_f_applies with subnormals, bounded (h16_bounded: no
-// product overflows), into binary32, fchain_applies or binary16 by the product chain. Returns
-// whether they took the call (else the tiles do).
+// The register chains in MODE where they apply (matmul_directed.h), every operand finite, plain
+// or Kahan sums: exact products into an acc of fchain_applies (FChainDir) or binary16 (FChain16Dir)
+// by the fused narrow chain, or with Kahan (and into binary32) by the product chain's exact form;
+// products rounded to a mul of nearest_f_applies with subnormals, bounded (h16_bounded: no product
+// overflows), into binary32, fchain_applies or binary16 by the product chain. Returns whether they
+// took the call (else the tiles do).
 template <int MODE>
-bool dir_register_chains(const float* a, const float* b, float* y, const Dims& d, bool has_mul,
+bool dir_register_chains(const float* a, const float* b, float* y, const Dims& d, bool has_mul, bool kahan,
                          const cpd::Format& mf, const cpd::Format& af, const cpd::DotSpec& sp) {
   using C = cpd_cpu::H16Chain;
   const bool b32 = is_binary32(af), h16 = is_binary16(af), narrow = cpd_cpu::fchain_applies(af);
-  if (!(has_mul ? b32 || h16 || narrow : h16 || narrow)) return false;
+  if (!(b32 || h16 || narrow) || (b32 && !has_mul && !kahan)) return false;  // (the binary32 chain's)
   if (has_mul && !(mf.subnormals && cpd::nearest_f_applies(mf, cpd::NEAREST))) return false;
   const uint32_t top_a = cpd_cpu::max_magnitude_bits(a, d.B * d.M * d.K);
   const uint32_t top_b = cpd_cpu::max_magnitude_bits(b, d.B * d.K * d.N);
   if (top_a >= cpd::INF_BITS || top_b >= cpd::INF_BITS) return false;
   const auto run = [&](const auto& rows) { dir_chain_tasks<C>(a, b, y, d, sp, rows); };
-  if (!has_mul) {
+  if (!has_mul && !kahan) {
     const auto fused = [&](const auto& acc) {
       run([&](const float* ab, const float* bb, float* yb, int64_t K, int64_t N, int64_t m0, int64_t m1, int64_t j0,
               int64_t nc, std::vector<float>& pack) {
@@ -509,19 +511,25 @@ bool dir_register_chains(const float* a, const float* b, float* y, const Dims& d
     else fused(cpd_cpu::FChain16Dir{});
     return true;
   }
-  const cpd::FormatF mg = cpd::make_format_f(mf);
-  if (!h16_bounded(top_a, top_b, mg)) return false;
+  const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);
+  if (has_mul && !h16_bounded(top_a, top_b, mg)) return false;
   const cpd_cpu::H16Mul m(mg);
-  constexpr int P = MODE == cpd::TOWARD_ZERO ? cpd_cpu::PROD_MAGNITUDE : cpd_cpu::PROD_SIGNED;
-  const auto products = [&](const auto& sum) {
+  const auto chain = [&](auto prod, auto kahan_steps, const auto& sum) {
     run([&](const float* ab, const float* bb, float* yb, int64_t K, int64_t N, int64_t m0, int64_t m1, int64_t j0,
             int64_t nc, std::vector<float>& pack) {
-      cpd_cpu::dir_h16_rows<P>(ab, bb, yb, K, N, m0, m1, j0, nc, pack, m, sum);
+      cpd_cpu::dir_h16_rows<decltype(prod)::value, decltype(kahan_steps)::value>(ab, bb, yb, K, N, m0, m1, j0, nc,
+                                                                                 pack, m, sum);
     });
   };
-  if (b32) products(cpd_cpu::SumB32{});
-  else if (narrow) products(cpd_cpu::SumDir<cpd_cpu::FChainDir<MODE>>{cpd_cpu::FChainDir<MODE>(af)});
-  else products(cpd_cpu::SumDir<cpd_cpu::FChain16Dir>{});
+  const auto sums = [&](auto prod, auto kahan_steps) {
+    if (b32) chain(prod, kahan_steps, cpd_cpu::SumB32{});
+    else if (narrow) chain(prod, kahan_steps, cpd_cpu::SumDir<cpd_cpu::FChainDir<MODE>>(cpd_cpu::FChainDir<MODE>(af)));
+    else chain(prod, kahan_steps, cpd_cpu::SumDir<cpd_cpu::FChain16Dir>(cpd_cpu::FChain16Dir{}));
+  };
+  using Prod = std::integral_constant<int, MODE == cpd::TOWARD_ZERO ? cpd_cpu::PROD_MAGNITUDE : cpd_cpu::PROD_SIGNED>;
+  if (!has_mul) sums(std::integral_constant<int, cpd_cpu::PROD_EXACT>{}, std::true_type{});
+  else if (kahan) sums(Prod{}, std::true_type{});
+  else sums(Prod{}, std::false_type{});
   return true;
 }
 #endif
@@ -538,10 +546,11 @@ void directed_matmul(const float* a, const float* b, float* y, const Dims& d, bo
   (void)chain;
 #endif
 #if CPD_CPU_H16_CHAIN
-  if (chain && !kahan && !d.L) {
-    if (mode == cpd::UP && dir_register_chains<cpd::UP>(a, b, y, d, has_mul, mf, af, sp)) return;
-    if (mode == cpd::DOWN && dir_register_chains<cpd::DOWN>(a, b, y, d, has_mul, mf, af, sp)) return;
-    if (mode == cpd::TOWARD_ZERO && dir_register_chains<cpd::TOWARD_ZERO>(a, b, y, d, has_mul, mf, af, sp)) return;
+  if (chain && !d.L) {
+    if (mode == cpd::UP && dir_register_chains<cpd::UP>(a, b, y, d, has_mul, kahan, mf, af, sp)) return;
+    if (mode == cpd::DOWN && dir_register_chains<cpd::DOWN>(a, b, y, d, has_mul, kahan, mf, af, sp)) return;
+    if (mode == cpd::TOWARD_ZERO && dir_register_chains<cpd::TOWARD_ZERO>(a, b, y, d, has_mul, kahan, mf, af, sp))
+      return;
   }
 #endif
   const cpd_cpu::DirFormats g{mf, af, cpd_cpu::dir_kind(mf, is_binary32(mf), is_binary16(mf)),
@@ -656,6 +665,28 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
       top_a < cpd::INF_BITS && top_b < cpd::INF_BITS)
     return fchain_matmul(ap, bp, yp, d, af, cpd::make_dot_spec(mf, 0, af, 0, 0, cpd::NEAREST, 32),
                          cpd_cpu::FChain16{});
+  // Kahan's steps on the binary16 chain's tile (c beside s): into binary32 with exact products (one
+  // FMA per y) or products rounded to a format with subnormals, into binary16 (products rounded to
+  // such a format), into an acc of fchain_applies (bounded products)
+  if ((path == 0 || path == 7) && kahan && !block && (lanes == LANES_F32 || lanes == LANES_H16)) {
+    const bool b32 = plan.acc == ACC_B32 && (!has_mul || mf.subnormals);
+    const bool h16 = plan.acc == ACC_H && has_mul && mf.subnormals;
+    const bool narrow = plan.acc == ACC_I_NORMAL && cpd_cpu::fchain_applies(af) && has_mul && mf.subnormals;
+    if (b32 || h16 || narrow) {
+      top_a = cpd_cpu::max_magnitude_bits(ap, a.numel());
+      top_b = cpd_cpu::max_magnitude_bits(bp, b.numel());
+      const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, 1, 0, cpd::NEAREST, 32);
+      const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);
+      const bool bounded = has_mul && h16_bounded(top_a, top_b, mg);
+      using cpd_cpu::PROD_BOUNDED, cpd_cpu::PROD_EXACT, cpd_cpu::PROD_GENERAL;
+      if (b32 && !has_mul) return h16_chain_matmul<PROD_EXACT, true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
+      if (b32 && bounded) return h16_chain_matmul<PROD_BOUNDED, true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
+      if (b32) return h16_chain_matmul<PROD_GENERAL, true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
+      if (h16 && bounded) return h16_chain_matmul<PROD_BOUNDED, true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
+      if (h16) return h16_chain_matmul<PROD_GENERAL, true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
+      if (bounded) return h16_chain_matmul<PROD_BOUNDED, true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumI(af));
+    }
+  }
   // the same register chain into binary32 or (bounded products) an acc of fchain_applies
   // (products rounded to a format with subnormals), and the fused narrow chain (no mul, acc of
   // fchain_applies, finite operands)

@@ -163,15 +163,17 @@ struct FChain16Dir {
 };
 
 // The product chain's Sum (matmul_h16.h h16_chain_tile, products in PROD_SIGNED or PROD_MAGNITUDE
-// form) into such an acc: fl(s + p) in the direction, then Acc's rounding, the same direction twice
-// being the one rounding of s + p (accumulate.h, "Directed lanes"). Into binary32 SumB32 serves.
+// form, or exact with Kahan) into such an acc: fl(x +- y) in the direction, then Acc's rounding, the
+// same direction twice being the one rounding of x +- y (accumulate.h, "Directed lanes"), and so
+// for fl(x + a*b) (kExactFma). Into binary32 SumB32 serves.
 template <class Acc>
-struct SumDir {
-  static constexpr bool kGuard = false;
+struct SumDir : SumOps<SumDir<Acc>> {
+  static constexpr bool kGuard = false, kExactFma = true;
   Acc acc;
-  H16Chain::V step(H16Chain::V s, H16Chain::V p) const {
+  explicit SumDir(const Acc& a) : acc(a) {}
+  H16Chain::V rnd(H16Chain::V u) const {
     FChainTies none = fchain_no_ties();
-    return acc.round(H16Chain::add(s, p), none);
+    return acc.round(u, none);
   }
 };
 
@@ -184,11 +186,11 @@ __attribute__((noinline)) void dir_fchain_rows(const float* a, const float* b, f
   fchain_rows(a, b, y, K, N, m0, m1, j0, nc, pack, acc, af);
 }
 
-template <int PROD, class Sum>
+template <int PROD, bool KAHAN, class Sum>
 __attribute__((noinline)) void dir_h16_rows(const float* a, const float* b, float* y, int64_t K, int64_t N,
                                             int64_t m0, int64_t m1, int64_t j0, int64_t nc, std::vector<float>& pack,
                                             const H16Mul& m, const Sum& sum) {
-  h16_chain_rows<PROD>(a, b, y, K, N, m0, m1, j0, nc, pack, m, sum);
+  h16_chain_rows<PROD, KAHAN>(a, b, y, K, N, m0, m1, j0, nc, pack, m, sum);
 }
 #endif
 

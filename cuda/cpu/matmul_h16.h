@@ -31,14 +31,16 @@
 //     x = y = -0), and s + (+-0) = s for every s but -0.
 // The sum's rounding is AccH's: H16Vec::rnd(s + p).
 //
-// The same tile serves other accumulators through its sum's rounding (SumB32: acc = IEEE binary32,
-// the float32 add itself; SumI: BF16-like accumulators, bounded products only; SumF: narrower
-// exponent ranges such as (6, 7), bounded products only, guarded; matmul.cpp picks; in a directed
-// mode SumB32 and matmul_directed.h's SumDir).
+// The same tile runs Kahan's steps (KAHAN: c beside s in registers, every operation rounded by the
+// Sum, y by one FMA with exact products) and serves other accumulators through its sum's rounding
+// (SumB32: acc = IEEE binary32, the float32 add itself; SumI: BF16-like accumulators, bounded
+// products only; SumF: narrower exponent ranges such as (6, 7), bounded products only, guarded;
+// matmul.cpp picks; in a directed mode SumB32 and matmul_directed.h's SumDir).
 // The zero-sign argument above holds for them too: s + p is a sum of multiples of mul's finest
 // quantum (a power of two >= 2^-149), and a nonzero one never rounds to zero in either, so s is
-// never -0. (The directed forms keep mul_bits' zero signs instead: with them every step is the
-// generic one's, zeros included.)
+// never -0; with Kahan's steps t = s + y is -0 only where s is, and a zero's sign in p, y or c
+// reaches no nonzero value. (The directed forms keep mul_bits' zero signs instead: with them every
+// step is the generic one's, zeros included.)
 //
 // Builds with F16C, FMA and AVX2 integer lanes (x86-64-v3) or AVX-512F; elsewhere CPD_CPU_H16_CHAIN
 // is 0 and the float32 lanes serve (AVX512-FP16 CPUs take h16_tile in matmul.cpp first).
@@ -77,6 +79,7 @@ struct H16Chain {
   static V flt(I v) { return _mm512_castsi512_ps(v); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V fms(V a, V b, V c) { return _mm512_fmsub_ps(a, b, c); }  // a*b + (-c) rounded once
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static I andi(I a, I b) { return _mm512_and_si512(a, b); }
@@ -112,6 +115,7 @@ struct H16Chain {
   static V flt(I v) { return _mm256_castsi256_ps(v); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V fms(V a, V b, V c) { return _mm256_fmsub_ps(a, b, c); }
   static V add(V a, V b) { return _mm256_add_ps(a, b); }
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static I andi(I a, I b) { return _mm256_and_si256(a, b); }
@@ -186,7 +190,8 @@ inline H16Chain::V h16_product_bounded(H16Chain::V a, H16Chain::V b, const H16Mu
 // |a*b| on mul's grid at E, >= +0, and h's sign bit or-ed in. E comes from h rounded in the
 // direction: when h rounds up to 2^(E'+1), |a*b| is within 2^(E'-23) of it and rounds to it on
 // either binade's grid.
-enum ProdForm { PROD_GENERAL = 0, PROD_BOUNDED = 1, PROD_SIGNED = 2, PROD_MAGNITUDE = 3 };
+// PROD_EXACT: no product; Kahan's y = round(a*b - c) is one FMA and Sum's rounding (Sum::kExactFma).
+enum ProdForm { PROD_GENERAL = 0, PROD_BOUNDED = 1, PROD_SIGNED = 2, PROD_MAGNITUDE = 3, PROD_EXACT = 4 };
 
 inline H16Chain::V h16_product_signed(H16Chain::V a, H16Chain::V b, const H16Mul& m) {
   using C = H16Chain;
@@ -211,16 +216,29 @@ inline H16Chain::V h16_product_magnitude(H16Chain::V a, H16Chain::V b, H16Chain:
 //   (u + half - 1 + ((u >> d0) & 1)) & ~qmask,   d0 = 23 - man
 // on the signed bits, for bounded products only: p is finite, so s is never NaN; a carry past max
 // lands on INF_BITS (acc's overflow), which the rounding then keeps, as it keeps the sign bit.
-struct SumH16 {
-  static constexpr bool kGuard = false;
-  H16Chain::V step(H16Chain::V s, H16Chain::V p) const { return H16Chain::rnd16(H16Chain::add(s, p)); }
+// Each has rnd(u), the rounding of u = fl32(x +- y) for x, y values of acc or mul (step: s + p;
+// diff: x - y, Kahan's other operations), and kExactFma: whether rnd(fl32(x + a*b)) is the exact
+// x + a*b rounded once (binary32 itself, and the directed policies; to nearest a narrower acc
+// would need the midpoint test of matmul_fchain.h).
+template <class Self>
+struct SumOps {
+  H16Chain::V step(H16Chain::V s, H16Chain::V p) const {
+    return static_cast<const Self*>(this)->rnd(H16Chain::add(s, p));
+  }
+  H16Chain::V diff(H16Chain::V x, H16Chain::V y) const {
+    return static_cast<const Self*>(this)->rnd(H16Chain::sub(x, y));
+  }
 };
-struct SumB32 {
-  static constexpr bool kGuard = false;
-  H16Chain::V step(H16Chain::V s, H16Chain::V p) const { return H16Chain::add(s, p); }
+struct SumH16 : SumOps<SumH16> {
+  static constexpr bool kGuard = false, kExactFma = false;
+  H16Chain::V rnd(H16Chain::V u) const { return H16Chain::rnd16(u); }
 };
-struct SumI {
-  static constexpr bool kGuard = false;
+struct SumB32 : SumOps<SumB32> {
+  static constexpr bool kGuard = false, kExactFma = true;
+  H16Chain::V rnd(H16Chain::V u) const { return u; }
+};
+struct SumI : SumOps<SumI> {
+  static constexpr bool kGuard = false, kExactFma = false;
   H16Chain::I half_m1, keep, one, d0;
   explicit SumI(const cpd::Format& f) {
     half_m1 = H16Chain::ci(f.half_m1);
@@ -228,9 +246,9 @@ struct SumI {
     one = H16Chain::ci(1u);
     d0 = H16Chain::ci(23u - (uint32_t)f.man);
   }
-  H16Chain::V step(H16Chain::V s, H16Chain::V p) const {
+  H16Chain::V rnd(H16Chain::V v) const {
     using C = H16Chain;
-    const C::I u = C::bits(C::add(s, p));
+    const C::I u = C::bits(v);
     return C::flt(C::andi(C::addi(C::addi(u, half_m1), C::andi(C::srlv(u, d0), one)), keep));
   }
 };
@@ -250,7 +268,7 @@ struct SumI {
 // <= 127); a tile whose maximum reaches G (an overflow, or a sum merely near the top binade) is run
 // again by the caller on the float32 lanes (h16_chain_rows' redo).
 struct SumF {
-  static constexpr bool kGuard = true;
+  static constexpr bool kGuard = true, kExactFma = false;
   H16Chain::I inf, emin, shift15, mag, top;
   explicit SumF(const cpd::Format& f) {
     const cpd::FormatF g = cpd::make_format_f(f);
@@ -274,15 +292,22 @@ struct SumF {
 
 // Rows r < R of a register tile: y[r][0 .. nc) = the chains of a's rows (a + r * lda, K values)
 // against the packed panel bp (K x NR, row k at bp + k * NR). Returns false when a guarded Sum's
-// guard tripped (y then holds garbage for the caller to replace), else true.
-template <int R, int PROD, class Sum>
+// guard tripped (y then holds garbage for the caller to replace), else true. KAHAN: each step is
+// Kahan's (numerics.h kahan_add: y = p - c, t = s + y, c = (t - s) - y, s = t, each rounded by
+// Sum; with PROD_EXACT y = rnd(a*b - c) by one FMA), c kept in registers beside s.
+template <int R, int PROD, bool KAHAN, class Sum>
 inline bool h16_chain_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K,
                            float* __restrict y, int64_t ldy, int64_t nc, const H16Mul& m, const Sum& sum) {
+  static_assert(!KAHAN || !Sum::kGuard, "Kahan's steps take no guarded Sum");
+  static_assert(PROD != PROD_EXACT || (KAHAN && Sum::kExactFma), "exact products: Kahan, and a Sum of kExactFma");
   using C = H16Chain;
-  C::V s[R][C::NV];
+  C::V s[R][C::NV], c[KAHAN ? R : 1][C::NV];
   C::I g[C::NV];  // Sum::kGuard: the guard, per vector column
   CPD_UNROLL for (int r = 0; r < R; ++r)
-    CPD_UNROLL for (int v = 0; v < C::NV; ++v) s[r][v] = C::zero();  // s = +0
+    CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
+      s[r][v] = C::zero();  // s = +0 (and c)
+      if constexpr (KAHAN) c[r][v] = C::zero();
+    }
   CPD_UNROLL for (int v = 0; v < C::NV; ++v) g[v] = C::ci(0u);
   for (int64_t k = 0; k < K; ++k) {
     constexpr bool kMag = PROD == PROD_GENERAL || PROD == PROD_MAGNITUDE;  // the forms on |a|, |b|
@@ -299,8 +324,18 @@ inline bool h16_chain_tile(const float* __restrict a, int64_t lda, const float* 
         if constexpr (PROD == PROD_BOUNDED) p = h16_product_bounded(av, bv[v], m);
         else if constexpr (PROD == PROD_SIGNED) p = h16_product_signed(av, bv[v], m);
         else if constexpr (PROD == PROD_MAGNITUDE) p = h16_product_magnitude(av, bv[v], am, bm[v], m);
-        else p = h16_product(av, bv[v], am, bm[v], m);
-        s[r][v] = sum.step(s[r][v], p);
+        else if constexpr (PROD == PROD_GENERAL) p = h16_product(av, bv[v], am, bm[v], m);
+        if constexpr (KAHAN) {
+          C::V& cc = c[r][v];
+          C::V yk;
+          if constexpr (PROD == PROD_EXACT) yk = sum.rnd(C::fms(av, bv[v], cc));
+          else yk = sum.diff(p, cc);
+          const C::V t = sum.step(s[r][v], yk);
+          cc = sum.diff(sum.diff(t, s[r][v]), yk);
+          s[r][v] = t;
+        } else {
+          s[r][v] = sum.step(s[r][v], p);
+        }
       }
       if constexpr (Sum::kGuard)
         CPD_UNROLL for (int v = 0; v < C::NV; ++v) g[v] = sum.guard(g[v], s[r][v]);
@@ -314,12 +349,12 @@ inline bool h16_chain_tile(const float* __restrict a, int64_t lda, const float* 
   return true;
 }
 
-// The last rows (n < MR of them): the tile of n rows.
-template <int R, int PROD, class Sum>
+// The last rows (n < R of them, R the whole tile's): the tile of n rows.
+template <int R, int PROD, bool KAHAN, class Sum>
 inline bool h16_chain_last(int64_t n, const float* a, int64_t K, const float* bp, float* y, int64_t N, int64_t nc,
                            const H16Mul& m, const Sum& sum) {
-  if (n == R) return h16_chain_tile<R, PROD, Sum>(a, K, bp, K, y, N, nc, m, sum);
-  if constexpr (R > 1) return h16_chain_last<R - 1, PROD, Sum>(n, a, K, bp, y, N, nc, m, sum);
+  if (n == R) return h16_chain_tile<R, PROD, KAHAN, Sum>(a, K, bp, K, y, N, nc, m, sum);
+  if constexpr (R > 1) return h16_chain_last<R - 1, PROD, KAHAN, Sum>(n, a, K, bp, y, N, nc, m, sum);
   return true;
 }
 
@@ -327,28 +362,29 @@ inline bool h16_chain_last(int64_t n, const float* a, int64_t K, const float* bp
 // element, b: (K, N), y: (M, N). The panel of b is packed into pack (resized as needed). A guarded
 // Sum's tripped tile, and every tile after it in these rows (they would likely trip too), is left
 // to redo(i, n), rows i .. i + n of these columns.
-template <int PROD, class Sum, class Redo>
+template <int PROD, bool KAHAN, class Sum, class Redo>
 inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
                            int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m, const Sum& sum,
                            const Redo& redo) {
   using C = H16Chain;
+  constexpr int MR = C::MR;  // (with Kahan too: fewer rows would leave the chains' latency exposed)
   const float* bp = pack_panel(b, K, N, j0, nc, C::NR, pack);
   int64_t i = m0;
-  for (; i + C::MR <= m1; i += C::MR)
-    if (!h16_chain_tile<C::MR, PROD, Sum>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m, sum)) {
+  for (; i + MR <= m1; i += MR)
+    if (!h16_chain_tile<MR, PROD, KAHAN, Sum>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m, sum)) {
       redo(i, m1 - i);
       return;
     }
-  if (i < m1 && !h16_chain_last<C::MR - 1, PROD, Sum>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m, sum))
+  if (i < m1 && !h16_chain_last<MR - 1, PROD, KAHAN, Sum>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m, sum))
     redo(i, m1 - i);
 }
 
 // The same for a Sum without a guard (nothing to redo).
-template <int PROD, class Sum>
+template <int PROD, bool KAHAN, class Sum>
 inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
                            int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m, const Sum& sum) {
   static_assert(!Sum::kGuard, "a guarded Sum needs a redo");
-  h16_chain_rows<PROD>(a, b, y, K, N, m0, m1, j0, nc, pack, m, sum, [](int64_t, int64_t) {});
+  h16_chain_rows<PROD, KAHAN>(a, b, y, K, N, m0, m1, j0, nc, pack, m, sum, [](int64_t, int64_t) {});
 }
 #endif
 
