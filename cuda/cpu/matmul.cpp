@@ -15,8 +15,9 @@
 //     exponent ranges such as BF16 (8 floats per AVX2 op, 16 per AVX-512 op, 4 per NEON op);
 //     without Kahan or blocks, in register tiles: binary32 with exact products (matmul_chain.h)
 //     or products rounded to mul (matmul_h16.h: SumB32; SumI, SumF into narrow accumulators),
-//     TF32/BF16/binary16 fused (matmul_fchain.h); Kahan's steps in matmul_h16.h's tiles (KAHAN)
-//     into binary32, binary16 or (bounded products) TF32/BF16;
+//     TF32/BF16/binary16 fused (matmul_fchain.h); Kahan's and blocked sums in matmul_h16.h's
+//     tiles (KAHAN, BLOCK) into binary32, binary16 or (bounded products) TF32/BF16
+//     (nearest_register_chains);
 //   * float64 lanes (LANES_F64), round to nearest otherwise: a tile of up to kTile outputs of one
 //     row (i, j0 .. j0 + kTile) keeps its accumulators as doubles in arrays; for each k the loop
 //     over j reads row k of b (contiguous) and applies round_d / add_d (branch-free, so GCC
@@ -236,14 +237,15 @@ void chain_matmul(const float* a, const float* b, float* y, const Dims& d, const
 #if CPD_CPU_H16_CHAIN
 // The binary16 register chain (matmul_h16.h), sum = SumH16, and the same chain into binary32
 // (SumB32), an acc of fchain_applies (SumI) or of round_f (SumF; both bounded only), products
-// rounded to mul: tasks as chain_matmul's. PROD_BOUNDED: the caller checked that every operand is
-// finite and max|a| * max|b| <= mul's largest value (h16_bounded). Every NaN output is redone by
-// the generic steps, so that it keeps their sign and payload whatever order the vector adds took
-// their two NaN operands in; and, except into binary16, a task on a thread that flushes float32
-// subnormals runs the generic steps (as chain_matmul's). A guarded Sum (SumF) takes af, acc's
-// format: the rows of a tile whose guard tripped are run again on the float32 lanes (AccF), the
-// loop such calls took before the chain.
-template <int PROD, bool KAHAN = false, class Sum>
+// rounded to mul (or exact: PROD_EXACT), plain, Kahan's (KAHAN) or blocked (BLOCK, runs of d.L)
+// sums: tasks as chain_matmul's. PROD_BOUNDED: the caller checked that every operand is finite and
+// max|a| * max|b| <= mul's largest value (h16_bounded). Every NaN output is redone by the generic
+// steps, so that it keeps their sign and payload whatever order the vector adds took their two NaN
+// operands in; and, except into binary16, a task on a thread that flushes float32 subnormals runs
+// the generic steps (as chain_matmul's). A guarded Sum (SumF) takes af, acc's format: the rows of a
+// tile whose guard tripped are run again on the float32 lanes (AccF), the loop such calls took
+// before the chain.
+template <int PROD, bool KAHAN, bool BLOCK, class Sum>
 void h16_chain_matmul(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mg,
                       const cpd::DotSpec& spec, const Sum& sum, const cpd::Format* af = nullptr) {
   using C = cpd_cpu::H16Chain;
@@ -262,11 +264,22 @@ void h16_chain_matmul(const float* a, const float* b, float* y, const Dims& d, c
       }
     };
     if (lanes)
-      cpd_cpu::h16_chain_rows<PROD, KAHAN>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.N, m0, m1, j0, nc,
-                                              pack, m, sum, redo);
+      cpd_cpu::h16_chain_rows<PROD, KAHAN, BLOCK>(a + bi * d.M * d.K, b + bi * d.K * d.N, yb, d.K, d.L, d.N, m0, m1,
+                                                     j0, nc, pack, m, sum, redo);
     for (int64_t i = m0; i < m1; ++i)
       redo_generic(a, b, d, spec, yb + i * d.N + j0, (bi * d.M + i) * d.N + j0, nc, !lanes);
   });
+}
+
+// h16_chain_matmul with Kahan's steps and blocks as the call asks (kahan; d.L).
+template <int PROD, class Sum>
+void h16_chain_steps(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mg,
+                     const cpd::DotSpec& spec, const Sum& sum, bool kahan) {
+  static_assert(!Sum::kGuard, "a guarded Sum takes h16_chain_matmul with its format");
+  if (kahan && d.L) return h16_chain_matmul<PROD, true, true>(a, b, y, d, mg, spec, sum);
+  if (kahan) return h16_chain_matmul<PROD, true, false>(a, b, y, d, mg, spec, sum);
+  if (d.L) return h16_chain_matmul<PROD, false, true>(a, b, y, d, mg, spec, sum);
+  if constexpr (PROD != cpd_cpu::PROD_EXACT) h16_chain_matmul<PROD, false, false>(a, b, y, d, mg, spec, sum);
 }
 
 // The fused narrow register chain (matmul_fchain.h), rounded by Acc (FChainAcc: TF32, BF16, ...;
@@ -483,24 +496,25 @@ bool h16_bounded(uint32_t top_a, uint32_t top_b, const cpd::FormatF& mg) {
          (double)cpd::float_of(top_a) * (double)cpd::float_of(top_b) <= (double)mg.max;
 }
 
-// The register chains in MODE where they apply (matmul_directed.h), every operand finite, plain
-// or Kahan sums: exact products into an acc of fchain_applies (FChainDir) or binary16 (FChain16Dir)
-// by the fused narrow chain, or with Kahan (and into binary32) by the product chain's exact form;
-// products rounded to a mul of nearest_f_applies with subnormals, bounded (h16_bounded: no product
-// overflows), into binary32, fchain_applies or binary16 by the product chain. Returns whether they
-// took the call (else the tiles do).
+// The register chains in MODE where they apply (matmul_directed.h), every operand finite, plain,
+// Kahan or blocked sums: exact products into an acc of fchain_applies (FChainDir) or binary16
+// (FChain16Dir) by the fused narrow chain, or with Kahan or blocks (and into binary32) by the
+// product chain's exact form; products rounded to a mul of nearest_f_applies with subnormals,
+// bounded (h16_bounded: no product overflows), into binary32, fchain_applies or binary16 by the
+// product chain. Returns whether they took the call (else the tiles do).
 template <int MODE>
 bool dir_register_chains(const float* a, const float* b, float* y, const Dims& d, bool has_mul, bool kahan,
                          const cpd::Format& mf, const cpd::Format& af, const cpd::DotSpec& sp) {
   using C = cpd_cpu::H16Chain;
   const bool b32 = is_binary32(af), h16 = is_binary16(af), narrow = cpd_cpu::fchain_applies(af);
-  if (!(b32 || h16 || narrow) || (b32 && !has_mul && !kahan)) return false;  // (the binary32 chain's)
+  const bool plain = !kahan && !d.L;
+  if (!(b32 || h16 || narrow) || (b32 && !has_mul && plain)) return false;  // (the binary32 chain's)
   if (has_mul && !(mf.subnormals && cpd::nearest_f_applies(mf, cpd::NEAREST))) return false;
   const uint32_t top_a = cpd_cpu::max_magnitude_bits(a, d.B * d.M * d.K);
   const uint32_t top_b = cpd_cpu::max_magnitude_bits(b, d.B * d.K * d.N);
   if (top_a >= cpd::INF_BITS || top_b >= cpd::INF_BITS) return false;
   const auto run = [&](const auto& rows) { dir_chain_tasks<C>(a, b, y, d, sp, rows); };
-  if (!has_mul && !kahan) {
+  if (!has_mul && plain) {
     const auto fused = [&](const auto& acc) {
       run([&](const float* ab, const float* bb, float* yb, int64_t K, int64_t N, int64_t m0, int64_t m1, int64_t j0,
               int64_t nc, std::vector<float>& pack) {
@@ -514,22 +528,27 @@ bool dir_register_chains(const float* a, const float* b, float* y, const Dims& d
   const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);
   if (has_mul && !h16_bounded(top_a, top_b, mg)) return false;
   const cpd_cpu::H16Mul m(mg);
-  const auto chain = [&](auto prod, auto kahan_steps, const auto& sum) {
-    run([&](const float* ab, const float* bb, float* yb, int64_t K, int64_t N, int64_t m0, int64_t m1, int64_t j0,
-            int64_t nc, std::vector<float>& pack) {
-      cpd_cpu::dir_h16_rows<decltype(prod)::value, decltype(kahan_steps)::value>(ab, bb, yb, K, N, m0, m1, j0, nc,
-                                                                                 pack, m, sum);
-    });
+  const auto chain = [&](auto prod, const auto& sum) {
+    const auto rows = [&](auto kahan_steps, auto blocks) {
+      run([&](const float* ab, const float* bb, float* yb, int64_t K, int64_t N, int64_t m0, int64_t m1, int64_t j0,
+              int64_t nc, std::vector<float>& pack) {
+        cpd_cpu::dir_h16_rows<decltype(prod)::value, decltype(kahan_steps)::value, decltype(blocks)::value>(
+            ab, bb, yb, K, d.L, N, m0, m1, j0, nc, pack, m, sum);
+      });
+    };
+    if (kahan && d.L) rows(std::true_type{}, std::true_type{});
+    else if (kahan) rows(std::true_type{}, std::false_type{});
+    else if (d.L) rows(std::false_type{}, std::true_type{});
+    else if constexpr (decltype(prod)::value != cpd_cpu::PROD_EXACT) rows(std::false_type{}, std::false_type{});
   };
-  const auto sums = [&](auto prod, auto kahan_steps) {
-    if (b32) chain(prod, kahan_steps, cpd_cpu::SumB32{});
-    else if (narrow) chain(prod, kahan_steps, cpd_cpu::SumDir<cpd_cpu::FChainDir<MODE>>(cpd_cpu::FChainDir<MODE>(af)));
-    else chain(prod, kahan_steps, cpd_cpu::SumDir<cpd_cpu::FChain16Dir>(cpd_cpu::FChain16Dir{}));
+  const auto sums = [&](auto prod) {
+    if (b32) chain(prod, cpd_cpu::SumB32{});
+    else if (narrow) chain(prod, cpd_cpu::SumDir<cpd_cpu::FChainDir<MODE>>(cpd_cpu::FChainDir<MODE>(af)));
+    else chain(prod, cpd_cpu::SumDir<cpd_cpu::FChain16Dir>(cpd_cpu::FChain16Dir{}));
   };
-  using Prod = std::integral_constant<int, MODE == cpd::TOWARD_ZERO ? cpd_cpu::PROD_MAGNITUDE : cpd_cpu::PROD_SIGNED>;
-  if (!has_mul) sums(std::integral_constant<int, cpd_cpu::PROD_EXACT>{}, std::true_type{});
-  else if (kahan) sums(Prod{}, std::true_type{});
-  else sums(Prod{}, std::false_type{});
+  constexpr int kProd = MODE == cpd::TOWARD_ZERO ? cpd_cpu::PROD_MAGNITUDE : cpd_cpu::PROD_SIGNED;
+  if (has_mul) sums(std::integral_constant<int, kProd>{});
+  else sums(std::integral_constant<int, cpd_cpu::PROD_EXACT>{});
   return true;
 }
 #endif
@@ -546,7 +565,7 @@ void directed_matmul(const float* a, const float* b, float* y, const Dims& d, bo
   (void)chain;
 #endif
 #if CPD_CPU_H16_CHAIN
-  if (chain && !d.L) {
+  if (chain) {
     if (mode == cpd::UP && dir_register_chains<cpd::UP>(a, b, y, d, has_mul, kahan, mf, af, sp)) return;
     if (mode == cpd::DOWN && dir_register_chains<cpd::DOWN>(a, b, y, d, has_mul, kahan, mf, af, sp)) return;
     if (mode == cpd::TOWARD_ZERO && dir_register_chains<cpd::TOWARD_ZERO>(a, b, y, d, has_mul, kahan, mf, af, sp))
@@ -595,6 +614,63 @@ Plan plan_for(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mo
     return {LANES_F64, ACC_NONE, false};
   return {LANES_GENERIC, ACC_NONE, false};
 }
+
+#if CPD_CPU_H16_CHAIN
+// The register chains to nearest where they apply (matmul_h16.h, matmul_fchain.h), for plan's
+// accumulator and the operands' largest magnitudes' bits top_a, top_b; returns whether they took
+// the call (else the lanes do):
+//   * binary16 (ACC_H: automatic only): products rounded to a format with subnormals, plain, Kahan
+//     or blocked sums (SumH16, bounded or general form); exact products, plain sums, finite
+//     operands: the fused chain (FChain16);
+//   * binary32 (ACC_B32): products rounded to a format with subnormals (SumB32), or exact with
+//     Kahan or blocks (PROD_EXACT; plain sums of exact products are the binary32 chain's,
+//     f32_dispatch);
+//   * fchain_applies (ACC_I_NORMAL: TF32, BF16): bounded products rounded to a format with
+//     subnormals (SumI), or exact with plain sums and finite operands (the fused chain, FChainAcc);
+//   * round_f's accumulators (ACC_F: (6, 7), ... with subnormals): bounded products, plain sums,
+//     where no sum is likely to reach SumF's guard (|s| <= K max|a| max|b| <= 2^(emax - 1) but for
+//     the roundings' growth; path 7: always): a tripped tile's rows rerun on float32 lanes of one
+//     panel's width, at about twice the cost of the lanes alone (all tiles tripping: 101 against
+//     44 ms, 512^3).
+bool nearest_register_chains(const float* a, const float* b, float* y, const Dims& d, const Plan& plan, int64_t path,
+                             bool has_mul, bool kahan, const cpd::Format& mf, const cpd::Format& af, uint32_t top_a,
+                             uint32_t top_b) {
+  using cpd_cpu::PROD_BOUNDED, cpd_cpu::PROD_EXACT, cpd_cpu::PROD_GENERAL;
+  const bool h16 = plan.lanes == LANES_H16 && plan.acc == ACC_H;
+  if (!h16 && !((path == 0 || path == 7) && plan.lanes == LANES_F32)) return false;
+  const bool plain = !kahan && !d.L, finite = top_a < cpd::INF_BITS && top_b < cpd::INF_BITS;
+  const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, kahan ? 1 : 0, (int)d.L, cpd::NEAREST, 32);
+  const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);
+  const bool rounded = has_mul && mf.subnormals, bounded = rounded && h16_bounded(top_a, top_b, mg);
+  if (h16 || plan.acc == ACC_B32) {
+    if (rounded) {
+      if (h16 && bounded) h16_chain_steps<PROD_BOUNDED>(a, b, y, d, mg, sp, cpd_cpu::SumH16{}, kahan);
+      else if (h16) h16_chain_steps<PROD_GENERAL>(a, b, y, d, mg, sp, cpd_cpu::SumH16{}, kahan);
+      else if (bounded) h16_chain_steps<PROD_BOUNDED>(a, b, y, d, mg, sp, cpd_cpu::SumB32{}, kahan);
+      else h16_chain_steps<PROD_GENERAL>(a, b, y, d, mg, sp, cpd_cpu::SumB32{}, kahan);
+      return true;
+    }
+    if (has_mul) return false;
+    if (h16 && path == 0 && plain && finite) fchain_matmul(a, b, y, d, af, sp, cpd_cpu::FChain16{});
+    else if (!h16 && !plain) h16_chain_steps<PROD_EXACT>(a, b, y, d, mg, sp, cpd_cpu::SumB32{}, kahan);
+    else return false;
+    return true;
+  }
+  if (plan.acc == ACC_I_NORMAL && cpd_cpu::fchain_applies(af)) {
+    if (bounded) h16_chain_steps<PROD_BOUNDED>(a, b, y, d, mg, sp, cpd_cpu::SumI(af), kahan);
+    else if (!has_mul && plain && finite) fchain_matmul(a, b, y, d, af, sp, cpd_cpu::FChainAcc(af));
+    else return false;
+    return true;
+  }
+  const double reach = (double)cpd::float_of(top_a) * (double)cpd::float_of(top_b) * (double)d.K;
+  if (plan.acc == ACC_F && bounded && af.subnormals && plain &&
+      (path == 7 || reach <= 0.5 * (double)cpd::float_of(af.max_bits & cpd::INF_BITS))) {
+    h16_chain_matmul<PROD_BOUNDED, false, false>(a, b, y, d, mg, sp, cpd_cpu::SumF(af), &af);
+    return true;
+  }
+  return false;
+}
+#endif
 
 }  // namespace
 
@@ -650,67 +726,13 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
   }
 #endif
 #if CPD_CPU_H16_CHAIN
-  // the binary16 register chain: products rounded to a format with subnormals, plain sums
-  if (lanes == LANES_H16 && plan.acc == ACC_H && has_mul && !kahan && !block && mf.subnormals) {
-    const cpd::FormatF mg = cpd::make_format_f(mf);
-    const cpd::DotSpec sp = cpd::make_dot_spec(mf, 1, af, 0, 0, cpd::NEAREST, 32);
-    if (h16_bounded(top_a, top_b, mg))
-      h16_chain_matmul<cpd_cpu::PROD_BOUNDED>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
-    else
-      h16_chain_matmul<cpd_cpu::PROD_GENERAL>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
-    return;
-  }
-  // its fused form: exact products, plain sums, finite operands (matmul_fchain.h, FChain16)
-  if (path == 0 && lanes == LANES_H16 && plan.acc == ACC_H && !has_mul && !kahan && !block &&
-      top_a < cpd::INF_BITS && top_b < cpd::INF_BITS)
-    return fchain_matmul(ap, bp, yp, d, af, cpd::make_dot_spec(mf, 0, af, 0, 0, cpd::NEAREST, 32),
-                         cpd_cpu::FChain16{});
-  // Kahan's steps on the binary16 chain's tile (c beside s): into binary32 with exact products (one
-  // FMA per y) or products rounded to a format with subnormals, into binary16 (products rounded to
-  // such a format), into an acc of fchain_applies (bounded products)
-  if ((path == 0 || path == 7) && kahan && !block && (lanes == LANES_F32 || lanes == LANES_H16)) {
-    const bool b32 = plan.acc == ACC_B32 && (!has_mul || mf.subnormals);
-    const bool h16 = plan.acc == ACC_H && has_mul && mf.subnormals;
-    const bool narrow = plan.acc == ACC_I_NORMAL && cpd_cpu::fchain_applies(af) && has_mul && mf.subnormals;
-    if (b32 || h16 || narrow) {
-      top_a = cpd_cpu::max_magnitude_bits(ap, a.numel());
-      top_b = cpd_cpu::max_magnitude_bits(bp, b.numel());
-      const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, 1, 0, cpd::NEAREST, 32);
-      const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);
-      const bool bounded = has_mul && h16_bounded(top_a, top_b, mg);
-      using cpd_cpu::PROD_BOUNDED, cpd_cpu::PROD_EXACT, cpd_cpu::PROD_GENERAL;
-      if (b32 && !has_mul) return h16_chain_matmul<PROD_EXACT, true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
-      if (b32 && bounded) return h16_chain_matmul<PROD_BOUNDED, true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
-      if (b32) return h16_chain_matmul<PROD_GENERAL, true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
-      if (h16 && bounded) return h16_chain_matmul<PROD_BOUNDED, true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
-      if (h16) return h16_chain_matmul<PROD_GENERAL, true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumH16{});
-      if (bounded) return h16_chain_matmul<PROD_BOUNDED, true>(ap, bp, yp, d, mg, sp, cpd_cpu::SumI(af));
-    }
-  }
-  // the same register chain into binary32 or (bounded products) an acc of fchain_applies
-  // (products rounded to a format with subnormals), and the fused narrow chain (no mul, acc of
-  // fchain_applies, finite operands)
-  const bool b32_chain = plan.acc == ACC_B32 && has_mul && mf.subnormals;
-  const bool narrow = plan.acc == ACC_I_NORMAL && cpd_cpu::fchain_applies(af) && (!has_mul || mf.subnormals);
-  const bool fsum = plan.acc == ACC_F && has_mul && mf.subnormals && af.subnormals;  // SumF, bounded only
-  if ((path == 0 || path == 7) && lanes == LANES_F32 && !kahan && !block && (b32_chain || narrow || fsum)) {
+  if (lanes == LANES_F32) {
     top_a = cpd_cpu::max_magnitude_bits(ap, a.numel());
     top_b = cpd_cpu::max_magnitude_bits(bp, b.numel());
-    const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, 0, 0, cpd::NEAREST, 32);
-    const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);
-    const bool bounded = has_mul && h16_bounded(top_a, top_b, mg);
-    if (b32_chain && bounded) return h16_chain_matmul<cpd_cpu::PROD_BOUNDED>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
-    if (b32_chain) return h16_chain_matmul<cpd_cpu::PROD_GENERAL>(ap, bp, yp, d, mg, sp, cpd_cpu::SumB32{});
-    // SumF where no sum is likely to reach its guard (|s| <= K max|a| max|b| <= 2^(emax - 1) but for
-    // the roundings' growth): a tripped tile's rows rerun on float32 lanes of one panel's width,
-    // at about twice the cost of the lanes alone (all tiles tripping: 101 against 44 ms, 512^3)
-    const double reach = (double)cpd::float_of(top_a) * (double)cpd::float_of(top_b) * (double)d.K;
-    if (fsum && bounded && (path == 7 || reach <= 0.5 * (double)cpd::float_of(af.max_bits & cpd::INF_BITS)))
-      return h16_chain_matmul<cpd_cpu::PROD_BOUNDED>(ap, bp, yp, d, mg, sp, cpd_cpu::SumF(af), &af);
-    if (narrow && bounded) return h16_chain_matmul<cpd_cpu::PROD_BOUNDED>(ap, bp, yp, d, mg, sp, cpd_cpu::SumI(af));
-    if (!has_mul && top_a < cpd::INF_BITS && top_b < cpd::INF_BITS)
-      return fchain_matmul(ap, bp, yp, d, af, sp, cpd_cpu::FChainAcc(af));
   }
+  if ((lanes == LANES_H16 || lanes == LANES_F32) &&
+      nearest_register_chains(ap, bp, yp, d, plan, path, has_mul, kahan, mf, af, top_a, top_b))
+    return;
 #endif
   if (lanes == LANES_H16 || lanes == LANES_F32) {
     // guarded lanes: finite operands only (no NaN payload reaches their rounding)

@@ -12,12 +12,12 @@
 // A tile of up to kLanes outputs of one row keeps s, c and bs in arrays, every rounding a pass
 // over the lanes that the compiler vectorizes, as matmul_f32.h's lanes do; its function is never
 // inlined (dir_tile): the rounding direction holds for exactly the float operations inside.
-// With plain sums and finite operands the steps run in register tiles instead, nothing to redo:
+// With finite operands the steps run in register tiles instead, nothing to redo: plain sums of
 // exact products into an accumulator of matmul_fchain.h's fchain_applies (TF32, BF16) or binary16,
 // the fused narrow chain with a directed policy (one FMA and cpd::directed_lane_bits, or the
 // conversion, per step); products rounded to mul (bounded operands: max|a| max|b| <= mul's max)
-// into binary32, those or binary16, matmul_h16.h's product chain in its directed forms
-// (PROD_SIGNED, PROD_MAGNITUDE) with SumB32 or SumDir.
+// into binary32, those or binary16, and Kahan's or blocked sums of exact products, matmul_h16.h's
+// product chain (PROD_SIGNED, PROD_MAGNITUDE, PROD_EXACT) with SumB32 or SumDir.
 #ifndef CPD_CPU_MATMUL_DIRECTED_H
 #define CPD_CPU_MATMUL_DIRECTED_H
 
@@ -163,9 +163,9 @@ struct FChain16Dir {
 };
 
 // The product chain's Sum (matmul_h16.h h16_chain_tile, products in PROD_SIGNED or PROD_MAGNITUDE
-// form, or exact with Kahan) into such an acc: fl(x +- y) in the direction, then Acc's rounding, the
-// same direction twice being the one rounding of x +- y (accumulate.h, "Directed lanes"), and so
-// for fl(x + a*b) (kExactFma). Into binary32 SumB32 serves.
+// form, or exact with Kahan or blocks) into such an acc: fl(x +- y) in the direction, then Acc's
+// rounding, the same direction twice being the one rounding of x +- y (accumulate.h, "Directed
+// lanes"), and so for fl(x + a*b) (kExactFma). Into binary32 SumB32 serves.
 template <class Acc>
 struct SumDir : SumOps<SumDir<Acc>> {
   static constexpr bool kGuard = false, kExactFma = true;
@@ -186,11 +186,11 @@ __attribute__((noinline)) void dir_fchain_rows(const float* a, const float* b, f
   fchain_rows(a, b, y, K, N, m0, m1, j0, nc, pack, acc, af);
 }
 
-template <int PROD, bool KAHAN, class Sum>
-__attribute__((noinline)) void dir_h16_rows(const float* a, const float* b, float* y, int64_t K, int64_t N,
+template <int PROD, bool KAHAN, bool BLOCK, class Sum>
+__attribute__((noinline)) void dir_h16_rows(const float* a, const float* b, float* y, int64_t K, int64_t L, int64_t N,
                                             int64_t m0, int64_t m1, int64_t j0, int64_t nc, std::vector<float>& pack,
                                             const H16Mul& m, const Sum& sum) {
-  h16_chain_rows<PROD, KAHAN>(a, b, y, K, N, m0, m1, j0, nc, pack, m, sum);
+  h16_chain_rows<PROD, KAHAN, BLOCK>(a, b, y, K, L, N, m0, m1, j0, nc, pack, m, sum, kNoRedo);
 }
 #endif
 

@@ -267,7 +267,7 @@ struct SumI : SumOps<SumI> {
 // the running unsigned maximum of its magnitude bits), which also keeps C finite (emax + 24 - man
 // <= 127); a tile whose maximum reaches G (an overflow, or a sum merely near the top binade) is run
 // again by the caller on the float32 lanes (h16_chain_rows' redo).
-struct SumF {
+struct SumF : SumOps<SumF> {
   static constexpr bool kGuard = true, kExactFma = false;
   H16Chain::I inf, emin, shift15, mag, top;
   explicit SumF(const cpd::Format& f) {
@@ -278,9 +278,8 @@ struct SumF {
     mag = H16Chain::ci(~cpd::SIGN);
     top = H16Chain::ci(f.max_bits & cpd::INF_BITS);  // G = 2^emax
   }
-  H16Chain::V step(H16Chain::V s, H16Chain::V p) const {
+  H16Chain::V rnd(H16Chain::V u) const {
     using C = H16Chain;
-    const C::V u = C::add(s, p);
     const C::V c = C::flt(C::addi(C::maxu(C::andi(C::bits(u), inf), emin), shift15));
     return C::sub(C::add(u, c), c);
   }
@@ -290,56 +289,79 @@ struct SumF {
   bool tripped(H16Chain::I g) const { return H16Chain::any_ge_u(g, top); }
 };
 
+// p = round(a*b) in the form PROD (not PROD_EXACT); am, bm: |a|, |b| (the forms on magnitudes).
+template <int PROD>
+inline H16Chain::V h16_chain_product(H16Chain::V a, H16Chain::V b, H16Chain::V am, H16Chain::V bm, const H16Mul& m) {
+  if constexpr (PROD == PROD_BOUNDED) return h16_product_bounded(a, b, m);
+  else if constexpr (PROD == PROD_SIGNED) return h16_product_signed(a, b, m);
+  else if constexpr (PROD == PROD_MAGNITUDE) return h16_product_magnitude(a, b, am, bm, m);
+  else return h16_product(a, b, am, bm, m);
+}
+
 // Rows r < R of a register tile: y[r][0 .. nc) = the chains of a's rows (a + r * lda, K values)
-// against the packed panel bp (K x NR, row k at bp + k * NR). Returns false when a guarded Sum's
-// guard tripped (y then holds garbage for the caller to replace), else true. KAHAN: each step is
-// Kahan's (numerics.h kahan_add: y = p - c, t = s + y, c = (t - s) - y, s = t, each rounded by
-// Sum; with PROD_EXACT y = rnd(a*b - c) by one FMA), c kept in registers beside s.
-template <int R, int PROD, bool KAHAN, class Sum>
-inline bool h16_chain_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K,
+// against the packed panel bp (K x NR, row k at bp + k * NR), the steps of numerics.h's dot_step
+// rounded by Sum. Returns false when a guarded Sum's guard tripped (y then holds garbage for the
+// caller to replace), else true. KAHAN: each step (without blocks) or each run's end (with them) is
+// Kahan's (kahan_add: y = x - c, t = s + y, c = (t - s) - y, s = t), c kept in registers beside s.
+// BLOCK: runs of L steps summed into bs from +0, each run's end adding bs into s. PROD_EXACT (with
+// Kahan or blocks, a Sum of kExactFma): the term's step rnd(x + a*b) (or a*b - c) is one FMA.
+template <int R, int PROD, bool KAHAN, bool BLOCK, class Sum>
+inline bool h16_chain_tile(const float* __restrict a, int64_t lda, const float* __restrict bp, int64_t K, int64_t L,
                            float* __restrict y, int64_t ldy, int64_t nc, const H16Mul& m, const Sum& sum) {
-  static_assert(!KAHAN || !Sum::kGuard, "Kahan's steps take no guarded Sum");
-  static_assert(PROD != PROD_EXACT || (KAHAN && Sum::kExactFma), "exact products: Kahan, and a Sum of kExactFma");
+  static_assert(!(KAHAN || BLOCK) || !Sum::kGuard, "Kahan's steps and blocks take no guarded Sum");
+  static_assert(PROD != PROD_EXACT || ((KAHAN || BLOCK) && Sum::kExactFma),
+                "exact products: Kahan or blocks, and a Sum of kExactFma");
   using C = H16Chain;
-  C::V s[R][C::NV], c[KAHAN ? R : 1][C::NV];
+  C::V s[R][C::NV], c[KAHAN ? R : 1][C::NV], bs[BLOCK ? R : 1][C::NV];
   C::I g[C::NV];  // Sum::kGuard: the guard, per vector column
   CPD_UNROLL for (int r = 0; r < R; ++r)
     CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
-      s[r][v] = C::zero();  // s = +0 (and c)
+      s[r][v] = C::zero();  // s = +0 (and c, bs)
       if constexpr (KAHAN) c[r][v] = C::zero();
+      if constexpr (BLOCK) bs[r][v] = C::zero();
     }
   CPD_UNROLL for (int v = 0; v < C::NV; ++v) g[v] = C::ci(0u);
-  for (int64_t k = 0; k < K; ++k) {
-    constexpr bool kMag = PROD == PROD_GENERAL || PROD == PROD_MAGNITUDE;  // the forms on |a|, |b|
-    C::V bv[C::NV], bm[C::NV];
-    CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
-      bv[v] = C::load(bp + k * C::NR + v * C::W);
-      if (kMag) bm[v] = C::flt(C::andi(C::bits(bv[v]), m.mag));
-    }
-    CPD_UNROLL for (int r = 0; r < R; ++r) {
-      const C::V av = C::bcast(a + r * lda + k);
-      const C::V am = kMag ? C::flt(C::andi(C::bits(av), m.mag)) : av;
+  const auto kahan = [&sum](C::V& sr, C::V& cr, C::V yk) {
+    const C::V t = sum.step(sr, yk);
+    cr = sum.diff(sum.diff(t, sr), yk);
+    sr = t;
+  };
+  const int64_t run = BLOCK ? L : K;
+  for (int64_t k0 = 0; k0 < K; k0 += run) {
+    const int64_t k1 = K - k0 < run ? K : k0 + run;
+    for (int64_t k = k0; k < k1; ++k) {
+      constexpr bool kMag = PROD == PROD_GENERAL || PROD == PROD_MAGNITUDE;  // the forms on |a|, |b|
+      C::V bv[C::NV], bm[C::NV];
       CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
-        C::V p;
-        if constexpr (PROD == PROD_BOUNDED) p = h16_product_bounded(av, bv[v], m);
-        else if constexpr (PROD == PROD_SIGNED) p = h16_product_signed(av, bv[v], m);
-        else if constexpr (PROD == PROD_MAGNITUDE) p = h16_product_magnitude(av, bv[v], am, bm[v], m);
-        else if constexpr (PROD == PROD_GENERAL) p = h16_product(av, bv[v], am, bm[v], m);
-        if constexpr (KAHAN) {
-          C::V& cc = c[r][v];
-          C::V yk;
-          if constexpr (PROD == PROD_EXACT) yk = sum.rnd(C::fms(av, bv[v], cc));
-          else yk = sum.diff(p, cc);
-          const C::V t = sum.step(s[r][v], yk);
-          cc = sum.diff(sum.diff(t, s[r][v]), yk);
-          s[r][v] = t;
-        } else {
-          s[r][v] = sum.step(s[r][v], p);
-        }
+        bv[v] = C::load(bp + k * C::NR + v * C::W);
+        if (kMag) bm[v] = C::flt(C::andi(C::bits(bv[v]), m.mag));
       }
-      if constexpr (Sum::kGuard)
-        CPD_UNROLL for (int v = 0; v < C::NV; ++v) g[v] = sum.guard(g[v], s[r][v]);
+      CPD_UNROLL for (int r = 0; r < R; ++r) {
+        const C::V av = C::bcast(a + r * lda + k);
+        const C::V am = kMag ? C::flt(C::andi(C::bits(av), m.mag)) : av;
+        CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
+          if constexpr (BLOCK) {
+            C::V& x = bs[r][v];
+            if constexpr (PROD == PROD_EXACT) x = sum.rnd(C::fma(av, bv[v], x));
+            else x = sum.step(x, h16_chain_product<PROD>(av, bv[v], am, bm[v], m));
+          } else if constexpr (KAHAN) {
+            if constexpr (PROD == PROD_EXACT) kahan(s[r][v], c[r][v], sum.rnd(C::fms(av, bv[v], c[r][v])));
+            else kahan(s[r][v], c[r][v], sum.diff(h16_chain_product<PROD>(av, bv[v], am, bm[v], m), c[r][v]));
+          } else {
+            s[r][v] = sum.step(s[r][v], h16_chain_product<PROD>(av, bv[v], am, bm[v], m));
+          }
+        }
+        if constexpr (Sum::kGuard)
+          CPD_UNROLL for (int v = 0; v < C::NV; ++v) g[v] = sum.guard(g[v], s[r][v]);
+      }
     }
+    if constexpr (BLOCK)
+      CPD_UNROLL for (int r = 0; r < R; ++r)
+        CPD_UNROLL for (int v = 0; v < C::NV; ++v) {
+          if constexpr (KAHAN) kahan(s[r][v], c[r][v], sum.diff(bs[r][v], c[r][v]));
+          else s[r][v] = sum.step(s[r][v], bs[r][v]);
+          bs[r][v] = C::zero();
+        }
   }
   store_tile<C, R>(s, y, ldy, nc);
   if constexpr (Sum::kGuard) {
@@ -350,41 +372,37 @@ inline bool h16_chain_tile(const float* __restrict a, int64_t lda, const float* 
 }
 
 // The last rows (n < R of them, R the whole tile's): the tile of n rows.
-template <int R, int PROD, bool KAHAN, class Sum>
-inline bool h16_chain_last(int64_t n, const float* a, int64_t K, const float* bp, float* y, int64_t N, int64_t nc,
-                           const H16Mul& m, const Sum& sum) {
-  if (n == R) return h16_chain_tile<R, PROD, KAHAN, Sum>(a, K, bp, K, y, N, nc, m, sum);
-  if constexpr (R > 1) return h16_chain_last<R - 1, PROD, KAHAN, Sum>(n, a, K, bp, y, N, nc, m, sum);
+template <int R, int PROD, bool KAHAN, bool BLOCK, class Sum>
+inline bool h16_chain_last(int64_t n, const float* a, int64_t K, int64_t L, const float* bp, float* y, int64_t N,
+                           int64_t nc, const H16Mul& m, const Sum& sum) {
+  if (n == R) return h16_chain_tile<R, PROD, KAHAN, BLOCK, Sum>(a, K, bp, K, L, y, N, nc, m, sum);
+  if constexpr (R > 1) return h16_chain_last<R - 1, PROD, KAHAN, BLOCK, Sum>(n, a, K, L, bp, y, N, nc, m, sum);
   return true;
 }
 
 // Rows m0 .. m1 of one batch element's output, columns j0 .. j0 + nc (nc <= NR): a: (M, K) of that
-// element, b: (K, N), y: (M, N). The panel of b is packed into pack (resized as needed). A guarded
-// Sum's tripped tile, and every tile after it in these rows (they would likely trip too), is left
-// to redo(i, n), rows i .. i + n of these columns.
-template <int PROD, bool KAHAN, class Sum, class Redo>
-inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
-                           int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m, const Sum& sum,
-                           const Redo& redo) {
+// element, b: (K, N), y: (M, N); L: the block length (BLOCK). The panel of b is packed into pack
+// (resized as needed). A guarded Sum's tripped tile, and every tile after it in these rows (they
+// would likely trip too), is left to redo(i, n), rows i .. i + n of these columns (kNoRedo: a Sum
+// without a guard).
+inline constexpr auto kNoRedo = [](int64_t, int64_t) {};
+
+template <int PROD, bool KAHAN, bool BLOCK, class Sum, class Redo>
+inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t L, int64_t N, int64_t m0,
+                           int64_t m1, int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m,
+                           const Sum& sum, const Redo& redo) {
   using C = H16Chain;
   constexpr int MR = C::MR;  // (with Kahan too: fewer rows would leave the chains' latency exposed)
   const float* bp = pack_panel(b, K, N, j0, nc, C::NR, pack);
   int64_t i = m0;
   for (; i + MR <= m1; i += MR)
-    if (!h16_chain_tile<MR, PROD, KAHAN, Sum>(a + i * K, K, bp, K, y + i * N + j0, N, nc, m, sum)) {
+    if (!h16_chain_tile<MR, PROD, KAHAN, BLOCK, Sum>(a + i * K, K, bp, K, L, y + i * N + j0, N, nc, m, sum)) {
       redo(i, m1 - i);
       return;
     }
-  if (i < m1 && !h16_chain_last<MR - 1, PROD, KAHAN, Sum>(m1 - i, a + i * K, K, bp, y + i * N + j0, N, nc, m, sum))
+  if (i < m1 &&
+      !h16_chain_last<MR - 1, PROD, KAHAN, BLOCK, Sum>(m1 - i, a + i * K, K, L, bp, y + i * N + j0, N, nc, m, sum))
     redo(i, m1 - i);
-}
-
-// The same for a Sum without a guard (nothing to redo).
-template <int PROD, bool KAHAN, class Sum>
-inline void h16_chain_rows(const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1,
-                           int64_t j0, int64_t nc, std::vector<float>& pack, const H16Mul& m, const Sum& sum) {
-  static_assert(!Sum::kGuard, "a guarded Sum needs a redo");
-  h16_chain_rows<PROD, KAHAN>(a, b, y, K, N, m0, m1, j0, nc, pack, m, sum, [](int64_t, int64_t) {});
 }
 #endif
 

@@ -350,7 +350,8 @@ static void check_chains() {
     return [mf, sum](const float* a, const float* b, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1, int64_t j0,
                      int64_t nc, std::vector<float>& pack) {
       const cpd_cpu::H16Mul m(cpd::make_format_f(mf));
-      cpd_cpu::h16_chain_rows<decltype(bounded)::value, false>(a, b, y, K, N, m0, m1, j0, nc, pack, m, sum);
+      cpd_cpu::h16_chain_rows<decltype(bounded)::value, false, false>(a, b, y, K, 0, N, m0, m1, j0, nc, pack, m, sum,
+                                                                      cpd_cpu::kNoRedo);
     };
   };
   using General = std::false_type;
