@@ -617,8 +617,8 @@ Plan plan_for(bool has_mul, const cpd::Format& mf, const cpd::Format& af, int mo
 
 #if CPD_CPU_H16_CHAIN
 // The register chains to nearest where they apply (matmul_h16.h, matmul_fchain.h), for plan's
-// accumulator and the operands' largest magnitudes' bits top_a, top_b; returns whether they took
-// the call (else the lanes do):
+// accumulator and the operands' largest magnitudes' bits top_a, top_b (found here for the float32
+// lanes); returns whether they took the call (else the lanes do):
 //   * binary16 (ACC_H: automatic only): products rounded to a format with subnormals, plain, Kahan
 //     or blocked sums (SumH16, bounded or general form); exact products, plain sums, finite
 //     operands: the fused chain (FChain16);
@@ -636,9 +636,16 @@ bool nearest_register_chains(const float* a, const float* b, float* y, const Dim
                              bool has_mul, bool kahan, const cpd::Format& mf, const cpd::Format& af, uint32_t top_a,
                              uint32_t top_b) {
   using cpd_cpu::PROD_BOUNDED, cpd_cpu::PROD_EXACT, cpd_cpu::PROD_GENERAL;
-  const bool h16 = plan.lanes == LANES_H16 && plan.acc == ACC_H;
+  const bool h16 = plan.lanes == LANES_H16 && plan.acc == ACC_H, plain = !kahan && !d.L;
   if (!h16 && !((path == 0 || path == 7) && plan.lanes == LANES_F32)) return false;
-  const bool plain = !kahan && !d.L, finite = top_a < cpd::INF_BITS && top_b < cpd::INF_BITS;
+  if (plan.acc == ACC_B32 && !has_mul && plain) return false;  // the binary32 chain's (no scan of a, b)
+  const bool narrow = plan.acc == ACC_I_NORMAL && cpd_cpu::fchain_applies(af);
+  if (!(h16 || plan.acc == ACC_B32 || narrow || (plan.acc == ACC_F && has_mul && plain))) return false;
+  if (!h16) {  // (the binary16 lanes' caller has them)
+    top_a = cpd_cpu::max_magnitude_bits(a, d.B * d.M * d.K);
+    top_b = cpd_cpu::max_magnitude_bits(b, d.B * d.K * d.N);
+  }
+  const bool finite = top_a < cpd::INF_BITS && top_b < cpd::INF_BITS;
   const cpd::DotSpec sp = cpd::make_dot_spec(mf, has_mul ? 1 : 0, af, kahan ? 1 : 0, (int)d.L, cpd::NEAREST, 32);
   const cpd::FormatF mg = cpd::make_format_f(has_mul ? mf : af);
   const bool rounded = has_mul && mf.subnormals, bounded = rounded && h16_bounded(top_a, top_b, mg);
@@ -656,7 +663,7 @@ bool nearest_register_chains(const float* a, const float* b, float* y, const Dim
     else return false;
     return true;
   }
-  if (plan.acc == ACC_I_NORMAL && cpd_cpu::fchain_applies(af)) {
+  if (narrow) {
     if (bounded) h16_chain_steps<PROD_BOUNDED>(a, b, y, d, mg, sp, cpd_cpu::SumI(af), kahan);
     else if (!has_mul && plain && finite) fchain_matmul(a, b, y, d, af, sp, cpd_cpu::FChainAcc(af));
     else return false;
@@ -726,10 +733,6 @@ void matmul_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, bool 
   }
 #endif
 #if CPD_CPU_H16_CHAIN
-  if (lanes == LANES_F32) {
-    top_a = cpd_cpu::max_magnitude_bits(ap, a.numel());
-    top_b = cpd_cpu::max_magnitude_bits(bp, b.numel());
-  }
   if ((lanes == LANES_H16 || lanes == LANES_F32) &&
       nearest_register_chains(ap, bp, yp, d, plan, path, has_mul, kahan, mf, af, top_a, top_b))
     return;
