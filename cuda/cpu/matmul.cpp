@@ -271,15 +271,25 @@ void h16_chain_matmul(const float* a, const float* b, float* y, const Dims& d, c
   });
 }
 
+// run(kahan_steps, blocks) with the call's Kahan and block flags (kahan; L, the block length) as
+// std::bool_constant, for the chains' KAHAN and BLOCK template arguments; PROD_EXACT's plain sums
+// are other chains' (the binary32 chain, the fused chains), so that case is never instantiated.
+template <int PROD, class Run>
+void with_steps(bool kahan, int64_t L, const Run& run) {
+  if (kahan && L) run(std::true_type{}, std::true_type{});
+  else if (kahan) run(std::true_type{}, std::false_type{});
+  else if (L) run(std::false_type{}, std::true_type{});
+  else if constexpr (PROD != cpd_cpu::PROD_EXACT) run(std::false_type{}, std::false_type{});
+}
+
 // h16_chain_matmul with Kahan's steps and blocks as the call asks (kahan; d.L).
 template <int PROD, class Sum>
 void h16_chain_steps(const float* a, const float* b, float* y, const Dims& d, const cpd::FormatF& mg,
                      const cpd::DotSpec& spec, const Sum& sum, bool kahan) {
   static_assert(!Sum::kGuard, "a guarded Sum takes h16_chain_matmul with its format");
-  if (kahan && d.L) return h16_chain_matmul<PROD, true, true>(a, b, y, d, mg, spec, sum);
-  if (kahan) return h16_chain_matmul<PROD, true, false>(a, b, y, d, mg, spec, sum);
-  if (d.L) return h16_chain_matmul<PROD, false, true>(a, b, y, d, mg, spec, sum);
-  if constexpr (PROD != cpd_cpu::PROD_EXACT) h16_chain_matmul<PROD, false, false>(a, b, y, d, mg, spec, sum);
+  with_steps<PROD>(kahan, d.L, [&](auto kahan_steps, auto blocks) {
+    h16_chain_matmul<PROD, decltype(kahan_steps)::value, decltype(blocks)::value>(a, b, y, d, mg, spec, sum);
+  });
 }
 
 // The fused narrow register chain (matmul_fchain.h), rounded by Acc (FChainAcc: TF32, BF16, ...;
@@ -529,17 +539,13 @@ bool dir_register_chains(const float* a, const float* b, float* y, const Dims& d
   if (has_mul && !h16_bounded(top_a, top_b, mg)) return false;
   const cpd_cpu::H16Mul m(mg);
   const auto chain = [&](auto prod, const auto& sum) {
-    const auto rows = [&](auto kahan_steps, auto blocks) {
+    with_steps<decltype(prod)::value>(kahan, d.L, [&](auto kahan_steps, auto blocks) {
       run([&](const float* ab, const float* bb, float* yb, int64_t K, int64_t N, int64_t m0, int64_t m1, int64_t j0,
               int64_t nc, std::vector<float>& pack) {
         cpd_cpu::dir_h16_rows<decltype(prod)::value, decltype(kahan_steps)::value, decltype(blocks)::value>(
             ab, bb, yb, K, d.L, N, m0, m1, j0, nc, pack, m, sum);
       });
-    };
-    if (kahan && d.L) rows(std::true_type{}, std::true_type{});
-    else if (kahan) rows(std::true_type{}, std::false_type{});
-    else if (d.L) rows(std::false_type{}, std::true_type{});
-    else if constexpr (decltype(prod)::value != cpd_cpu::PROD_EXACT) rows(std::false_type{}, std::false_type{});
+    });
   };
   const auto sums = [&](auto prod) {
     if (b32) chain(prod, cpd_cpu::SumB32{});

@@ -171,12 +171,15 @@ inline H16Chain::V h16_product(H16Chain::V a, H16Chain::V b, H16Chain::V am, H16
   return C::flt(C::gti_select(C::andi(h, m.mag), m.inf, h, p));  // a NaN product: h itself
 }
 
-// round(a*b) for bounded operands (Bounded form, see above).
-inline H16Chain::V h16_product_bounded(H16Chain::V a, H16Chain::V b, const H16Mul& m) {
+// round(a*b) for bounded operands (Bounded form, see above), h = bits of fl32(a*b).
+inline H16Chain::V h16_product_bounded(H16Chain::V a, H16Chain::V b, H16Chain::I h, const H16Mul& m) {
   using C = H16Chain;
-  const C::I h = C::bits(C::mul(a, b));
   const C::V c = C::flt(C::addi(C::maxu(C::andi(h, m.inf), m.emin), m.shift15));
   return C::sub(C::fma(a, b, c), c);
+}
+
+inline H16Chain::V h16_product_bounded(H16Chain::V a, H16Chain::V b, const H16Mul& m) {
+  return h16_product_bounded(a, b, H16Chain::bits(H16Chain::mul(a, b)), m);
 }
 
 // The directed forms (matmul_directed.h: the caller holds a rounding direction, in which every
@@ -194,10 +197,8 @@ inline H16Chain::V h16_product_bounded(H16Chain::V a, H16Chain::V b, const H16Mu
 enum ProdForm { PROD_GENERAL = 0, PROD_BOUNDED = 1, PROD_SIGNED = 2, PROD_MAGNITUDE = 3, PROD_EXACT = 4 };
 
 inline H16Chain::V h16_product_signed(H16Chain::V a, H16Chain::V b, const H16Mul& m) {
-  using C = H16Chain;
-  const C::I h = C::bits(C::mul(a, b));
-  const C::V c = C::flt(C::addi(C::maxu(C::andi(h, m.inf), m.emin), m.shift15));
-  return C::with_sign(C::sub(C::fma(a, b, c), c), h);
+  const H16Chain::I h = H16Chain::bits(H16Chain::mul(a, b));
+  return H16Chain::with_sign(h16_product_bounded(a, b, h, m), h);
 }
 
 inline H16Chain::V h16_product_magnitude(H16Chain::V a, H16Chain::V b, H16Chain::V am, H16Chain::V bm,
