@@ -348,6 +348,43 @@ def job_die(rank: int, world: int) -> dict:
     return {"error": None}
 
 
+def job_close(rank: int, world: int) -> dict:
+    """APSHookState.close: the communication thread ends, later hooks fail clearly, idempotent;
+    transport._close_at_exit (registered with atexit) ends every thread still running."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from cpd.distributed import transport
+
+    def step(state, s):
+        model = Toy()
+        ddp = DDP(model)
+        ddp.register_comm_hook(state, cpd.distributed.aps_hook)
+        try:
+            ddp(synthetic(rank, s)).backward()
+            return None
+        except Exception as exc:  # noqa: BLE001
+            return f"{type(exc).__name__}: {exc}"
+
+    res = {}
+    a = cpd.distributed.APSHookState("e4m3", timeout=20)
+    res["first"] = step(a, 0)
+    thread = a.engine.tp._thread
+    res["alive_before"] = thread.is_alive() and a.engine.tp in transport._RUNNING
+    a.close()
+    a.close()  # idempotent
+    res["alive_after"] = thread.is_alive() or a.engine.tp in transport._RUNNING
+    res["after_close"] = step(a, 1)
+    b = cpd.distributed.APSHookState("e5m2", timeout=20)
+    res["b"] = step(b, 2)
+    b_thread = b.engine.tp._thread
+    unused = cpd.distributed.APSHookState("e5m2", timeout=20)  # no thread yet
+    transport._close_at_exit()
+    res["b_alive_after_exit"] = b_thread.is_alive() or bool(transport._RUNNING)
+    res["b_closed"], res["unused_closed"] = b.engine.tp.closed, unused.engine.tp.closed
+    unused.close()
+    return res
+
+
 def job_sched(rank: int, world: int) -> dict:
     """The gloo socket threads of cpd's own groups under SCHED_BATCH (transport._batch_gloo_loops),
     the default group's left alone, and CPD_GLOO_SCHED=default turning it off."""
@@ -373,7 +410,8 @@ def job_sched(rank: int, world: int) -> dict:
             "off_moved": off.engine.tp.batch_threads, "off_batch": batch(last - after), "sum": out.tolist()}
 
 
-JOBS = {"hook": job_hook, "train": job_train, "faults": job_faults, "die": job_die, "sched": job_sched}
+JOBS = {"hook": job_hook, "train": job_train, "faults": job_faults, "die": job_die, "close": job_close,
+        "sched": job_sched}
 
 # ------------------------------------------------------------------------------------ cases
 E43 = cpd.FloatFormat(3, 0)
@@ -531,6 +569,16 @@ def test_a_dying_rank_fails_the_others_fast(tmp_path):
     r = torch.load(out / "0.pt", weights_only=False)
     assert r["error"] is not None and "cpd.distributed" in r["error"], r
     assert r["seconds"] < 20, r  # gloo sees the closed connection before the timeout
+
+
+def test_close_ends_the_communication_thread(tmp_path):
+    for rank, r in enumerate(spawn("close", 2, tmp_path)):
+        assert r["first"] is None and r["b"] is None, r
+        assert r["alive_before"] and not r["alive_after"], r
+        err = r["after_close"]
+        assert err is not None and "CommunicationError" in err and "close()" in err, err
+        assert not r["b_alive_after_exit"] and r["b_closed"], r
+        assert not r["unused_closed"], r  # no thread: nothing to end at exit
 
 
 def test_state_needs_initialized_process_group():

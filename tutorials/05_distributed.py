@@ -85,6 +85,7 @@ for fmt in formats:                                  # one training run per form
         torch.nn.functional.cross_entropy(ddp(wx), wy).backward()   # the hook runs during backward
         if not state.found_inf:                                      # the same decision on every rank
             opt.step()
+    state.close()                                    # its communication thread ends here
     if rank == 0:
         torch.save(model.state_dict(), os.path.join(out, f"weights_{fmt}.pt"))
         json.dump([{"sent": r.bytes_sent, "float32": r.float32_bytes, "exponents": r.exponent_bytes,

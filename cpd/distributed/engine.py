@@ -88,6 +88,9 @@ class _Engine:
     def submit(self, fn) -> torch.futures.Future:
         return self.tp.submit(fn)
 
+    def close(self) -> None:
+        self.tp.close()
+
     def begin_step(self) -> None:
         if self.compressed is not None:
             self.compressed.begin_step()

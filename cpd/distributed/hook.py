@@ -181,6 +181,13 @@ class APSHookState:
             self.steps += 1
         return out.reshape(buffer.shape).to(buffer.device)
 
+    def close(self) -> None:
+        """End this state's communication thread once the buckets already submitted are reduced;
+        later hooks fail with :class:`CommunicationError`. Local (no message to the peers) and
+        idempotent; a state still open is closed at interpreter exit. The process groups the
+        state created are torn down by ``dist.destroy_process_group()``, as the user's."""
+        self.engine.close()
+
     def __repr__(self) -> str:
         c = self.config
         if c.compressor is not None:
@@ -201,6 +208,7 @@ def aps_hook(state: APSHookState, bucket) -> torch.futures.Future:
     """
     if not isinstance(state, APSHookState):
         raise TypeError(f"state must be a cpd.distributed.APSHookState, got {type(state).__name__}")
+    state.engine.tp.check_alive()  # after a failure or close(): raised here, its type kept
     index, last = bucket.index(), bucket.is_last()
     buffer = bucket.buffer()
     grads = bucket.gradients()

@@ -10,17 +10,21 @@ counters and the communication thread. Knows bytes and ranks, nothing of formats
 * :meth:`submit` runs work on one FIFO communication thread and returns a
   ``torch.futures.Future`` (gloo's point-to-point operations give no futures); DDP launches the
   hooks in bucket order on every rank, so the buckets are reduced in the same order everywhere.
+  :meth:`close` ends that thread; every transport still open is closed at interpreter exit
+  (``atexit``), while Python can still run it (see :func:`_close_at_exit`).
 * gloo's socket threads of the state's groups run under ``SCHED_BATCH`` on Linux (see
   :func:`_batch_gloo_loops`; ``CPD_GLOO_SCHED=default`` leaves them alone).
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import queue
 import sys
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -80,6 +84,27 @@ def _batch_gloo_loops(create):
     return out, moved
 
 
+#: Transports whose communication thread runs (closed at exit by _close_at_exit).
+_RUNNING: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close every transport whose communication thread still runs, before the interpreter
+    finalizes.
+
+    Why: the thread is a daemon (a forgotten state must not keep the process alive), and a daemon
+    thread still inside torch's C++ when Python finalizes (e.g. descheduled on its way back from a
+    future's ``set_result``, whose DDP callbacks run on it, while the main thread finished) ends
+    with ``pthread_exit`` when it takes the GIL back; unwinding that through a ``noexcept`` frame
+    aborts the process ("terminate called without an active exception": seen once in CI, on a
+    rank of tutorial 5 under load). atexit runs before finalization, so the thread takes its
+    sentinel and returns normally. Waits at most 10 s per thread: one still blocked in a peer's
+    wait by then stays in C++ (finalization never wakes it) and ends with the process."""
+    for tp in list(_RUNNING):
+        tp.close(wait=10.0)
+
+
 class Transport:
     """Point-to-point and collective messages over a process group of its own."""
 
@@ -112,7 +137,10 @@ class Transport:
         #: NCCL: one batched launch per hop, ordered on the device.
         self.tagged = self.backend != "nccl"
         self.error: BaseException | None = None
+        #: True after :meth:`close`: no more work is taken.
+        self.closed = False
         self.sent = self.received = 0
+        self._lock = threading.Lock()
         self._thread = None
         self._queue: queue.Queue | None = None
 
@@ -142,9 +170,19 @@ class Transport:
         self.error = err
         return err
 
-    def check_alive(self) -> None:
+    def _refusal(self) -> CommunicationError | None:
+        """The error for new work: after a failure, or after :meth:`close`; None while open."""
         if self.error is not None:
-            raise CommunicationError(f"cpd.distributed: an earlier exchange failed: {self.error}")
+            return CommunicationError(f"cpd.distributed: an earlier exchange failed: {self.error}")
+        if self.closed:
+            return CommunicationError("cpd.distributed: this exchange was closed (close() was called); create "
+                                      "a new state to reduce again")
+        return None
+
+    def check_alive(self) -> None:
+        err = self._refusal()
+        if err is not None:
+            raise err
 
     def wait(self, works) -> None:
         for w in works:
@@ -155,28 +193,58 @@ class Transport:
     def submit(self, fn) -> torch.futures.Future:
         """Run ``fn()`` on the communication thread; a future of its result (or of the error)."""
         fut = torch.futures.Future()
-        if self.error is not None:
-            fut.set_exception(CommunicationError(f"cpd.distributed: an earlier exchange failed: {self.error}"))
-            return fut
-        if self._thread is None:
-            self._queue = queue.Queue()
-            self._thread = threading.Thread(target=self._loop, name="cpd-comm", daemon=True)
-            self._thread.start()
-        self._queue.put((fn, fut))
+        with self._lock:  # never queued behind close()'s sentinel
+            err = self._refusal()
+            if err is None:
+                if self._thread is None:
+                    self._queue = queue.Queue()
+                    self._thread = threading.Thread(target=self._loop, name="cpd-comm", daemon=True)
+                    self._thread.start()
+                    _RUNNING.add(self)
+                self._queue.put((fn, fut))
+        if err is not None:
+            fut.set_exception(err)
         return fut
 
     def _loop(self):
         while True:
-            fn, fut = self._queue.get()
+            item = self._queue.get()
+            if item is None:  # close()
+                return
+            fn, fut = item
+            item = None
             if self.error is not None:
                 fut.set_exception(CommunicationError(f"cpd.distributed: an earlier exchange failed: {self.error}"))
-                continue
-            try:
-                res = fn()
-            except BaseException as exc:  # noqa: BLE001 - delivered through the future
-                fut.set_exception(exc if exc is self.error else self.fail(exc, "the gradient exchange"))
             else:
-                fut.set_result(res)
+                try:
+                    res = fn()
+                except BaseException as exc:  # noqa: BLE001 - delivered through the future
+                    fut.set_exception(exc if exc is self.error else self.fail(exc, "the gradient exchange"))
+                else:
+                    fut.set_result(res)
+                    res = None
+            # no reference to the bucket's tensors or future outlives its work
+            fn = fut = None
+
+    def close(self, wait: float | None = None) -> None:
+        """End the communication thread once the work already submitted is done, waiting for it
+        at most ``wait`` seconds (default the timeout), and refuse new work with a
+        :class:`CommunicationError`. Idempotent, local (no message to the peers); the process
+        groups stay registered with torch until ``dist.destroy_process_group()``. Called at exit
+        for every transport still open."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            t = self._thread
+            if t is None:
+                return
+            self._queue.put(None)
+        if t is not threading.current_thread():
+            # after a failure the queued work is refused at once; otherwise it may still be running
+            limit = self.timeout.total_seconds() if wait is None else wait
+            t.join(min(limit, 1.0) if self.error is not None else limit)
+        _RUNNING.discard(self)
 
     # ---- point to point
     def isend(self, t: torch.Tensor, dst: int, tag: int):
