@@ -125,6 +125,56 @@ def test_encode_gives_oracle_codes(fmt):
                            torch.where(nan, (1 << (fmt.exp + fmt.man)) - 1, -1), want)
 
 
+@functools.lru_cache(maxsize=None)
+def expected_codes(fmt):
+    """{(mode, saturate): the oracle's code of each grid input's expected result} (int64 numpy;
+    -1 for NaN inputs of a format without a NaN code)."""
+    xs, exp = expected(fmt)
+    return {k: np.array([oracle.oracle_code(float(v), fmt) if not (np.isnan(v) and not fmt.has_nan) else -1
+                         for v in vals], dtype=np.int64) for k, vals in exp.items()}
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=fid)
+def test_encode_spans_blocks_and_tails(fmt):
+    """encode works on spans of 1024 elements (those with an element below 2^emin take region
+    S's steps, the others not) and, for 8-bit codes to nearest with AVX2, 32 elements per step
+    with the span's last m % 32 one by one; a span holding an inf or NaN is encoded again by the
+    exact loop. Grid inputs with known oracle codes are laid out so that a small value, an inf
+    and a NaN land at the first and last element of a span, inside a 32-element block and in a
+    span's tail, next to spans with none."""
+    xs, exp = expected(fmt)
+    codes = expected_codes(fmt)
+    finite = np.isfinite(xs)
+    small = finite & (np.abs(xs) < fmt.smallest_normal)
+    normal, small = np.flatnonzero(finite & ~small), np.flatnonzero(small)
+    inf = np.flatnonzero(np.isinf(xs))
+    nan = np.flatnonzero(np.isnan(xs)) if fmt.has_nan else inf
+    rng = np.random.default_rng(1000 * fmt.exp + fmt.man)
+    a = rng.choice(normal, size=4 * 1024 + 345)
+    a[4096 + 45:] = rng.choice(small, size=300)  # the last span: mostly small values
+    a[1024 + 1023] = rng.choice(small)           # span 1: one small value, its last element
+    a[2048] = rng.choice(small)                   # span 2: one small value, its first element
+    a[2048 + 32 * 3 + 5] = rng.choice(inf)        # span 2: an inf inside a block
+    a[3072 + 1000] = rng.choice(nan)              # span 3: a NaN in its last whole block
+    a[4096 + 330] = rng.choice(nan)               # span 4 (345 elements): a NaN in the tail
+    b = rng.choice(normal, size=1024 + 45)
+    b[1024 + 40] = rng.choice(inf)                # normal values only, an inf in the last tail
+    c = rng.choice(normal, size=1024 + 31)        # none: every span on its fast steps
+    for idx in (a, b, c):
+        x = torch.from_numpy(xs[idx])
+        nan_in = torch.from_numpy(np.isnan(xs[idx]))
+        for (mode, sat), want_vals in exp.items():
+            want = torch.from_numpy(codes[mode, sat][idx])
+            got = cpd.encode(x, fmt, mode, saturate=sat).to(torch.int64)
+            nan_out = torch.from_numpy(np.isnan(want_vals[idx]))
+            got = torch.where(nan_out, got & ((1 << (fmt.exp + fmt.man)) - 1), got)
+            if not torch.equal(got, want):
+                bad = (got != want).nonzero().flatten()[:10].tolist()
+                pytest.fail(f"encode {fmt.name} {mode} saturate={sat}, n={len(idx)}:\n" + "\n".join(
+                    f"  [{i}] x={float(x[i])!r}: want code {int(want[i]):#x}, got {int(got[i]):#x}" for i in bad))
+        assert not bool(nan_in.any()) or fmt.has_nan
+
+
 @pytest.mark.parametrize("fmt", FORMATS, ids=fid)
 def test_decode_every_code_and_round_trip(fmt):
     n = 1 << fmt.bits

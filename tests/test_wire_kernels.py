@@ -101,7 +101,8 @@ def test_hop_every_code_pair(fmt):
 # takes, and some it leaves to the pair tables (no subnormals, FNUZ).
 FAST8 = ["e4m3", "e5m2", "e4m3fn", cpd.FloatFormat(4, 3, specials="finite"), cpd.FloatFormat(2, 5),
          cpd.FloatFormat(6, 1), cpd.FloatFormat(7, 0), cpd.FloatFormat(3, 4, bias=1),
-         cpd.FloatFormat(4, 3, subnormals=False), "e4m3fnuz"]
+         cpd.FloatFormat(4, 3, subnormals=False), "e4m3fnuz",
+         cpd.FloatFormat(1, 6)]  # IEEE e1m6: no normal value, its max a subnormal (the fused hop misread its code)
 
 
 def _finite_pairs_first(fmt):
@@ -170,6 +171,7 @@ def test_hop_path_names_the_loop(monkeypatch):
     assert kernels.hop_path(wf(cpd.FloatFormat(6, 1)), Rounding.NEAREST, False) == "scalar"
     assert kernels.hop_path(wf(cpd.FloatFormat(7, 0)), Rounding.NEAREST, False) == "scalar"
     assert kernels.hop_path(wf("e4m3fnuz"), Rounding.NEAREST, False) == "tables"
+    assert kernels.hop_path(wf(cpd.FloatFormat(1, 6)), Rounding.NEAREST, False) == "tables"  # max subnormal
     assert kernels.hop_path(wf(cpd.FloatFormat(3, 0)), Rounding.NEAREST, False) == "tables"
     wide = "wide-vector" if vec == "vector" else "wide"
     assert kernels.hop_path(wf("bf16"), Rounding.NEAREST, False) == wide  # 16-bit codes: the wide loop

@@ -25,7 +25,7 @@
 // caller redoes the block through the pair table, as the scalar loop does for an inf/NaN sum.
 // Elements past the last multiple of 32 are the caller's (its scalar loop). The bucket encode
 // (round to nearest) and the wire decode of the same formats use the same steps (encode_nearest,
-// decode_block).
+// decode_block); cpd.encode's 8-bit codes to nearest take encode_nearest too (cuda/cpu/cast.cpp).
 // tests/test_wire_kernels.py compares every pair of codes of the 8-bit formats with cpd.add, in
 // whole blocks, in tails and next to specials.
 #ifndef CPD_CPU_HOP_AVX2_H

@@ -75,9 +75,13 @@ CPD_FN u32 decode_bits(u32 code, const Format& f) {
 //            (encode_value_bits_fast); to nearest, v + C is fl32(|u| + C) itself.
 // The sign code goes on top. Infinite and NaN u are the caller's (its loop checks
 // |u| >= INF_BITS and takes cast_bits / encode_value_bits for them).
-// (Signed classic conventions only: IEEE, FN, FINITE, as arith.h's plain_convention.)
+// (Signed classic conventions only: IEEE, FN, FINITE, as arith.h's plain_convention; and a
+// largest finite value that is normal, max_bits >= min_normal_bits, so that its code is region N's
+// (max_bits >> d0) - code_adj: IEEE with exp = 1, e.g. e1m6, has no normal value, its field 1
+// being inf/NaN, and its largest finite value is a subnormal whose code that formula misreads.)
 CPD_FN int cast_code_applies(const Format& f) {
-  return (int)(f.fast && f.subnormals && f.is_signed && !f.uz && !f.no_zero && f.specials <= SPECIALS_FINITE);
+  return (int)(f.fast && f.subnormals && f.is_signed && !f.uz && !f.no_zero && f.specials <= SPECIALS_FINITE &&
+               f.max_bits >= f.min_normal_bits);
 }
 
 CPD_FN u32 cast_code_fast(u32 u, const Format& f, int mode) {
