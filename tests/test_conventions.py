@@ -325,3 +325,66 @@ def test_wide_formats_match_oracle(fx, mode, sat):
     ok = ~np.isnan(want)
     codes = cpd.encode(x[torch.from_numpy(ok)], fmt, mode, saturate=sat).to(torch.int64) & ((1 << fmt.bits) - 1)
     assert codes.tolist() == [oracle.oracle_code(float(v), fmt) for v in want[ok]]
+
+
+def _wide_pool(fmt, rng) -> np.ndarray:
+    """Float32 inputs of a 9-16 bit format: codes' values, midpoints between neighbours and one
+    float32 ulp either side, values below 2^emin, beyond the largest finite value, of both signs."""
+    k = 1 << (fmt.bits - (1 if fmt.signed else 0))
+    c = np.unique(rng.integers(0, k - 1, size=150))
+    lo = cpd.decode(torch.from_numpy(c), fmt).numpy()
+    hi = cpd.decode(torch.from_numpy(c + 1), fmt).numpy()
+    ok = np.isfinite(lo) & np.isfinite(hi)
+    mid = ((lo[ok].astype(np.float64) + hi[ok]) / 2).astype(np.float32)
+    tiny = (rng.random(40) * fmt.smallest_normal).astype(np.float32)
+    big = np.minimum(fmt.max * np.array([1.0, 1.0 + 2.0 ** -(fmt.man + 1), 1.5, 4.0]),
+                     float(np.finfo(np.float32).max)).astype(np.float32)  # float32's max where beyond it
+    pool = np.concatenate([lo[np.isfinite(lo)], mid, np.nextafter(mid, np.float32(np.inf)),
+                           np.nextafter(mid, np.float32(-np.inf)), tiny, big]).astype(np.float32)
+    pool = np.unique(pool[np.isfinite(pool)])
+    return np.concatenate([pool, -pool]) if fmt.signed else pool
+
+
+WIDE_SPAN_FORMATS = [cpd.FP16, cpd.BF16, FloatFormat(6, 9), FloatFormat(5, 10, specials="fn"),
+                     FloatFormat(5, 9, specials="finite"), FloatFormat(1, 14)]
+
+
+@pytest.mark.parametrize("fmt", WIDE_SPAN_FORMATS, ids=str)
+def test_wide_encode_spans_with_small_and_special_values(fmt):
+    """encode of 9-16 bit codes works on spans of 1024 elements: a span of finite values reads
+    each code off the rounding (region S's steps only where an element lies below 2^emin), one
+    with an inf or NaN casts and then encodes. Inputs with the oracle's codes, laid out so that
+    a small value, an inf and a NaN sit at a span's first and last element and inside it, next
+    to spans with none; IEEE e1m14 (largest finite value subnormal) takes the cast-then-encode
+    steps throughout."""
+    rng = np.random.default_rng(fmt.bits * 100 + fmt.man)
+    pool = _wide_pool(fmt, rng)
+    small = np.flatnonzero(np.abs(pool) < fmt.smallest_normal)
+    normal = np.flatnonzero(np.abs(pool) >= fmt.smallest_normal)
+    specials = [math.inf, -math.inf] + ([math.nan] if fmt.has_nan else [])
+    xs = np.concatenate([pool, np.array(specials, dtype=np.float32)])
+    inf, nan = len(pool), len(pool) + (2 if fmt.has_nan else 1)
+    a = rng.choice(normal, size=3 * 1024 + 345)
+    a[3072 + 45:] = rng.choice(small, size=300)
+    a[1023] = rng.choice(small)          # span 0: a small value, its last element
+    a[1024] = inf                        # span 1: an inf, its first element
+    a[2048 + 500] = nan                  # span 2: a NaN (an inf without NaNs) inside it
+    a[3072 + 344] = nan                  # the last span: a NaN, its last element
+    b = rng.choice(normal, size=1024 + 77)  # finite values above 2^emin only
+    x_all = torch.from_numpy(xs)
+    for mode in oracle.DET_MODES:
+        for sat in (False, True):
+            want_vals = np.array([oracle.oracle_cast(float(v), fmt, mode, sat) for v in xs], dtype=np.float32)
+            codes = np.array([oracle.oracle_code(float(v), fmt) for v in want_vals])
+            for idx in (a, b):
+                got = cpd.encode(x_all[idx], fmt, mode, saturate=sat).to(torch.int64) & ((1 << fmt.bits) - 1)
+                want = torch.from_numpy(codes[idx])
+                nan_out = torch.from_numpy(np.isnan(want_vals[idx]))
+                mag = (1 << (fmt.bits - 1)) - 1
+                got = torch.where(nan_out, got & mag, got)  # a NaN's sign is not specified
+                want = torch.where(nan_out, want & mag, want)
+                if not torch.equal(got, want):
+                    bad = (got != want).nonzero().flatten()[:8].tolist()
+                    pytest.fail(f"encode {fmt.name} {mode} saturate={sat}, n={len(idx)}:\n" + "\n".join(
+                        f"  [{i}] x={float(xs[idx[i]])!r}: want code {int(want[i]):#x}, got {int(got[i]):#x}"
+                        for i in bad))

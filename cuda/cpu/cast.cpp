@@ -124,12 +124,24 @@ void encode_loop(const float* x, Code* c, int64_t n, const cpd::Format f) {
         cr[i] = (Code)cpd::encode_value_bits(cast_one<false>(cpd::bits_of(xr[i]), g, MODE, 0u, 32), g);
       return;
     }
-    // spans as cast_span_fast: region S's work only in a span that has an element there
+    // Spans as cast_span_fast: region S's work only in a span that has an element there. A span
+    // of finite values of a format of cast_code_applies reads each code off the rounding
+    // (cast_code_fast: no value composed, then taken apart); one with an inf or NaN casts, then
+    // encodes. (The four modes of the wire, whose hop tests cast_code_fast on every code pair.)
+    constexpr bool kWireMode = MODE == cpd::NEAREST || MODE == cpd::TOWARD_ZERO || MODE == cpd::UP || MODE == cpd::DOWN;
+    const bool by_code = kWireMode && cpd::cast_code_applies(g);
     for (int64_t s = lo; s < hi; s += cpd_cpu::kSpan) {
       const int64_t m = std::min(cpd_cpu::kSpan, hi - s);
       const float* __restrict xs = xr + s;
       Code* __restrict cs = cr + s;
-      if (cpd_cpu::span_has_sub(xs, m, g)) {
+      const bool sub = cpd_cpu::span_has_sub(xs, m, g);
+      if (by_code && !cpd_cpu::span_has_special(xs, m)) {
+        if (sub) {
+          for (int64_t i = 0; i < m; ++i) cs[i] = (Code)cpd::cast_code_fast(cpd::bits_of(xs[i]), g, MODE);
+        } else {
+          for (int64_t i = 0; i < m; ++i) cs[i] = (Code)cpd::cast_code_fast_normal(cpd::bits_of(xs[i]), g, MODE);
+        }
+      } else if (sub) {
         for (int64_t i = 0; i < m; ++i)
           cs[i] = (Code)cpd::encode_value_bits_fast(cpd::cast_bits_fast(cpd::bits_of(xs[i]), g, MODE, 0u, 32), g);
       } else {

@@ -67,6 +67,14 @@ inline bool span_has_sub(const float* xb, int64_t m, const cpd::Format& g) {
   return (any >> 31) != 0;
 }
 
+// Whether any of xb[0, m) is an inf or NaN (a = bits & ~SIGN at least INF_BITS): INF_BITS - 1 - a
+// (mod 2^32) has its top bit set exactly then, as in span_has_sub.
+inline bool span_has_special(const float* xb, int64_t m) {
+  uint32_t any = 0;
+  for (int64_t i = 0; i < m; ++i) any |= (cpd::INF_BITS - 1u) - (cpd::bits_of(xb[i]) & ~cpd::SIGN);
+  return (any >> 31) != 0;
+}
+
 // A span of at most a few thousand elements (it stays in L1) on the fast path, for the modes
 // whose region S (|x| < 2^emin, cpd::round_sub_fast) costs a dozen float operations per element:
 // first a scan of the span for any element in region S, then either the cheap region-N cast of

@@ -61,8 +61,9 @@ CPD_FN u32 decode_bits(u32 code, const Format& f) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Cast and encode in one step, for the wire's hot loops (cuda/cpu/hop.cpp): for finite u (float32
-// bits) and a format with cast_code_applies(f),
+// Cast and encode in one step, for the wire's hot loops (cuda/cpu/hop.cpp) and cpd.encode's spans
+// of finite values (cuda/cpu/cast.cpp): for finite u (float32 bits) and a format with
+// cast_code_applies(f),
 //     cast_code_fast(u, f, mode) == encode_value_bits_fast(cast_bits_fast(u, f, mode, 0, 32), f)
 // without composing the rounded value: the code is read off the rounding itself.
 //   region N (|u| >= 2^emin): round_normal_fast's rounded magnitude t has d0 = 23 - man zero low
@@ -84,6 +85,16 @@ CPD_FN int cast_code_applies(const Format& f) {
                f.max_bits >= f.min_normal_bits);
 }
 
+// cast_code_fast's last steps: a magnitude's code past the largest finite one becomes the
+// overflow code, and the sign code goes on top.
+CPD_FN u32 finish_code_fast(u32 sign, u32 code, const Format& f, int mode) {
+  u32 max_code = (f.max_bits >> (23u - (u32)f.man)) - f.code_adj;
+  u32 out_code = sel((u32)(f.outward_bits == INF_BITS), f.inf_code,
+                     sel((u32)(f.outward_bits > INF_BITS), f.nan_code, max_code));
+  code = sel((u32)(code > max_code), sel(rounds_inward(mode, sign), max_code, out_code), code);
+  return sel(sign >> 31, f.sign_code, 0u) | code;
+}
+
 CPD_FN u32 cast_code_fast(u32 u, const Format& f, int mode) {
   u32 sign = u & SIGN;
   u32 a = u ^ sign;
@@ -91,12 +102,17 @@ CPD_FN u32 cast_code_fast(u32 u, const Format& f, int mode) {
   u32 n_code = (round_normal_fast(a, sign, f, mode, 0u, 32) >> d0) - f.code_adj;
   float v = mode == NEAREST ? float_of(a) : float_of(round_sub_fast(a, sign, f, mode, 0u, 32));
   u32 s_code = bits_of(fadd(v, f.sub_c)) - bits_of(f.sub_c);
-  u32 code = sel((u32)(a < f.min_normal_bits), s_code, n_code);
-  u32 max_code = (f.max_bits >> d0) - f.code_adj;
-  u32 out_code = sel((u32)(f.outward_bits == INF_BITS), f.inf_code,
-                     sel((u32)(f.outward_bits > INF_BITS), f.nan_code, max_code));
-  code = sel((u32)(code > max_code), sel(rounds_inward(mode, sign), max_code, out_code), code);
-  return sel(sign >> 31, f.sign_code, 0u) | code;
+  return finish_code_fast(sign, sel((u32)(a < f.min_normal_bits), s_code, n_code), f, mode);
+}
+
+// cast_code_fast restricted to region N (finite u with |u| >= 2^emin): region S's steps left
+// out, as cast_bits_fast_normal is cast_bits_fast's; for loops that check a whole span for
+// |x| < 2^emin (and for inf/NaN) first (cuda/cpu/cast.cpp's encode).
+CPD_FN u32 cast_code_fast_normal(u32 u, const Format& f, int mode) {
+  u32 sign = u & SIGN;
+  u32 a = u ^ sign;
+  return finish_code_fast(sign, (round_normal_fast(a, sign, f, mode, 0u, 32) >> (23u - (u32)f.man)) - f.code_adj,
+                          f, mode);
 }
 
 // The code a value v of the format travels as in cpd.distributed: cpd.encode after the wire's
