@@ -86,8 +86,6 @@ void cast_out(const at::Tensor& x, at::Tensor& out, int64_t exp, int64_t man, in
 }
 
 namespace {
-// PLAIN: the format's conventions as constants (cast_loops.h plain_format: the same numerics
-// functions on the same values, with the convention selects folded away).
 #if CPD_HOP_AVX2
 // 8-bit codes of a format of cpd_hop_avx2::applies, to nearest: the wire encode's 32-per-step
 // steps (cast_code_fast on 8 lanes, packed to bytes), span by span; a span holding an inf or NaN
@@ -106,6 +104,8 @@ void encode_nearest_u8(const float* x, uint8_t* c, int64_t n, const cpd::Format 
 }
 #endif
 
+// PLAIN: the format's conventions as constants (cast_loops.h plain_format: the same numerics
+// functions on the same values, with the convention selects folded away).
 template <typename Code, int MODE, bool FAST, bool PLAIN>
 void encode_loop(const float* x, Code* c, int64_t n, const cpd::Format f) {
 #if CPD_HOP_AVX2
