@@ -84,6 +84,26 @@ def assert_same_bits(actual: torch.Tensor, want: np.ndarray, xs: np.ndarray, wha
         pytest.fail(f"{what}: {int((~ok).sum())} of {ok.numel()} differ\n" + "\n".join(lines))
 
 
+@functools.lru_cache(maxsize=None)
+def expected_codes(fmt):
+    """{(mode, saturate): the oracle's code of each grid input's expected result} (int64 numpy;
+    -1 for a NaN result of a format without a NaN code: its NaN inputs, which encode refuses)."""
+    xs, exp = expected(fmt)
+    return {k: np.array([oracle.oracle_code(float(v), fmt) if not (np.isnan(v) and not fmt.has_nan) else -1
+                         for v in vals], dtype=np.int64) for k, vals in exp.items()}
+
+
+def assert_same_codes(got: torch.Tensor, want: torch.Tensor, nan: torch.Tensor, fmt, xs, what: str):
+    """Integer codes (int64) equal to the oracle's; where the result is NaN (``nan``) any NaN code
+    of the format is acceptable, the canonical one expected up to the sign bit (see
+    test_encode_nan_sign). Reports the first mismatches with their inputs ``xs``."""
+    got = torch.where(nan, got & ((1 << (fmt.exp + fmt.man)) - 1), got)
+    if not torch.equal(got, want):
+        bad = (got != want).nonzero().flatten()[:10].tolist()
+        pytest.fail(f"{what}:\n" + "\n".join(
+            f"  [{i}] x={float(xs[i])!r}: want code {int(want[i]):#x}, got {int(got[i]):#x}" for i in bad))
+
+
 @pytest.mark.parametrize("fmt", FORMATS, ids=fid)
 def test_cast_every_code_midpoint_and_edge(fmt):
     xs, exp = expected(fmt)
@@ -108,30 +128,14 @@ def test_encode_gives_oracle_codes(fmt):
     xs = xs[keep]
     x = torch.from_numpy(xs)
     for (mode, sat), want_vals in exp.items():
-        want = torch.tensor([oracle.oracle_code(float(v), fmt) for v in want_vals[keep]], dtype=torch.int64)
+        want = torch.from_numpy(expected_codes(fmt)[mode, sat][keep])
         codes = cpd.encode(x, fmt, mode, saturate=sat)
         assert codes.dtype == torch.uint8
-        got = codes.to(torch.int64)
-        # NaN results: any NaN code of the format is acceptable; the canonical one is expected
-        # up to the sign bit (see test_encode_nan_sign).
         nan = torch.from_numpy(np.isnan(want_vals[keep]))
-        got = torch.where(nan, got & ((1 << (fmt.exp + fmt.man)) - 1), got)
-        if not torch.equal(got, want):
-            bad = (got != want).nonzero().flatten()[:10].tolist()
-            pytest.fail(f"encode {fmt.name} {mode} saturate={sat}:\n" + "\n".join(
-                f"  x={float(xs[i])!r}: want code {int(want[i]):#x}, got {int(got[i]):#x}" for i in bad))
+        assert_same_codes(codes.to(torch.int64), want, nan, fmt, xs, f"encode {fmt.name} {mode} saturate={sat}")
         # encoding the rounded values gives the same codes
         assert torch.equal(cpd.encode(cpd.cast(x, fmt, mode, saturate=sat), fmt).to(torch.int64) &
                            torch.where(nan, (1 << (fmt.exp + fmt.man)) - 1, -1), want)
-
-
-@functools.lru_cache(maxsize=None)
-def expected_codes(fmt):
-    """{(mode, saturate): the oracle's code of each grid input's expected result} (int64 numpy;
-    -1 for NaN inputs of a format without a NaN code)."""
-    xs, exp = expected(fmt)
-    return {k: np.array([oracle.oracle_code(float(v), fmt) if not (np.isnan(v) and not fmt.has_nan) else -1
-                         for v in vals], dtype=np.int64) for k, vals in exp.items()}
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=fid)
@@ -167,11 +171,7 @@ def test_encode_spans_blocks_and_tails(fmt):
             want = torch.from_numpy(codes[mode, sat][idx])
             got = cpd.encode(x, fmt, mode, saturate=sat).to(torch.int64)
             nan_out = torch.from_numpy(np.isnan(want_vals[idx]))
-            got = torch.where(nan_out, got & ((1 << (fmt.exp + fmt.man)) - 1), got)
-            if not torch.equal(got, want):
-                bad = (got != want).nonzero().flatten()[:10].tolist()
-                pytest.fail(f"encode {fmt.name} {mode} saturate={sat}, n={len(idx)}:\n" + "\n".join(
-                    f"  [{i}] x={float(x[i])!r}: want code {int(want[i]):#x}, got {int(got[i]):#x}" for i in bad))
+            assert_same_codes(got, want, nan_out, fmt, x, f"encode {fmt.name} {mode} saturate={sat}, n={len(idx)}")
         assert not bool(nan_in.any()) or fmt.has_nan
 
 

@@ -213,8 +213,8 @@ class Transport:
                 return
             fn, fut = item
             item = None
-            if self.error is not None:
-                fut.set_exception(CommunicationError(f"cpd.distributed: an earlier exchange failed: {self.error}"))
+            if self.error is not None:  # queued before a failure: refused (work queued before close() runs)
+                fut.set_exception(self._refusal())
             else:
                 try:
                     res = fn()
